@@ -1,0 +1,46 @@
+"""One exception type per failure kind.
+
+Every error a user can cause names the offending key (a dotted path into the cluster YAML) so that `ray up`
+fails with a message that says what to fix, before anything launches.
+"""
+from __future__ import annotations
+
+
+class NodelessError(Exception):
+    """Base class of every error raised by ray_nodeless."""
+
+
+class ConfigError(NodelessError, ValueError):
+    """The cluster YAML (provider block, rules, node_config) is invalid. `key` is the dotted path at fault."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+class CatalogError(NodelessError):
+    """The catalog file is missing, corrupt, or does not cover the requested cloud/region."""
+
+
+class NoFeasibleOffering(NodelessError):
+    """No offering satisfies a shape under its rule. Carries the explanation of every rejection."""
+
+    def __init__(self, message: str, explanation: "object | None" = None):
+        self.explanation = explanation
+        super().__init__(message)
+
+
+class BackendError(NodelessError):
+    """A machine backend call failed in a way that is not a capacity shortage (auth, bad request, ...)."""
+
+    def __init__(self, message: str, category: str = "BackendError"):
+        self.category = category
+        super().__init__(message)
+
+
+class CapacityError(BackendError):
+    """The cloud has no capacity (or quota) for one offering right now. The launcher moves to the next candidate."""
+
+
+class TransientBackendError(BackendError):
+    """Throttling or a passing network fault: retry later, never treat as a launch result."""
