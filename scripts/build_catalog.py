@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Build the embedded catalog `ray_nodeless/data/catalog.json.gz` from the reference CSVs.
+
+    python scripts/build_catalog.py --source ../shared/catalog
+
+Run it only when the reference data changes; the built file is committed, and nothing at install, run or test
+time reads the CSVs. What it does, and why:
+- AWS (`aws_vms.csv`): one row per instance type x zone. An empty price means unknown (kept, never chosen).
+  Spot is offered only where `SpotSupported` is true. Mac types (`*_mac` arch) are dropped: they need dedicated
+  hosts. GPU names go through the cross-cloud vocabulary; A100 with 80 GB per GPU becomes `A100-80GB`.
+  Inferentia/Trainium/Qualcomm devices are recorded as non-GPU accelerators.
+- GCP (`gcp_vms.csv`): rows with an empty InstanceType are attachable accelerators priced alone. a2/a3/a4/g2
+  machine types carry GPUs that the CSV does not name; their GPU comes from the machine-type name and their price
+  is host + accelerator row in the same zone. N1 hosts get synthetic types `n1-...+<N>x<GPU>` for the GPU counts
+  and vCPU limits GCE allows for T4/V100/P100/P4, priced host + accelerator. TPUs are not VMs and are skipped.
+  A GPU machine whose accelerator row is missing in a zone gets an unknown price there.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ray_nodeless.catalog import FORMAT_VERSION, InstanceType, region_entry, type_row  # noqa: E402
+from ray_nodeless.gpus import GCE_ACCELERATOR_FOR_MODEL, NON_GPU_ACCELERATORS, canonical_gpu  # noqa: E402
+
+AWS_REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
+GCP_REGIONS = ("us-central1", "us-west1", "europe-west4")
+AWS_BURSTABLE_FAMILIES = {"t1", "t2", "t3", "t3a", "t4g"}
+GCP_BURSTABLE_TYPES = {"e2-micro", "e2-small", "e2-medium", "f1-micro", "g1-small"}
+GCP_ARM_FAMILIES = {"t2a", "c4a", "n4a"}
+
+# GPU memory per device (GiB) for GCP models, which the CSV gives only on accelerator rows.
+GPU_MEMORY_GIB = {"T4": 16, "P4": 8, "P100": 16, "V100": 16, "L4": 24, "A100": 40, "A100-80GB": 80,
+                  "H100": 80, "H200": 141, "B200": 180, "K80": 12}
+
+# (regex on the GCE machine type, GPU model, the accelerator row name in the CSV, GPU count or None = from name)
+GCP_GPU_MACHINES = (
+    (r"^a2-highgpu-(\d+)g$", "A100", "A100", None),
+    (r"^a2-megagpu-16g$", "A100", "A100", 16),
+    (r"^a2-ultragpu-(\d+)g$", "A100-80GB", "A100-80GB", None),
+    (r"^a3-highgpu-(\d+)g$", "H100", "H100", None),
+    (r"^a3-(megagpu|edgegpu)-8g(-nolssd)?$", "H100", "H100-MEGA", 8),
+    (r"^a3-ultragpu-8g(-nolssd)?$", "H200", "H200", 8),
+    (r"^a4-highgpu-8g$", "B200", "B200", 8),
+    (r"^g2-standard-(\d+)$", "L4", "L4", "g2"),
+)
+G2_GPUS = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
+
+# N1 + attachable GPU: GPU count -> max vCPUs of the host (GCE's documented limits).
+N1_GPU_LIMITS = {
+    "T4": {1: 48, 2: 48, 4: 96},
+    "P4": {1: 24, 2: 48, 4: 96},
+    "P100": {1: 16, 2: 32, 4: 96},
+    "V100": {1: 12, 2: 24, 4: 48, 8: 96},
+}
+
+
+def _num(s: str) -> float | None:
+    s = (s or "").strip()
+    return float(s) if s else None
+
+
+def _clean_number(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else round(x, 4)
+
+
+def build_aws(source: Path) -> dict:
+    types: dict[str, InstanceType] = {}
+    rows: dict[str, list] = defaultdict(list)
+    with open(source / "aws_vms.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            region = r["Region"]
+            if region not in AWS_REGIONS or r["Arch"].endswith("_mac"):
+                continue
+            name = r["InstanceType"]
+            if name not in types:
+                acc = (r["AcceleratorName"] or "").strip()
+                count = int(float(r["AcceleratorCount"] or 0))
+                gpu_model, gpu_count, gpu_mem, accel, accel_count = "", 0, 0.0, "", 0
+                if acc:
+                    canon = canonical_gpu(acc)
+                    if canon in NON_GPU_ACCELERATORS:
+                        accel, accel_count = acc, count
+                    else:
+                        info = json.loads(r["GpuInfo"]) if r["GpuInfo"] else {}
+                        total_mib = info.get("TotalGpuMemoryInMiB", 0)
+                        gpu_mem = round(total_mib / 1024, 2)
+                        per_gpu = gpu_mem / count if count else 0
+                        if canon == "A100" and per_gpu >= 79:
+                            canon = "A100-80GB"
+                        gpu_model, gpu_count = canon, count
+                family = name.split(".")[0]
+                types[name] = InstanceType(
+                    cloud="aws", name=name, family=family, vcpus=_clean_number(float(r["vCPUs"])),
+                    memory_gib=_clean_number(float(r["MemoryGiB"])), gpu_model=gpu_model, gpu_count=gpu_count,
+                    gpu_memory_gib=_clean_number(gpu_mem), arch=r["Arch"],
+                    burstable=family in AWS_BURSTABLE_FAMILIES, accelerator=accel, accelerator_count=accel_count,
+                    machine_type=name, attached_gpu="",
+                )
+            zone = r["AvailabilityZone"]
+            rows[region].append((name, zone, "on-demand", _num(r["Price"])))
+            if r["SpotSupported"].strip().lower() == "true":
+                rows[region].append((name, zone, "spot", _num(r["SpotPrice"])))
+    ordered = [types[n] for n in sorted(types)]
+    return {
+        "types": [type_row(t) for t in ordered],
+        "regions": {reg: region_entry(ordered, rows[reg]) for reg in sorted(rows)},
+    }
+
+
+def _gcp_gpu_of(name: str) -> tuple[str, str, int] | None:
+    """(GPU model, accelerator row name, count) for GCP machine types that carry GPUs."""
+    for pattern, model, acc_row, count in GCP_GPU_MACHINES:
+        m = re.match(pattern, name)
+        if not m:
+            continue
+        if count == "g2":
+            return model, acc_row, G2_GPUS[int(m.group(1))]
+        if count is None:
+            return model, acc_row, int(m.group(1))
+        return model, acc_row, count
+    return None
+
+
+def build_gcp(source: Path) -> dict:
+    hosts: dict[str, dict] = {}
+    host_rows: list[dict] = []
+    # (accelerator row name, count, zone) -> (on-demand, spot)
+    acc_price: dict[tuple[str, int, str], tuple[float | None, float | None]] = {}
+    with open(source / "gcp_vms.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r["Region"] not in GCP_REGIONS:
+                continue
+            if not r["InstanceType"]:
+                if r["AcceleratorName"].startswith("tpu"):
+                    continue
+                acc_price[(r["AcceleratorName"], int(float(r["AcceleratorCount"])), r["AvailabilityZone"])] = (
+                    _num(r["Price"]), _num(r["SpotPrice"]))
+                continue
+            hosts.setdefault(r["InstanceType"], r)
+            host_rows.append(r)
+
+    types: dict[str, InstanceType] = {}
+    rows: dict[str, list] = defaultdict(list)
+
+    def add_rows(t: InstanceType, r: dict, acc: tuple[str, int] | None) -> None:
+        zone = r["AvailabilityZone"]
+        od, spot = _num(r["Price"]), _num(r["SpotPrice"])
+        if acc is not None:
+            a = acc_price.get((acc[0], acc[1], zone))
+            if a is None:
+                if t.attached_gpu:
+                    return  # the accelerator is not offered in this zone: no N1+GPU offering here
+                od = spot = None  # a2/g2 host listed but its GPU price is missing: unknown
+            else:
+                od = None if od is None or a[0] is None else od + a[0]
+                spot = None if spot is None or a[1] is None else spot + a[1]
+        rows[r["Region"]].append((t.name, zone, "on-demand", od))
+        rows[r["Region"]].append((t.name, zone, "spot", spot))
+
+    for name in sorted(hosts):
+        r = hosts[name]
+        family = name.split("-")[0]
+        gpu = _gcp_gpu_of(name)
+        model, count = (gpu[0], gpu[2]) if gpu else ("", 0)
+        types[name] = InstanceType(
+            cloud="gcp", name=name, family=family, vcpus=_clean_number(float(r["vCPUs"])),
+            memory_gib=_clean_number(float(r["MemoryGiB"])), gpu_model=model, gpu_count=count,
+            gpu_memory_gib=GPU_MEMORY_GIB.get(model, 0) * count,
+            arch="arm64" if family in GCP_ARM_FAMILIES else "x86_64",
+            burstable=name in GCP_BURSTABLE_TYPES, machine_type=name,
+        )
+        if name.startswith("n1-") and re.match(r"^n1-(standard|highmem|highcpu)-\d+$", name):
+            vcpus = float(r["vCPUs"])
+            for model_name, limits in sorted(N1_GPU_LIMITS.items()):
+                for n, max_vcpus in sorted(limits.items()):
+                    if vcpus > max_vcpus:
+                        continue
+                    synth = f"{name}+{n}x{model_name}"
+                    types[synth] = InstanceType(
+                        cloud="gcp", name=synth, family="n1", vcpus=types[name].vcpus,
+                        memory_gib=types[name].memory_gib, gpu_model=model_name, gpu_count=n,
+                        gpu_memory_gib=GPU_MEMORY_GIB[model_name] * n, arch="x86_64", burstable=False,
+                        machine_type=name, attached_gpu=GCE_ACCELERATOR_FOR_MODEL[model_name],
+                    )
+    for r in host_rows:
+        name = r["InstanceType"]
+        gpu = _gcp_gpu_of(name)
+        add_rows(types[name], r, (gpu[1], gpu[2]) if gpu else None)
+        if name.startswith("n1-"):
+            for synth in sorted(t for t in types if t.startswith(name + "+")):
+                t = types[synth]
+                add_rows(t, r, (t.gpu_model, t.gpu_count))
+    ordered = [types[n] for n in sorted(types)]
+    return {
+        "types": [type_row(t) for t in ordered],
+        "regions": {reg: region_entry(ordered, rows[reg]) for reg in sorted(rows)},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--source", type=Path, default=ROOT.parent / "shared" / "catalog")
+    ap.add_argument("--out", type=Path, default=ROOT / "ray_nodeless" / "data" / "catalog.json.gz")
+    ap.add_argument("--built", default="2026-11-29", help="date of the source data (recorded in the file)")
+    args = ap.parse_args(argv)
+    doc = {
+        "format": FORMAT_VERSION,
+        "name": "embedded-" + args.built,
+        "built": args.built,
+        "sources": {
+            "aws": "shared/catalog/aws_vms.csv: moto 5.2.5 specs and AZ offerings; on-demand price = skypilot-catalog "
+                   "v8 spot-check rows, else min(coroot 2024-08-09, libcloud 3.9.1); spot = coroot (per region)",
+            "gcp": "shared/catalog/gcp_vms.csv: anycloud-sh/catalog gcp/vms.csv @62ff0a98 (SkyPilot v7 schema); "
+                   "GPU machines priced host + accelerator",
+        },
+        "clouds": {"aws": build_aws(args.source), "gcp": build_gcp(args.source)},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+    # mtime=0 so the same data always gives the same bytes, hence the same sha256 and catalog id.
+    args.out.write_bytes(gzip.compress(payload, compresslevel=9, mtime=0))
+    for cloud, c in sorted(doc["clouds"].items()):
+        n = sum(len(r["type"]) for r in c["regions"].values())
+        print(f"{cloud}: {len(c['types'])} instance types, {n} offerings in {len(c['regions'])} regions")
+    print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
