@@ -27,7 +27,6 @@ from ray_nodeless.rules import DEFAULT_RULE, Rule, RuleSet, parse_rules
 
 logger = logging.getLogger(__name__)
 
-BACKEND_CLOUDS = ("local", "aws", "gcp")
 PRICE_CLOUDS = ("aws", "gcp")
 REGISTRATIONS = ("vm", "local-player")
 DEFAULT_UNAVAILABLE_TTL_S = 180.0
@@ -69,14 +68,17 @@ def parse_provider(provider: Mapping[str, Any]) -> ProviderSettings:
         if close:
             raise ConfigError(f"provider.{k}", f"unknown key; did you mean `{close[0]}`?")
         logger.warning("provider.%s is not a ray_nodeless key; passing it through", k)
+    from ray_nodeless.providers import backend_names  # the registry: built-in backends plus registered ones
+
     cloud = provider.get("cloud", "local")
-    if cloud not in BACKEND_CLOUDS:
-        raise ConfigError("provider.cloud", f"{cloud!r} is not one of {list(BACKEND_CLOUDS)}")
-    price_cloud = provider.get("simulate_cloud", "aws") if cloud == "local" else cloud
+    if cloud not in backend_names():
+        raise ConfigError("provider.cloud", f"{cloud!r} is not one of {backend_names()}")
+    # Backends that are not a priced cloud (local, or a registered test backend) are priced as `simulate_cloud`.
+    price_cloud = cloud if cloud in PRICE_CLOUDS else provider.get("simulate_cloud", "aws")
     if price_cloud not in PRICE_CLOUDS:
         raise ConfigError("provider.simulate_cloud", f"{price_cloud!r} is not one of {list(PRICE_CLOUDS)}")
-    if cloud != "local" and "simulate_cloud" in provider:
-        raise ConfigError("provider.simulate_cloud", "only applies to cloud: local")
+    if cloud in PRICE_CLOUDS and "simulate_cloud" in provider:
+        raise ConfigError("provider.simulate_cloud", f"only applies to backends that are not a cloud, not {cloud!r}")
     region = provider.get("region")
     if not isinstance(region, str) or not region:
         raise ConfigError("provider.region", "required: the cloud region to launch in (e.g. us-west-2)")

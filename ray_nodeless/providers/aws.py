@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable
 
 import boto3
 import botocore.exceptions
+import botocore.parsers
 from botocore.client import BaseClient
 from botocore.config import Config
 
@@ -83,6 +84,7 @@ NOT_FOUND_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Ma
 AMBIGUOUS_EXCEPTIONS: tuple[type[BaseException], ...] = (
     botocore.exceptions.ConnectionError,        # EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ...
     botocore.exceptions.HTTPClientError,         # ConnectionClosedError, ...
+    botocore.parsers.ResponseParserError,        # a 5xx HTML page from a proxy or load balancer
 )
 
 # ray_nodeless requirement keys: the core strips them from node_config before the backend sees it, but
@@ -263,12 +265,13 @@ class AwsBackend(MachineBackend):
         if endpoint_url:
             common["endpoint_url"] = endpoint_url
         # Describe/Terminate/CreateTags: botocore retries throttling and 5xx (all of them are idempotent).
+        # `total_max_attempts` counts the first try; botocore's `max_attempts` key would count retries only.
         self.ec2: BaseClient = session.client(
-            "ec2", config=Config(retries={"mode": mode, "max_attempts": self.max_attempts}), **common)
+            "ec2", config=Config(retries={"mode": mode, "total_max_attempts": self.max_attempts}), **common)
         # RunInstances: no botocore retries. A botocore retry after a lost response re-sends the request, which is
         # only safe where ClientToken is honoured; our loop looks the token up first (see module docstring).
         self.ec2_launch: BaseClient = session.client(
-            "ec2", config=Config(retries={"mode": mode, "max_attempts": 1}), **common)
+            "ec2", config=Config(retries={"mode": mode, "total_max_attempts": 1}), **common)
         self._sleep: Callable[[float], None] = time.sleep
         self._known = _Known()
         self._subnets = _SubnetCache()

@@ -1,0 +1,92 @@
+"""An in-memory MachineBackend with fault injection, like Karpenter's fake CloudProvider.
+
+It is a backend, not a mock of our code: the provider under test runs unchanged, through the public
+registry (`register_backend`). Machines live in a class-level dict keyed by cluster so that several provider
+instances (ray up's and the monitor's) share one "cloud".
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from ray_nodeless.errors import CapacityError, TransientBackendError
+from ray_nodeless.providers import register_backend
+from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine, MachineBackend
+
+
+@dataclass
+class Cloud:
+    machines: dict[str, Machine] = field(default_factory=dict)
+    tokens: dict[str, list[str]] = field(default_factory=dict)
+    # (instance type or "*", zone or "*", capacity or "*") -> error code, for every launch that matches
+    capacity_faults: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    list_failures: int = 0
+    calls: dict[str, int] = field(default_factory=dict)
+    launches: list[LaunchSpec] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+
+CLOUD = Cloud()
+
+
+def reset() -> Cloud:
+    global CLOUD
+    CLOUD = Cloud()
+    return CLOUD
+
+
+class FakeBackend(MachineBackend):
+    cloud = "fake"
+
+    def launch(self, spec: LaunchSpec) -> list[str]:
+        c = CLOUD
+        with c.lock:
+            c.count("launch")
+            c.launches.append(spec)
+            o = spec.offering
+            for (t, z, cap), code in c.capacity_faults.items():
+                if t in ("*", o.instance_type.name) and z in ("*", o.zone) and cap in ("*", o.capacity):
+                    raise CapacityError(f"no {o.instance_type.name} in {o.zone}", category=code)
+            if spec.request_token in c.tokens:        # idempotent on the token, as EC2/GCE are
+                return list(c.tokens[spec.request_token])
+            ids = []
+            for _ in range(spec.count):
+                mid = "fake-" + uuid.uuid4().hex[:8]
+                c.machines[mid] = Machine(id=mid, tags=dict(spec.tags), internal_ip=f"10.0.0.{len(c.machines) + 1}",
+                                          launched_at=time.time())
+                ids.append(mid)
+            c.tokens[spec.request_token] = ids
+            return ids
+
+    def list_machines(self) -> list[Machine]:
+        c = CLOUD
+        with c.lock:
+            c.count("list")
+            if c.list_failures:
+                c.list_failures -= 1
+                raise TransientBackendError("RequestLimitExceeded", category="RequestLimitExceeded")
+            return [Machine(m.id, dict(m.tags), m.state, m.internal_ip, m.external_ip, m.launched_at)
+                    for m in c.machines.values() if m.tags.get(TAG_CLUSTER) == self.cluster_name]
+
+    def terminate(self, machine_ids: list[str]) -> None:
+        c = CLOUD
+        with c.lock:
+            c.count("terminate")
+            for mid in machine_ids:
+                m = c.machines.get(mid)
+                if m is not None and m.tags.get(TAG_CLUSTER) == self.cluster_name:
+                    del c.machines[mid]
+
+    def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
+        c = CLOUD
+        with c.lock:
+            if machine_id in c.machines:
+                c.machines[machine_id].tags.update(tags)
+
+
+register_backend("fake", __name__, "FakeBackend")
