@@ -42,7 +42,8 @@ OTHER_PROVIDER_KEYS = frozenset({
     "disable_launch_config_check", "foreground_node_launch", "worker_liveness_check", "use_node_id_as_ip",
     "head_ip", "worker_ips", "availability_zone", "aws_credentials", "endpoint_url", "aws_max_attempts",
     "subnets", "image_id", "project_id", "api_endpoint", "credentials", "image", "operation_timeout_s",
-    "state_dir", "gcs_address", "local_faults", "player_state_dir", "launch_timeout_s",
+    "state_dir", "gcs_address", "local_faults", "player_state_dir", "launch_timeout_s", "call_timeout_s",
+    "max_attempts", "retry_base_s", "retry_max_s", "poll_interval_s", "disk_size_gb", "network",
 })
 
 

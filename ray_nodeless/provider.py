@@ -95,7 +95,8 @@ class NodelessProvider(NodeProvider):
                                            endpoint_url=self.provider_config.get("endpoint_url"))
             from ray_nodeless.providers.gcp_catalog import refresh_gcp_catalog
             return refresh_gcp_catalog(self.settings.region, self.provider_config.get("project_id", ""),
-                                       api_endpoint=self.provider_config.get("api_endpoint"))
+                                       api_endpoint=self.provider_config.get("api_endpoint"),
+                                       credentials=self.provider_config.get("credentials"))
         except Exception as e:  # a live catalog is an optimisation: never fail the cluster for it
             logger.warning("live catalog unavailable (%s); using the embedded catalog", e)
             return load_catalog("embedded")

@@ -505,7 +505,7 @@ class GcpBackend(MachineBackend):
         try:
             compute_v1.Instance.from_json(json.dumps(node_config))
         except (json_format.ParseError, TypeError, ValueError) as e:
-            m = re.search(r'at "Instance\.?([\w.\[\]]*)"', str(e))
+            m = re.search(r'at "?Instance\.?([\w.\[\]]*)', str(e))
             sub = f".{m.group(1)}" if m and m.group(1) else ""
             raise ConfigError(f"{key}{sub}", str(e).splitlines()[0]) from None
         accs = node_config.get("guestAccelerators") or []
@@ -591,6 +591,7 @@ class GcpBackend(MachineBackend):
         what = f"launch {spec.offering.instance_type.name} {spec.offering.capacity} in {zone}"
         issued: list[_PendingOp] = []
         first_error: BackendError | None = None
+        stray: _PendingOp | None = None
         for i in range(spec.count):
             name = instance_name(self.cluster_name, spec.request_token, i)
             rid = request_id_for(spec.request_token, i)
@@ -602,6 +603,11 @@ class GcpBackend(MachineBackend):
                 op = self._insert(request, name, rid, what)
             except BackendError as e:
                 first_error = e
+                if isinstance(e, TransientBackendError):
+                    # throttled or 5xx until retries ran out, possibly after an ambiguous 5xx that did create the
+                    # instance: clean this name up too (a 404 on delete is fine). Other errors created nothing,
+                    # and a name collision (alreadyExists) is someone else's instance.
+                    stray = _PendingOp(name, zone, None)
                 break
             issued.append(_PendingOp(name, zone, op))
         results = self._wait_all(issued, "insert") if issued else {}
@@ -614,7 +620,7 @@ class GcpBackend(MachineBackend):
             return [p.name for p in issued]
         # Never leave a machine behind when raising: delete every instance of this launch that may exist,
         # including the failed ones (a failed insert can leave a stopped instance).
-        self._cleanup(issued, what)
+        self._cleanup(issued + ([stray] if stray is not None else []), what)
         if first_error is not None:
             raise first_error
         # report a capacity error first: it is the one the launcher acts on (next candidate)

@@ -257,7 +257,22 @@ def build_doc(region: str, data: dict[str, _ZoneData], prices: Catalog | None, p
 def refresh_gcp_catalog(region: str, project_id: str, *, api_endpoint: str | None = None, credentials: Any = None,
                         cache_dir: str | Path | None = None, ttl_s: float = 86400,
                         fallback: Callable[[], Catalog] = embedded,
-                        price_catalog: Catalog | None = None) -> tuple[Catalog, dict[str, Any]]:
+                        price_catalog: Catalog | None = None) -> Catalog:
+    """The live GCP catalog of `region` (what `NodelessProvider._load_catalog` uses).
+
+    The summary dict of `refresh_gcp_catalog_with_summary` is attached as `catalog.refresh_summary`.
+    """
+    cat, summary = refresh_gcp_catalog_with_summary(
+        region, project_id, api_endpoint=api_endpoint, credentials=credentials, cache_dir=cache_dir, ttl_s=ttl_s,
+        fallback=fallback, price_catalog=price_catalog)
+    cat.refresh_summary = summary  # type: ignore[attr-defined]
+    return cat
+
+
+def refresh_gcp_catalog_with_summary(
+        region: str, project_id: str, *, api_endpoint: str | None = None, credentials: Any = None,
+        cache_dir: str | Path | None = None, ttl_s: float = 86400, fallback: Callable[[], Catalog] = embedded,
+        price_catalog: Catalog | None = None) -> tuple[Catalog, dict[str, Any]]:
     """Build (or reuse) the live GCP catalog of `region`. Returns (catalog, summary dict).
 
     `credentials`: None = google.auth default, "anonymous" (tests), or a google.auth Credentials object.
