@@ -152,7 +152,7 @@ class Catalog:
     def __init__(self, doc: dict, sha256: str, source: str):
         if doc.get("format") != FORMAT_VERSION:
             raise CatalogError(f"{source}: catalog format {doc.get('format')!r} is not {FORMAT_VERSION}")
-        self._doc = doc
+        self.doc = doc
         self.sha256 = sha256
         self.name: str = doc.get("name", "catalog")
         self.built: str = doc.get("built", "")
@@ -164,15 +164,15 @@ class Catalog:
 
     @property
     def clouds(self) -> list[str]:
-        return sorted(self._doc["clouds"])
+        return sorted(self.doc["clouds"])
 
     def regions(self, cloud: str) -> list[str]:
         self._cloud_doc(cloud)
-        return sorted(self._doc["clouds"][cloud]["regions"])
+        return sorted(self.doc["clouds"][cloud]["regions"])
 
     def _cloud_doc(self, cloud: str) -> dict:
         try:
-            return self._doc["clouds"][cloud]
+            return self.doc["clouds"][cloud]
         except KeyError:
             raise CatalogError(f"catalog {self.catalog_id} has no cloud {cloud!r}; it has {self.clouds}") from None
 
@@ -216,6 +216,9 @@ def region_entry(types: Sequence[InstanceType],
     zones = sorted({z for _, z, _, _ in rows})
     zone_index = {z: i for i, z in enumerate(zones)}
     cap_index = {c: i for i, c in enumerate(CAPACITY_TYPES)}
+    # Round before sorting: host + accelerator sums differ in the 15th digit, and the order must follow the
+    # prices as stored, or two offerings at the same stored price would be ranked by noise instead of by name.
+    rows = [(t, z, c, None if p is None else round(float(p), 6)) for t, z, c, p in rows]
     ordered = sorted(
         rows, key=lambda r: (r[3] is None, r[3] if r[3] is not None else 0.0, r[0], r[1], cap_index[r[2]]))
     return {
@@ -223,12 +226,17 @@ def region_entry(types: Sequence[InstanceType],
         "type": [index[r[0]] for r in ordered],
         "zone": [zone_index[r[1]] for r in ordered],
         "capacity": [cap_index[r[2]] for r in ordered],
-        "price": [None if r[3] is None else round(float(r[3]), 6) for r in ordered],
+        "price": [r[3] for r in ordered],
     }
 
 
 def type_row(t: InstanceType) -> list:
     return [getattr(t, c) for c in TYPE_COLUMNS]
+
+
+def dump_bytes(doc: dict) -> bytes:
+    """A catalog document as the bytes of a catalog file (gzip, mtime 0: same data, same sha256)."""
+    return gzip.compress(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode(), compresslevel=9, mtime=0)
 
 
 def _load_bytes(raw: bytes, source: str) -> Catalog:

@@ -169,6 +169,40 @@ def catalog_list(cloud: str, region: str, catalog_spec: str, as_json: bool) -> N
                    f"{o.capacity:9} {price:>12}")
 
 
+@catalog.command("refresh")
+@click.option("--cloud", type=click.Choice(["aws", "gcp"]), required=True)
+@click.option("--region", required=True)
+@click.option("--out", type=click.Path(dir_okay=False), help="Where to write the catalog file "
+              "(default: catalog-<cloud>-<region>.json.gz); use it with `provider.catalog: <path>`.")
+@click.option("--endpoint-url", help="AWS: API endpoint (default: AWS_ENDPOINT_URL or the real one).")
+@click.option("--project-id", help="GCP: the project to read machine types from.")
+@click.option("--api-endpoint", help="GCP: Compute API endpoint.")
+@click.option("--json", "as_json", is_flag=True)
+def catalog_refresh(cloud: str, region: str, out: str | None, endpoint_url: str | None, project_id: str | None,
+                    api_endpoint: str | None, as_json: bool) -> None:
+    """Rebuild a region's catalog from the cloud's APIs (cached on disk); falls back to the last good one."""
+    out = out or f"catalog-{cloud}-{region}.json.gz"
+    if cloud == "aws":
+        from ray_nodeless.providers.aws_catalog import refresh_cli
+
+        summary = refresh_cli(region, out, endpoint_url=endpoint_url)
+    else:
+        from pathlib import Path
+
+        from ray_nodeless.providers.gcp_catalog import refresh_gcp_catalog_with_summary
+
+        if not project_id:
+            _fail(ConfigError("--project-id", "required for --cloud gcp"), 2)
+        cat, summary = refresh_gcp_catalog_with_summary(region, project_id, api_endpoint=api_endpoint)
+        Path(out).write_bytes(catalog_mod.dump_bytes(cat.doc))
+        summary = dict(summary, written=str(out))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    else:
+        for k in sorted(summary):
+            click.echo(f"{k}: {summary[k]}")
+
+
 @catalog.command("info")
 @click.option("--json", "as_json", is_flag=True)
 def catalog_info(as_json: bool) -> None:
@@ -183,6 +217,43 @@ def catalog_info(as_json: bool) -> None:
         for c in cat.clouds:
             click.echo(f"  {c}: {', '.join(cat.regions(c))}")
 
+
+@main.command()
+@click.argument("cluster_yaml", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def status(cluster_yaml: str, as_json: bool) -> None:
+    """The live machines of a cluster: node type, instance, zone, capacity, price, uptime, cost so far."""
+    from ray_nodeless.status import status_document
+
+    try:
+        doc = status_document(load_cluster_yaml(cluster_yaml))
+    except ConfigError as e:
+        _fail(e, 2)
+        return
+    except NodelessError as e:
+        _fail(e, 1)
+        return
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    click.echo(f"cluster {doc['cluster_name']}: {len(doc['nodes'])} machine(s), ${doc['hourly_cost']:.4f}/h, "
+               f"${doc['accumulated_cost']:.4f} so far")
+    for n in doc["nodes"]:
+        click.echo(f"  {n['node_id']:24} {n['kind']:6} {n['node_type']:14} {n['instance_type']:18} {n['zone']:14} "
+                   f"{n['capacity']:9} {_price(n['hourly_price']):>14} up {n['uptime_s']:>8.0f}s "
+                   f"${(n['cost'] or 0):.4f}  rule {n['rule']}")
+
+
+def _register_subcommands() -> None:
+    # Imported here, not at the top: simulate and trace pull in Ray lazily, and keep `plan` start-up light.
+    from ray_nodeless.simulate import simulate_command
+    from ray_nodeless.trace import trace_command
+
+    main.add_command(simulate_command)
+    main.add_command(trace_command)
+
+
+_register_subcommands()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -92,6 +92,7 @@ class NodelessProvider(NodeProvider):
             if self.settings.price_cloud == "aws":
                 from ray_nodeless.providers.aws_catalog import refresh_aws_catalog
                 return refresh_aws_catalog(self.settings.region,
+                                           session_kwargs=self.provider_config.get("aws_credentials"),
                                            endpoint_url=self.provider_config.get("endpoint_url"))
             from ray_nodeless.providers.gcp_catalog import refresh_gcp_catalog
             return refresh_gcp_catalog(self.settings.region, self.provider_config.get("project_id", ""),
@@ -249,7 +250,13 @@ class NodelessProvider(NodeProvider):
                 raise NodeLaunchException(e.category, f"{node_type}: {e}", src_exc_info=None) from e
             except BackendError as e:
                 raise NodeLaunchException(e.category, f"{node_type}: {e}", src_exc_info=None) from e
-            self.registration.after_launch(spec, ids)
+            try:
+                self.registration.after_launch(spec, ids)
+            except BackendError as e:
+                # The machines exist but could not join Ray: terminate them rather than leak them.
+                logger.error("%s: registration failed for %s (%s); terminating them", node_type, ids, e)
+                self.terminate_nodes(ids)
+                raise NodeLaunchException(e.category, f"{node_type}: {e}", src_exc_info=None) from e
             with self._lock:
                 for i in ids:
                     self._launched[i] = offering
@@ -308,6 +315,10 @@ class NodelessProvider(NodeProvider):
                            docker_config=None):
         runner = self.backend.command_runner(log_prefix, node_id, auth_config, cluster_name, process_runner,
                                              use_internal_ip, docker_config)
+        if runner is None:
+            hook = getattr(self.registration, "command_runner", None)
+            runner = hook(log_prefix, node_id, auth_config, cluster_name, process_runner, use_internal_ip,
+                          docker_config) if hook is not None else None
         if runner is not None:
             return runner
         return super().get_command_runner(log_prefix, node_id, auth_config, cluster_name, process_runner,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import json
 import re
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ray_nodeless.catalog import FORMAT_VERSION, InstanceType, region_entry, type_row  # noqa: E402
+from ray_nodeless.catalog import FORMAT_VERSION, InstanceType, dump_bytes, region_entry, type_row  # noqa: E402
 from ray_nodeless.gpus import GCE_ACCELERATOR_FOR_MODEL, NON_GPU_ACCELERATORS, canonical_gpu  # noqa: E402
 
 AWS_REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
@@ -226,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "clouds": {"aws": build_aws(args.source), "gcp": build_gcp(args.source)},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-    # mtime=0 so the same data always gives the same bytes, hence the same sha256 and catalog id.
-    args.out.write_bytes(gzip.compress(payload, compresslevel=9, mtime=0))
+    args.out.write_bytes(dump_bytes(doc))
     for cloud, c in sorted(doc["clouds"].items()):
         n = sum(len(r["type"]) for r in c["regions"].values())
         print(f"{cloud}: {len(c['types'])} instance types, {n} offerings in {len(c['regions'])} regions")

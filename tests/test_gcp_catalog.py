@@ -62,7 +62,7 @@ def refresh(fake: FakeGce, tmp_path: Path, **kw):  # type: ignore[no-untyped-def
 def test_live_refresh_builds_region_from_the_api(fake: FakeGce, tmp_path: Path) -> None:
     cat, summary = refresh(fake, tmp_path)
     assert cat.name == "gcp-live-us-central1"
-    assert cat._doc["price_source"] == "embedded" and cat._doc["not_refreshed"]
+    assert cat.doc["price_source"] == "embedded" and cat.doc["not_refreshed"]
     r = cat.region("gcp", REGION)
     assert r.zones == ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")   # europe excluded
     names = {t.name for t in cat.types("gcp")}
@@ -156,4 +156,4 @@ def test_refresh_gcp_catalog_returns_catalog_priced_from_embedded(fake: FakeGce,
             got = live.find(name, "us-central1-a", cap)
             assert want is not None and got is not None
             assert got.hourly_price == want.hourly_price
-    assert cat._doc["price_catalog"] == embedded().catalog_id
+    assert cat.doc["price_catalog"] == embedded().catalog_id

@@ -230,3 +230,10 @@ def test_max_hourly_price():
 def test_plans_are_cached_per_request():
     req = Request("gcp", "us-west1", Shape(cpu=8), Requirements())
     assert PLANNER.plan(req) is PLANNER.plan(req)
+
+
+def test_equal_stored_prices_rank_by_name_not_float_noise():
+    # Host + accelerator sums (n1-highcpu-2 + 2xP100 vs n1-highcpu-16 + 4xP4) store the same price; the order
+    # must then follow the name, as documented, not the 15th digit of the unrounded sums.
+    req = Request("gcp", "europe-west4", Shape(gpu=1), Requirements(), rule="r")
+    assert [_key(o, req) for o in PLANNER.plan(req).candidates()] == brute_force(req)

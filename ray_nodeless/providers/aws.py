@@ -294,8 +294,11 @@ class AwsBackend(MachineBackend):
                 close = sorted(k for k in accepted if k.lower() == str(name).lower())
                 hint = f" (did you mean {close[0]}?)" if close else ""
                 raise ConfigError(f"{key}.{name}", f"not a RunInstances parameter{hint}")
-        if not node_config.get("ImageId") and not self.provider_config.get("image_id") \
-                and "LaunchTemplate" not in node_config:
+        # The adapter may call this on an instance made with __new__ (no clients, maybe no provider_config):
+        # only when provider_config is known can a missing ImageId be told apart from provider.image_id.
+        provider_config = getattr(self, "provider_config", None)
+        if provider_config is not None and not node_config.get("ImageId") \
+                and not provider_config.get("image_id") and "LaunchTemplate" not in node_config:
             raise ConfigError(f"{key}.ImageId",
                               "no AMI: set node_config.ImageId (or provider.image_id, or a LaunchTemplate)")
         for list_key in ("SubnetIds", "SecurityGroupIds", "BlockDeviceMappings", "NetworkInterfaces",
@@ -315,9 +318,12 @@ class AwsBackend(MachineBackend):
             # Ray's meaning of InstanceType ("launch this") becomes an allow-list of one; the offering still picks
             # zone and capacity.
             out["instance_types"] = [it]
-        if self.provider_subnets and not node_config.get("SubnetIds") and not node_config.get("SubnetId"):
-            # Static knowledge only (no API call here): zones without a configured subnet cannot be launched into.
-            out["zones"] = sorted(self.provider_subnets)
+        # Static knowledge only (no API call here; this may run on an instance made with __new__): zones without a
+        # configured subnet cannot be launched into.
+        subnets = (getattr(self, "provider_config", None) or {}).get("subnets")
+        if isinstance(subnets, dict) and subnets and not node_config.get("SubnetIds") \
+                and not node_config.get("SubnetId"):
+            out["zones"] = sorted(str(z) for z in subnets)
         return out
 
     # ------------------------------------------------------------------ launch

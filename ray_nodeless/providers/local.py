@@ -38,7 +38,7 @@ from ray_nodeless.providers.base import (
     MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend,
 )
 from ray_nodeless.providers.local_processes import (
-    DEFAULT_MIN_FREE_MEMORY_MB, DEFAULT_OBJECT_STORE_MEMORY, DEFAULT_PORT_BASE, DEFAULT_START_TIMEOUT_S,
+    DEFAULT_MIN_FREE_MEMORY_MB, DEFAULT_OBJECT_STORE_MEMORY, DEFAULT_PORT_BASE, DEFAULT_START_TIMEOUT_S, MARKER_ENV,
     LocalNodeProcesses, NodeRecord, _FileLock,
 )
 
@@ -101,6 +101,9 @@ class LocalBackend(MachineBackend):
         self.nodes = node_processes_from_config(provider_config, self.state_dir)
         self.home = self.state_dir / "home"
         self.home.mkdir(parents=True, exist_ok=True)
+        # Marker of the processes started through this cluster's command runner (the head's Ray): a test can
+        # clean them up with local_processes.stop_marked_processes(backend.runner_marker), never `ray stop`.
+        self.runner_marker = runner_marker(self.home)
         self.head_ip = str(provider_config.get("head_ip") or default_head_ip())
         self._config_faults: list[dict[str, Any]] = [dict(f) for f in provider_config.get("local_faults", [])]
         self._faults_lock = _FileLock(self.state_dir / "faults.lock")
@@ -223,10 +226,29 @@ class LocalBackend(MachineBackend):
         return LocalCommandRunner(log_prefix, node_id, self.home, process_runner=process_runner)
 
 
+def runner_marker(home: Path | str) -> str:
+    """The marker of processes started through the LocalCommandRunner of the cluster whose home is `home`."""
+    return f"runner@{Path(home)}"
+
+
+# Prepended to every command: `ray stop` -> scoped stop (see LocalCommandRunner); any other `ray ...` unchanged.
+_SCOPED_RAY_STOP = (
+    'ray() {{ if [ "${{1:-}}" = stop ]; then shift; '
+    '"{python}" -m ray_nodeless.providers.local_processes stop-marked "$NODELESS_LOCAL_NODE" "$@"; '
+    'else command ray "$@"; fi; }}\n'
+)
+
+
 class LocalCommandRunner(CommandRunnerInterface):
     """Ray's command runner for a node that is this host: commands run under bash with HOME = the cluster's home
     directory, so everything Ray puts in `~` (ray_bootstrap_config.yaml, ray_bootstrap_key.pem, `~/...` file mounts)
-    lands there and not in the user's home. Absolute remote paths are used as they are (like on a VM)."""
+    lands there and not in the user's home. Absolute remote paths are used as they are (like on a VM).
+
+    Every process started through it carries `NODELESS_LOCAL_NODE=runner@<home>` (`self.marker`), and inside its
+    commands `ray stop` is a shell function that stops only those processes: `ray down` runs a literal `ray stop`
+    on the head, which on a shared host would otherwise kill every Ray cluster of the user. Worker nodes started
+    by the backend carry their own marker, so (as on VMs) the head's `ray stop` leaves them to `terminate`.
+    """
 
     def __init__(self, log_prefix: str, node_id: str, home: Path | str, process_runner: Any = subprocess):
         self.log_prefix = log_prefix
@@ -234,6 +256,7 @@ class LocalCommandRunner(CommandRunnerInterface):
         self.home = Path(home)
         self.home.mkdir(parents=True, exist_ok=True)
         self.process_runner = process_runner if process_runner is not None else subprocess
+        self.marker = runner_marker(self.home)
 
     # What a fresh SSH session would not have: the CLI's own Ray address must not leak into commands on the node.
     _SCRUBBED_ENV = ("RAY_ADDRESS",)
@@ -241,6 +264,7 @@ class LocalCommandRunner(CommandRunnerInterface):
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in self._SCRUBBED_ENV}
         env["HOME"] = str(self.home)
+        env[MARKER_ENV] = self.marker
         # The venv's bin first, so `ray` (and `python`) resolve to the interpreter running the autoscaler.
         venv_bin = str(Path(sys.executable).parent)
         path = env.get("PATH", "")
@@ -273,25 +297,29 @@ class LocalCommandRunner(CommandRunnerInterface):
             # Same encoding as Ray's SSH runner (JSON values, shell-quoted): RAY_OVERRIDE_RESOURCES etc.
             cmd = _with_environment_variables(cmd, environment_variables)
         # A login shell would source /etc/profile, which on Debian resets PATH and loses the venv: use a plain one.
-        script = 'cd "$HOME" || exit 1\n' + cmd
+        script = 'cd "$HOME" || exit 1\n' + _SCOPED_RAY_STOP.format(python=sys.executable) + cmd
         final = ["bash", "-c", script]
         logger.debug("%srunning locally: %s", self.log_prefix, cmd)
         env = self._env()
-        stdin = (None if cmd_output_util.does_allow_interactive() and not cmd_output_util.is_output_redirected()
-                 else subprocess.DEVNULL)
+        interactive = sys.stdin is not None and sys.stdin.isatty()
+        stdin = (None if interactive and cmd_output_util.does_allow_interactive()
+                 and not cmd_output_util.is_output_redirected() else subprocess.DEVNULL)
+        # Without a terminal, give the command its own session: what it daemonises (the head's Ray processes) must
+        # not live in the caller's process group (pytest's, the CLI's), where signals meant for the caller land.
+        # With a terminal (`ray attach`, `ray exec` by hand) keep the foreground job so the shell is usable.
+        kw: dict[str, Any] = dict(env=env, stdin=stdin, start_new_session=not interactive)
         try:
             if with_output:
-                return self.process_runner.check_output(final, env=env, stdin=stdin)
+                return self.process_runner.check_output(final, **kw)
             if silent and cli_logger.verbosity < 1:
-                self.process_runner.check_call(final, env=env, stdin=stdin, stdout=subprocess.DEVNULL,
-                                               stderr=subprocess.DEVNULL)
+                self.process_runner.check_call(final, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
             elif cmd_output_util.is_output_redirected():
                 out_path = os.path.join(tempfile.gettempdir(), f"ray-up-local-{time.time()}.txt")
                 with open(out_path, "w") as out:
-                    self.process_runner.check_call(final, env=env, stdin=stdin, stdout=out, stderr=out)
+                    self.process_runner.check_call(final, stdout=out, stderr=out, **kw)
             else:
                 # Inherit our stdout/stderr (`ray up` shows the output), as Ray's runner does with sys.stdout.
-                self.process_runner.check_call(final, env=env, stdin=stdin)
+                self.process_runner.check_call(final, **kw)
         except subprocess.CalledProcessError as e:
             if exit_on_fail:
                 raise click.ClickException(f"Command failed:\n\n  {cmd}\n") from None

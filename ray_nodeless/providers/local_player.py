@@ -20,7 +20,7 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.base import LaunchSpec, Machine, Registration
 from ray_nodeless.providers.local import (
-    LocalCommandRunner, default_head_ip, default_state_dir, launch_env, node_processes_from_config,
+    LocalCommandRunner, default_head_ip, default_state_dir, launch_env, node_processes_from_config, runner_marker,
 )
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class LocalPlayer(Registration):
         self.nodes = node_processes_from_config(provider_config, self.state_dir)
         self.home = self.state_dir / "home"
         self.home.mkdir(parents=True, exist_ok=True)
+        self.runner_marker = runner_marker(self.home)   # see LocalBackend.runner_marker
         self.head_ip = str(provider_config.get("head_ip") or default_head_ip())
         # machine id -> player IP. A player's IP never changes while it lives, so a hit never goes stale; entries go
         # when the player is stopped. Misses read one record file (cheap enough for describe()).

@@ -6,7 +6,7 @@ a restarted monitor rebuilds its view from disk):
 
     <state_dir>/nodes/<machine_id>.json   one NodeRecord per node (written atomically)
     <state_dir>/logs/<machine_id>.log     stdout+stderr of the node's `ray start --block`
-    <state_dir>/labels/<machine_id>.json  the node's labels (passed with --labels-file: values may hold commas)
+    <state_dir>/labels/<machine_id>.json  the node's labels (passed with --labels-file: no quoting of a k=v,k=v list)
     <state_dir>/counter.json              the slot counter (IP + port block allocation)
     <state_dir>/state.lock                flock for record/counter updates (held for milliseconds)
 
@@ -121,6 +121,7 @@ class _ProcStat:
     pid: int
     state: str
     pgrp: int
+    session: int
     start_ticks: int
 
 
@@ -135,7 +136,7 @@ def _read_stat(pid: int) -> _ProcStat | None:
     rest = raw[raw.rfind(")") + 2:].split()
     try:
         # rest[0] = field 3 (state), rest[2] = field 5 (pgrp), rest[19] = field 22 (starttime)
-        return _ProcStat(pid=pid, state=rest[0], pgrp=int(rest[2]), start_ticks=int(rest[19]))
+        return _ProcStat(pid=pid, state=rest[0], pgrp=int(rest[2]), session=int(rest[3]), start_ticks=int(rest[19]))
     except (IndexError, ValueError):
         return None
 
@@ -345,15 +346,26 @@ class LocalNodeProcesses:
         return st.pgrp == rec.pid
 
     def _group_members(self, rec: NodeRecord, *, leader_ok: bool) -> list[int]:
-        """Live (non-zombie) pids of the node's process group. When the leader is gone its pgid may in theory be
-        reused, so then only processes that carry this node's marker variable are counted."""
+        """Live (non-zombie) pids of the node's process group.
+
+        When the leader is gone, its pgid could only have been reused by a *new* process whose pid equals it (a
+        group id is always created by its leader). So: members must have started no earlier than our leader, and if
+        an unrelated process now holds the leader's pid, they must also carry this node's marker variable. (The
+        marker alone is not enough: Ray's agents and workers set their process title, which clobbers
+        /proc/<pid>/environ.)"""
         if rec.pid is None:
             return []
-        members = [st.pid for st in _iter_proc_stats() if st.pgrp == rec.pid and st.state not in ("Z", "X", "x")]
+        stats = list(_iter_proc_stats())
+        members = [st for st in stats if st.pgrp == rec.pid and st.state not in ("Z", "X", "x")]
         if leader_ok:
-            return members
-        marker = self._marker(rec.id)
-        return [pid for pid in members if _has_marker(pid, marker)]
+            return [st.pid for st in members]
+        if rec.start_ticks is not None:
+            members = [st for st in members if st.start_ticks >= rec.start_ticks]
+        impostor = any(st.pid == rec.pid and st.start_ticks != rec.start_ticks for st in stats)
+        if impostor:
+            marker = self._marker(rec.id)
+            members = [st for st in members if _has_marker(st.pid, marker)]
+        return [st.pid for st in members]
 
     def rss_bytes(self, rec: NodeRecord) -> int:
         """Resident memory of all processes of the node (for reports and demos)."""
@@ -485,7 +497,8 @@ class LocalNodeProcesses:
         )
         labels_file = None
         if labels:
-            # JSON is YAML: --labels-file avoids the "k=v,k=v" syntax of --labels, which breaks on commas in values.
+            # JSON is YAML: --labels-file spares us quoting a "k=v,k=v" list. Ray validates keys and values itself
+            # (Kubernetes-style); a bad label fails the start with its message in the log tail.
             labels_file = self._labels_dir / f"{machine_id}.json"
             labels_file.write_text(json.dumps(labels))
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
@@ -594,3 +607,73 @@ class LocalNodeProcesses:
         with self._state_lock():
             for rec in recs:
                 self._remove_record(rec.id)
+
+
+# ---------------------------------------------------------------- scoped `ray stop`
+
+def _ancestors(pid: int) -> set[int]:
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            raw = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(raw[raw.rfind(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
+def _marked_targets(marker: str) -> tuple[set[int], set[int]]:
+    """(pids, sessions): live processes started with `NODELESS_LOCAL_NODE=<marker>` in their environment, plus
+    every process in their sessions, except this process's ancestry. Sessions count because Ray's agents and task
+    workers clobber their /proc environ when they set their process title; LocalCommandRunner gives each command
+    its own session (unless run from a terminal, whose session -- ours -- is never included)."""
+    mine = _ancestors(os.getpid())
+    own_sessions = {st.session for st in (_read_stat(p) for p in mine) if st is not None}
+    stats = [st for st in _iter_proc_stats() if st.pid not in mine and st.state not in ("Z", "X", "x")]
+    marked = {st.pid for st in stats if _has_marker(st.pid, marker)}
+    sessions = {st.session for st in stats if st.pid in marked} - own_sessions - {0, 1}
+    return marked | {st.pid for st in stats if st.session in sessions}, sessions
+
+
+def marked_pids(marker: str) -> list[int]:
+    return sorted(_marked_targets(marker)[0])
+
+
+# Ray's own `ray stop` waits 16 s before SIGKILL; the head's gcs_server and monitor were seen ignoring SIGTERM
+# for longer than that, so waiting much longer buys nothing.
+SCOPED_STOP_GRACE_S = 10.0
+
+
+def stop_marked_processes(marker: str, timeout: float = SCOPED_STOP_GRACE_S, force: bool = False) -> int:
+    """`ray stop` limited to the processes started with this marker (e.g. a local head started through
+    LocalCommandRunner). A plain `ray stop` would kill every Ray process of the user on the machine, including
+    other clusters. Returns how many processes were signalled."""
+    pids, sessions = _marked_targets(marker)
+    mine = _ancestors(os.getpid())
+
+    def remaining() -> set[int]:
+        # Track the sessions found at the start: once the marked processes are gone, the unmarked ones remain.
+        return {st.pid for st in _iter_proc_stats()
+                if st.state not in ("Z", "X", "x") and st.pid not in mine
+                and (st.pid in pids or st.session in sessions)}
+
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL if force else signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while not force and time.monotonic() < deadline and remaining():
+        time.sleep(0.2)
+    for pid in remaining():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+if __name__ == "__main__":
+    # Used by LocalCommandRunner's `ray` shell function: `python -m ...local_processes stop-marked <marker> [args]`.
+    if len(sys.argv) >= 3 and sys.argv[1] == "stop-marked":
+        n = stop_marked_processes(sys.argv[2], force=any(a in ("-f", "--force") for a in sys.argv[3:]))
+        print(f"Stopped {n} local Ray processes of {sys.argv[2]} (scoped `ray stop`).")
+    else:
+        sys.exit(f"usage: {sys.argv[0]} stop-marked <marker> [--force]")
