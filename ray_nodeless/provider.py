@@ -148,11 +148,11 @@ class NodelessProvider(NodeProvider):
         logger.warning("machine %s (%s %s %s) disappeared without being terminated by the autoscaler: "
                        "treating it as preempted", machine_id, tags.get(TAG_INSTANCE_TYPE), tags.get(TAG_ZONE),
                        tags.get(TAG_CAPACITY))
-        reap = getattr(self.registration, "reap", None)
-        if reap is not None:
-            with self._lock:
-                alive = list(self._machines)
-            reap(alive)
+        # Whatever the registration keeps for it (a local player process, a Kubernetes Node) goes with it.
+        try:
+            self.registration.after_terminate([machine_id])
+        except Exception as e:  # never let clean-up of a vanished machine break the listing
+            logger.warning("clean-up after vanished machine %s failed: %s", machine_id, e)
 
     def _offering_of(self, tags: dict[str, str]) -> Offering | None:
         try:
