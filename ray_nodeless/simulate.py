@@ -706,6 +706,7 @@ def report_dict(trace: Trace, results: list[SimResult], params: Mapping[str, Any
         "trace_task_hours_uncut": round(trace.task_hours(), 6),
         "parameters": dict(params),
         "configurations": {r.config.label: r.to_dict() for r in results},
+        "published": list(trace.meta.get("published") or []),
     }
 
 
@@ -723,6 +724,15 @@ def report_text(trace: Trace, results: list[SimResult], baseline: SimResult | No
         lines.append(f"{r.config.label:34} {r.config.schedule:11} {r.elapsed_hours:9.3f} {r.workload_cost:9.2f} "
                      f"{vs:>8} {r.config.idle_cost_per_hour:9.3f} "
                      f"{'-' if gpu is None else f'{gpu * 100:.1f}%':>8} {r.lower_bound():8.2f}")
+    published = trace.meta.get("published") or []
+    if published:
+        lines.append("published reference (from the trace's meta.published):")
+        for p in published:
+            vs = p.get("vs_fixed_pct")
+            cost = p.get("workload_cost")
+            lines.append(f"  {str(p.get('configuration', '?')):32} {'':11} {p.get('elapsed_hours', float('nan')):9.3f} "
+                         f"{'-' if cost is None else f'{cost:.2f}':>9} {'-' if vs is None else f'{vs:+.1f}%':>8} "
+                         f"{p.get('idle_cost_per_hour', float('nan')):9.3f}")
     lines.append("")
     for r in results:
         inst = ", ".join(f"{k}={o.instance_type} {o.capacity} ${o.hourly_price:.4f}/h"
