@@ -125,10 +125,12 @@ class Bench:
         self.port = _free_port()
         self.gcs = f"127.0.0.1:{self.port}"
         self.temp_dir = work / "ray"
+        self.metrics_port = _free_port()
         self.results: list[dict] = []
 
     def head_env(self) -> dict[str, str]:
-        env = dict(BASE_ENV, AUTOSCALER_UPDATE_INTERVAL_S="1")
+        # Own monitor metrics port: two monitors on the default 44217 collide ("Address already in use").
+        env = dict(BASE_ENV, AUTOSCALER_UPDATE_INTERVAL_S="1", AUTOSCALER_METRIC_PORT=str(self.metrics_port))
         env["RAY_enable_autoscaler_v2"] = "1" if self.autoscaler == "v2" else "0"
         return env
 
@@ -144,7 +146,35 @@ class Bench:
         return _alive_gpu_nodes(self.gcs) == 0
 
     def breakdown(self, r: dict) -> None:
-        pass
+        self._v2_events(r)
+
+    def _v2_events(self, r: dict) -> None:
+        """Autoscaler v2's instance-manager transitions of the worker launched for this submission (monitor.log)."""
+        log = self.monitor_log()
+        if log is None or self.autoscaler != "v2":
+            return
+        pat = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*?(New instance QUEUED|Update instance "
+                         r"(\w+)->(\w+)) \(id=([\w-]+), type=gpu_worker")
+        first: dict[str, float] = {}
+        inst = None
+        for line in log.read_text(errors="replace").splitlines():
+            m = pat.match(line)
+            if not m:
+                continue
+            t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            if t < r["submit"] - 0.01:
+                continue
+            state = "QUEUED" if m.group(2).startswith("New") else m.group(4)
+            if inst is None and state == "QUEUED":
+                inst = m.group(5)
+            if m.group(5) == inst and state not in first:
+                first[state] = t
+        r["v2_times"] = first
+        steps = [("submit", r["submit"]), ("queued", first.get("QUEUED")), ("requested", first.get("REQUESTED")),
+                 ("allocated", first.get("ALLOCATED")), ("ray_running", first.get("RAY_RUNNING"))]
+        for (a, ta), (b, tb) in zip(steps, steps[1:]):
+            if ta is not None and tb is not None:
+                r[f"{a}_to_{b}"] = tb - ta
 
     def monitor_log(self) -> Path | None:
         logs = sorted(self.temp_dir.glob("session_*/logs/monitor.log"))
@@ -219,6 +249,7 @@ class Ours(Bench):
         env = self.head_env()
         prefix = " ".join(f"{k}={v}" for k, v in sorted({
             "RAY_AUTH_MODE": "disabled", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+            "AUTOSCALER_METRIC_PORT": env["AUTOSCALER_METRIC_PORT"],
             "RAY_enable_autoscaler_v2": env["RAY_enable_autoscaler_v2"],
             **({"RAY_CLOUD_INSTANCE_ID": self.head_id, "RAY_NODE_TYPE_NAME": "head"}
                if self.autoscaler == "v2" else {})}.items()))
@@ -232,11 +263,15 @@ class Ours(Bench):
         return [m.id for m in machines] == [self.head_id] and super().worker_gone()
 
     def breakdown(self, r: dict) -> None:
+        super().breakdown(r)
         rec = self.backend.nodes.get(r["instance"] or "")
         if rec is None:
             return
         r["instance_type"] = rec.tags.get("nodeless-instance-type")
         r["submit_to_create"] = rec.started_at - r["submit"]          # decision + plan + slot allocation
+        if r.get("v2_times", {}).get("REQUESTED"):
+            # create() entered until the `ray start` Popen: plan, listing, start lock, slot/port probing
+            r["requested_to_popen"] = rec.started_at - r["v2_times"]["REQUESTED"]
         if r.get("registered"):
             r["create_to_registered"] = r["registered"] - rec.started_at   # `ray start --block` until GCS sees it
         ready = self._ready_time(r["instance"])
@@ -272,7 +307,9 @@ class Fake(Bench):
     def __init__(self, work: Path, autoscaler: str, timeout: float, worker_resources: dict[str, float]):
         super().__init__(work, autoscaler, timeout)
         self.marker = f"fakebench@{work}"
-        res = {k: v for k, v in worker_resources.items() if k in ("CPU", "GPU", "memory")}
+        # Not `memory`: FakeMultiNodeProvider passes every non-CPU/GPU/object_store_memory key as a custom resource,
+        # and Ray refuses `memory` there (its node then reports the host's memory instead; irrelevant to latency).
+        res = {k: v for k, v in worker_resources.items() if k in ("CPU", "GPU")}
         res["object_store_memory"] = OBJECT_STORE
         provider = {"type": "external", "module": FAKE_MODULE, "use_node_id_as_ip": True,
                     "disable_node_updaters": True, "disable_launch_config_check": True, "gcs_address": self.gcs}
@@ -362,8 +399,9 @@ def main() -> int:
         else:
             shutil.rmtree(root, ignore_errors=True)
 
-    keys = ["latency", "submit_to_registered", "registered_to_start", "submit_to_create", "create_to_registered",
-            "create_returned"]
+    keys = ["latency", "submit_to_registered", "registered_to_start", "submit_to_queued", "queued_to_requested",
+            "requested_to_allocated", "allocated_to_ray_running", "submit_to_create", "requested_to_popen",
+            "create_to_registered", "create_returned"]
     report = {
         "autoscaler": args.autoscaler, "update_interval_s": 1, "reps": args.reps, "interleaved": True,
         "our_instance_type": ours.instance_type, "worker_resources": ours.worker_resources,

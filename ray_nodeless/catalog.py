@@ -16,6 +16,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import tempfile
 import threading
 from dataclasses import dataclass
 from functools import cached_property
@@ -237,6 +239,22 @@ def type_row(t: InstanceType) -> list:
 def dump_bytes(doc: dict) -> bytes:
     """A catalog document as the bytes of a catalog file (gzip, mtime 0: same data, same sha256)."""
     return gzip.compress(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode(), compresslevel=9, mtime=0)
+
+
+def write_atomic(path: Path, raw: bytes) -> None:
+    """Write a catalog (cache) file so that readers see the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _load_bytes(raw: bytes, source: str) -> Catalog:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import click
 
@@ -22,6 +23,17 @@ from ray_nodeless.requirements import GIB, Request, Shape, parse_requirements
 def _fail(e: Exception, code: int) -> None:
     click.echo(f"ray-nodeless: error: {e}", err=True)
     sys.exit(code)
+
+
+@contextmanager
+def user_errors(other: type[BaseException] | tuple[type[BaseException], ...] = NodelessError) -> Iterator[None]:
+    """The CLI's error convention: one line naming the key; bad input exits 2, any other failure (`other`) 1."""
+    try:
+        yield
+    except (ConfigError, NoFeasibleOffering, CatalogError) as e:
+        _fail(e, 2)
+    except other as e:
+        _fail(e, 1)
 
 
 def _price(p: float | None) -> str:
@@ -75,7 +87,7 @@ def plan(cluster_yaml: str | None, cloud: str | None, region: str | None, cpu: f
          families, exclude_families, instance_types, gpus, exclude_gpus, capacity, arch, zones, max_price,
          alternatives: int, as_json: bool) -> None:
     """Show the instance each node type of CLUSTER_YAML gets, and why; or plan one ad-hoc shape."""
-    try:
+    with user_errors():
         if cluster_yaml:
             if cloud or region:
                 raise ConfigError("--cloud/--region", "give either CLUSTER_YAML or an ad-hoc shape, not both")
@@ -102,12 +114,6 @@ def plan(cluster_yaml: str | None, cloud: str | None, region: str | None, cpu: f
         else:
             click.echo("\n".join(_plan_lines(None, p, alternatives)))
             click.echo(f"catalog: {p.catalog_id}")
-    except ConfigError as e:
-        _fail(e, 2)
-    except (NoFeasibleOffering, CatalogError) as e:
-        _fail(e, 2)
-    except NodelessError as e:
-        _fail(e, 1)
 
 
 def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
@@ -148,12 +154,9 @@ def catalog() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def catalog_list(cloud: str, region: str, catalog_spec: str, as_json: bool) -> None:
     """Every offering of a region, with its specs and price, in ranking order."""
-    try:
+    with user_errors(other=()):
         cat = load_catalog(catalog_spec)
         rc = cat.region(cloud, region)
-    except NodelessError as e:
-        _fail(e, 2)
-        return
     if as_json:
         click.echo(json.dumps({"catalog_id": cat.catalog_id, "cloud": cloud, "region": region,
                                "offerings": [o.to_dict() for o in rc.offerings()]}, indent=1))
@@ -225,14 +228,8 @@ def status(cluster_yaml: str, as_json: bool) -> None:
     """The live machines of a cluster: node type, instance, zone, capacity, price, uptime, cost so far."""
     from ray_nodeless.status import status_document
 
-    try:
+    with user_errors():
         doc = status_document(load_cluster_yaml(cluster_yaml))
-    except ConfigError as e:
-        _fail(e, 2)
-        return
-    except NodelessError as e:
-        _fail(e, 1)
-        return
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return

@@ -838,9 +838,9 @@ def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple
                      schedule: str | None, launch_minutes: float, spot_interruptions_per_hour: float, seed: int,
                      catalog_spec: str, as_json: bool, plot_path: str | None) -> None:
     """Replay TRACE under each --config and --baseline: elapsed time, cost, idle cost, node-hours."""
-    from ray_nodeless.cli import _fail  # the CLI's one-line error convention
+    from ray_nodeless.cli import user_errors  # the CLI's one-line error convention
 
-    try:
+    with user_errors():
         if not configs and not baselines:
             raise ConfigError("--config/--baseline", "give at least one configuration to replay under")
         if launch_minutes < 0 or spot_interruptions_per_hour < 0:
@@ -851,12 +851,6 @@ def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple
         kw = dict(launch_latency_ms=int(round(launch_minutes * 60_000)),
                   spot_interruptions_per_hour=spot_interruptions_per_hour, seed=seed)
         results = [simulate(trace, c, **kw) for c in cfgs]
-    except ConfigError as e:
-        _fail(e, 2)
-        return
-    except NodelessError as e:
-        _fail(e, 1)
-        return
     baseline = next((r for r in results if r.config.kind == "fixed"), None)
     params = {"launch_minutes": launch_minutes, "spot_interruptions_per_hour": spot_interruptions_per_hour,
               "seed": seed, "capacity": capacity, "autoscaler": "ray v1 ResourceDemandScheduler.get_nodes_to_launch",

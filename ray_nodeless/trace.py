@@ -377,16 +377,11 @@ def trace_command() -> None:
 @click.option("--name", default="recorded", show_default=True, help="Trace name.")
 def record_command(address: str, out: str, name: str) -> None:
     """Turn the finished tasks and actors of a live Ray cluster into a trace."""
-    from ray_nodeless.cli import _fail  # the CLI's one-line error convention
+    from ray_nodeless.cli import user_errors  # the CLI's one-line error convention
 
-    try:
+    # The state API raises several unrelated exception types when the dashboard is down: all exit 1.
+    with user_errors(other=Exception):
         rec = record_trace(address=address, name=name)
-    except ConfigError as e:
-        _fail(e, 2)
-        return
-    except Exception as e:  # the state API raises several unrelated types when the dashboard is down
-        _fail(e, 1)
-        return
     text = (json.dumps(rec.doc, indent=2, sort_keys=True) if out.endswith(".json")
             else yaml.safe_dump(rec.doc, sort_keys=False))
     Path(out).write_text(text)

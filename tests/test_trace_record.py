@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent("""
     from click.testing import CliRunner
 
     port, out_dir = int(sys.argv[1]), sys.argv[2]
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=True, dashboard_port=port, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=True, dashboard_port=port, log_to_driver=False)
 
     @ray.remote(num_cpus=1)
     def cpu_work(s):

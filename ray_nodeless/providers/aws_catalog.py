@@ -26,8 +26,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -49,6 +47,9 @@ from ray_nodeless.catalog import (
 )
 from ray_nodeless.errors import CatalogError
 from ray_nodeless.gpus import NON_GPU_ACCELERATORS, canonical_gpu
+
+from ray_nodeless.catalog import dump_bytes as _encode  # noqa: E402  one encoding for every catalog file
+from ray_nodeless.catalog import write_atomic as _write_atomic  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -342,10 +343,6 @@ def build_document(region: str, f: _Fetched, built: str | None = None) -> dict:
 # ------------------------------------------------------------------------------------------------------ caching
 
 
-def _encode(doc: dict) -> bytes:
-    payload = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
-    return gzip.compress(payload, compresslevel=6, mtime=0)
-
 
 def _catalog_of(doc: dict, raw: bytes, source: str) -> Catalog:
     return Catalog(doc, hashlib.sha256(raw).hexdigest(), source)
@@ -369,20 +366,6 @@ def _read_cache(path: Path) -> tuple[dict, Catalog] | None:
         logger.warning("ignoring unreadable AWS catalog cache %s: %s", path, e)
         return None
 
-
-def _write_atomic(path: Path, raw: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _price_quality(doc: dict | None) -> int:

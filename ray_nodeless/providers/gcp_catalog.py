@@ -18,12 +18,8 @@ warning. A fresh cache (younger than `ttl_s`) is used without calling the API at
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import logging
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +38,9 @@ from ray_nodeless.catalog import (
 )
 from ray_nodeless.errors import CatalogError
 from ray_nodeless.gpus import canonical_gpu
+
+from ray_nodeless.catalog import dump_bytes as _encode  # noqa: E402  one encoding for every catalog file
+from ray_nodeless.catalog import write_atomic as _write_atomic  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -78,29 +77,11 @@ def _clean(x: float) -> float | int:
     return int(x) if float(x).is_integer() else round(float(x), 3)
 
 
-def _encode(doc: dict) -> bytes:
-    # mtime=0: identical data gives identical bytes, hence the same sha256 and catalog id
-    return gzip.compress(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode(), mtime=0)
-
 
 def _catalog_from_doc(doc: dict, source: str) -> tuple[Catalog, bytes]:
     raw = _encode(doc)
     return Catalog(doc, hashlib.sha256(raw).hexdigest(), source), raw
 
-
-def _write_atomic(path: Path, raw: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        os.replace(tmp, path)     # readers see the old file or the new one, never half of one
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _count(cat: Catalog, region: str) -> tuple[int, int, int, int]:

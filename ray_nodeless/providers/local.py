@@ -33,7 +33,7 @@ from ray.autoscaler._private import subprocess_output_util as cmd_output_util
 from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 from ray.autoscaler.command_runner import CommandRunnerInterface
 
-from ray_nodeless.errors import BackendError, CapacityError
+from ray_nodeless.errors import CapacityError
 from ray_nodeless.providers.base import (
     MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend,
 )
