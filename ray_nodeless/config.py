@@ -33,7 +33,7 @@ DEFAULT_UNAVAILABLE_TTL_S = 180.0
 
 OUR_PROVIDER_KEYS = frozenset({
     "cloud", "region", "simulate_cloud", "catalog", "catalog_ttl_s", "unavailable_ttl_s", "registration",
-    "exclude", "rules", "list_cache_s", "node_type_resources",
+    "exclude", "rules", "list_cache_s", "node_type_resources", "worker_boot",
 })
 # Keys Ray itself reads from the provider block, and keys our backends read. Anything else that looks like a
 # misspelling of one of these is an error; anything else entirely is passed through with a warning.

@@ -31,6 +31,7 @@ from ray_nodeless.cluster_plan import load_catalog, plan_cluster, planner_for
 from ray_nodeless.config import Resolver, parse_provider
 from ray_nodeless.errors import BackendError, CapacityError, ConfigError, NoFeasibleOffering, TransientBackendError
 from ray_nodeless.providers import backend_class, make_backend, make_registration
+from ray_nodeless.providers.boot_script import BOOT_KEY, worker_boot_script
 from ray_nodeless.providers.base import (
     MACHINE_RUNNING, TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE,
     LaunchSpec, Machine,
@@ -84,6 +85,10 @@ class NodelessProvider(NodeProvider):
         self._listed_at = -1.0e9
         self._terminating: set[str] = set()
         self._launched: dict[str, Offering] = {}
+        # Workers on a cloud with node updaters disabled start Ray from their own boot script (see boot_script.py).
+        self._boots_itself = bool(provider_config.get("disable_node_updaters")) and \
+            self.settings.cloud in ("aws", "gcp") and self.settings.registration == "vm"
+        self._gcs_port = int(str(provider_config.get("gcs_address", ":6379")).rsplit(":", 1)[1])
 
     def _load_catalog(self) -> Catalog:
         if self.settings.catalog != "live":
@@ -236,6 +241,9 @@ class NodelessProvider(NodeProvider):
                 resources=instance_resources(offering.instance_type, resources), labels=dict(labels or {}),
                 is_head=is_head,
             )
+            if self._boots_itself and not is_head:
+                spec.boot_script = worker_boot_script(self.settings.cloud, spec, self._head_ip(), self._gcs_port,
+                                                      self.provider_config.get(BOOT_KEY))
             spec = self.registration.prepare(spec)
             try:
                 ids = self.backend.launch(spec)
@@ -272,6 +280,13 @@ class NodelessProvider(NodeProvider):
                 f"recently unavailable): " + "; ".join(failures[:10]))
         logger.error(desc)
         raise NodeLaunchException(last_category, desc, src_exc_info=None)
+
+    def _head_ip(self) -> str:
+        """The head's address for workers: `provider.head_ip`, else this process's (the monitor runs on the head)."""
+        if self.provider_config.get("head_ip"):
+            return str(self.provider_config["head_ip"])
+        from ray._private.services import get_node_ip_address
+        return get_node_ip_address()
 
     def _launch_tags(self, ray_tags: dict[str, str], offering: Offering, rule: str) -> dict[str, str]:
         tags = dict(ray_tags)
@@ -339,6 +354,9 @@ class NodelessProvider(NodeProvider):
             o = p.chosen
             logger.info("%s: %s in %s (%s) at $%.4f/h by rule %r", name, o.instance_type.name, o.zone, o.capacity,
                         o.hourly_price or 0.0, p.request.rule)
+        provider[BOOT_KEY] = {"setup": list(config.get("setup_commands") or []) +
+                              list(config.get("worker_setup_commands") or []),
+                              "start": list(config.get("worker_start_ray_commands") or [])}
         provider[NODE_TYPE_RESOURCES_KEY] = {
             name: dict(nt.get("resources") or {}) for name, nt in sorted(config["available_node_types"].items())}
         config["provider"] = provider

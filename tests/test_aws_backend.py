@@ -557,3 +557,46 @@ def test_endpoint_from_aws_endpoint_url_env(moto: MotoServer, monkeypatch: pytes
     b = AwsBackend({"region": REGION, "image_id": moto.ami(), "aws_retry_base_delay_s": 0.0}, CLUSTER)
     ids = b.launch(make_spec())
     assert [i["InstanceId"] for i in live(moto)] == ids
+
+
+# ------------------------------------------------------------------ disable_node_updaters: the worker boots itself
+
+def test_provider_gives_workers_a_boot_script_when_node_updaters_are_disabled(moto: MotoServer) -> None:
+    import base64
+
+    import boto3
+
+    from ray_nodeless.provider import NodelessProvider
+
+    cfg = {"cluster_name": CLUSTER, "max_workers": 1, "head_node_type": "head",
+           "setup_commands": ["pip install ray-nodeless"], "worker_setup_commands": [],
+           "worker_start_ray_commands": ["ray start --address=$RAY_HEAD_IP:6379"],
+           "provider": {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "aws",
+                        "region": REGION, "endpoint_url": moto.url, "image_id": moto.ami(), "head_ip": "10.0.0.5",
+                        "disable_node_updaters": True,
+                        "aws_credentials": {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}},
+           "available_node_types": {"head": {"resources": {"CPU": 2}, "node_config": {}},
+                                    "gpu_worker": {"resources": {"CPU": 4, "GPU": 1}, "node_config": {}}}}
+    boot = NodelessProvider.bootstrap_config(cfg)
+    p = NodelessProvider(boot["provider"], CLUSTER)
+    p.create_node_with_resources_and_labels({}, {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker"}, 1,
+                                           {"CPU": 4, "GPU": 1}, {})
+    [iid] = p.non_terminated_nodes({})
+    ec2 = boto3.client("ec2", endpoint_url=moto.url, region_name=REGION, aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+    script = base64.b64decode(raw).decode()
+    assert script.startswith("#!/bin/bash")
+    assert "latest/meta-data/instance-id" in script and "export RAY_CLOUD_INSTANCE_ID" in script
+    assert "export RAY_NODE_TYPE_NAME=gpu_worker" in script and "export RAY_HEAD_IP=10.0.0.5" in script
+    assert script.index("pip install ray-nodeless") < script.index("ray start --address=$RAY_HEAD_IP:6379")
+    assert '"GPU": 1.0' in script   # RAY_OVERRIDE_RESOURCES: the chosen instance's resources
+
+
+def test_without_disable_node_updaters_no_user_data_is_added(moto: MotoServer) -> None:
+    b = make_backend(moto)
+    [iid] = b.launch(make_spec())
+    import boto3
+    ec2 = boto3.client("ec2", endpoint_url=moto.url, region_name=REGION, aws_access_key_id="testing",
+                       aws_secret_access_key="testing")
+    assert not ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"].get("Value")

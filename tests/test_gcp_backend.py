@@ -571,3 +571,17 @@ def test_hooks_work_on_an_uninitialised_probe() -> None:
     assert probe.requirement_overrides({"machineType": "n1-standard-4"}) == {"instance_types": ["n1-standard-4"]}
     with pytest.raises(ConfigError):
         probe.validate_node_config("w", {"acceleratorType": "v4-8"}, "k")   # a Ray TPU key: not a VM field
+
+
+def test_boot_script_becomes_the_startup_script(fake: FakeGce, backend: GcpBackend) -> None:
+    s = spec()
+    s.boot_script = "#!/bin/bash\nray start --address=$RAY_HEAD_IP:6379\n"
+    [name] = backend.launch(s)
+    items = {i["key"]: i["value"] for i in stored(fake, name)["metadata"]["items"]}
+    assert items["startup-script"] == s.boot_script
+    # the user's own startup script wins (and must start Ray itself)
+    s2 = spec(node_config={"metadata": {"items": [{"key": "startup-script", "value": "echo mine"}]}})
+    s2.boot_script = "#!/bin/bash\nray start\n"
+    [name2] = backend.launch(s2)
+    items2 = {i["key"]: i["value"] for i in stored(fake, name2)["metadata"]["items"]}
+    assert items2["startup-script"] == "echo mine"

@@ -439,6 +439,14 @@ class AwsBackend(MachineBackend):
         elif subnet:
             nc["SubnetId"] = subnet
 
+        if spec.boot_script:
+            if nc.get("UserData"):
+                # The user's own user data must then start Ray; two scripts cannot both be the instance's.
+                logger.warning("node type %s: node_config.UserData given with disable_node_updaters; it must start "
+                               "Ray itself (ray_nodeless's boot script is not added)", spec.node_type)
+            else:
+                nc["UserData"] = spec.boot_script
+
         tags = self._instance_tags(spec)
         nc["TagSpecifications"] = _merge_tag_specs(nc.get("TagSpecifications") or [], tags)
 

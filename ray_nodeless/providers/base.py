@@ -54,6 +54,9 @@ class LaunchSpec:
     resources: dict[str, float] = field(default_factory=dict)   # Ray logical resources of the node
     labels: dict[str, str] = field(default_factory=dict)
     is_head: bool = False
+    # With `disable_node_updaters: true` on a cloud: the script the machine runs at boot to join Ray (EC2 UserData,
+    # GCE startup-script). Empty otherwise. A backend that cannot run it must say so (ConfigError).
+    boot_script: str = ""
 
 
 @dataclass

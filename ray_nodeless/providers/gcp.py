@@ -563,6 +563,12 @@ class GcpBackend(MachineBackend):
         md = dict(body.get("metadata") or {})
         items = [i for i in (md.get("items") or []) if i.get("key") != METADATA_TAGS_KEY]
         items.append({"key": METADATA_TAGS_KEY, "value": storage.metadata_value()})
+        if spec.boot_script:
+            if any(i.get("key") == "startup-script" for i in items):
+                logger.warning("node type %s: metadata startup-script given with disable_node_updaters; it must "
+                               "start Ray itself (ray_nodeless's boot script is not added)", spec.node_type)
+            else:
+                items.append({"key": "startup-script", "value": spec.boot_script})
         md["items"] = items
         body["metadata"] = md
         return body
