@@ -65,8 +65,8 @@ def parse_provider(provider: Mapping[str, Any]) -> ProviderSettings:
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", "must be a mapping")
     for k in sorted(provider):
-        if k in OUR_PROVIDER_KEYS or k in OTHER_PROVIDER_KEYS:
-            continue
+        if k in OUR_PROVIDER_KEYS or k in OTHER_PROVIDER_KEYS or k.startswith("_"):
+            continue   # keys with a leading underscore are Ray's own bookkeeping (e.g. _config_cache_path)
         close = difflib.get_close_matches(k, sorted(OUR_PROVIDER_KEYS), n=1, cutoff=0.75)
         if close:
             raise ConfigError(f"provider.{k}", f"unknown key; did you mean `{close[0]}`?")
