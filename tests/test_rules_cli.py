@@ -111,7 +111,8 @@ def test_plan_json_keys():
     assert doc["capacity"] == "spot" and doc["alternatives"][0].keys() >= {"instance_type", "zone", "hourly_price"}
 
 
-@pytest.mark.parametrize("name", ["aws-gpu-head.yaml", "aws-cpu-head.yaml"])
+@pytest.mark.parametrize("name", ["aws-gpu-head.yaml", "aws-cpu-head.yaml", "gcp-gpu-head.yaml", "gcp-cpu-head.yaml",
+                                  "local-gpu-head.yaml", "local-cpu-head.yaml"])
 def test_plan_cluster_configs(name):
     out = CliRunner().invoke(main, ["plan", str(ROOT / "cluster-configs" / name), "--json"])
     assert out.exit_code == 0, out.output
@@ -121,10 +122,13 @@ def test_plan_cluster_configs(name):
     assert head["capacity"] == "on-demand" and worker["capacity"] == "spot"
     assert worker["gpu_model"] not in ("M60", "K80")
     assert doc["summary"]["idle_cost_per_hour"] == pytest.approx(head["hourly_price"])
-    if name == "aws-gpu-head.yaml":
+    if name in ("aws-gpu-head.yaml", "local-gpu-head.yaml"):
         assert head["instance_type"] == "g4dn.4xlarge" and head["hourly_price"] == 1.204
+    elif name == "gcp-gpu-head.yaml":
+        assert (head["gpu_model"], head["gpu_count"], head["vcpus"]) == ("T4", 1, 16)
     else:
         assert head["gpu_count"] == 0 and head["hourly_price"] <= 0.452   # no worse than the published m5d.2xlarge
+    assert worker["memory_gib"] >= 15
     # byte-identical output on a second run in a fresh interpreter
     again = subprocess.run([sys.executable, "-m", "ray_nodeless.cli", "plan", str(ROOT / "cluster-configs" / name),
                             "--json"], capture_output=True, text=True, check=True)
