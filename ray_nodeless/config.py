@@ -45,7 +45,7 @@ OTHER_PROVIDER_KEYS = frozenset({
     "state_dir", "gcs_address", "local_faults", "player_state_dir", "launch_timeout_s", "call_timeout_s",
     "max_attempts", "retry_base_s", "retry_max_s", "poll_interval_s", "disk_size_gb", "network",
     "aws_retry_mode", "aws_retry_base_delay_s", "aws_describe_page_size", "local_object_store_memory",
-    "local_port_base", "local_start_timeout_s", "local_min_free_memory_mb", "local_ray_start_args",
+    "local_port_base", "local_start_timeout_s", "local_min_free_memory_mb", "local_ray_start_args", "local_prewarm",
 })
 
 

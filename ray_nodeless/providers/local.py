@@ -73,6 +73,7 @@ def node_processes_from_config(provider_config: dict[str, Any], state_dir: Path)
         start_timeout_s=float(provider_config.get("local_start_timeout_s", DEFAULT_START_TIMEOUT_S)),
         min_free_memory_mb=int(provider_config.get("local_min_free_memory_mb", DEFAULT_MIN_FREE_MEMORY_MB)),
         extra_ray_start_args=list(provider_config.get("local_ray_start_args", [])),
+        prewarm=bool(provider_config.get("local_prewarm", True)),
     )
 
 
@@ -218,6 +219,9 @@ class LocalBackend(MachineBackend):
         rec = self.nodes.get(machine_id)
         if rec is not None and self._mine(rec):
             self.nodes.update_tags(machine_id, tags)
+
+    def close(self) -> None:
+        self.nodes.close()
 
     def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
                        process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):

@@ -113,6 +113,9 @@ class LocalPlayer(Registration):
             for mid in machine_ids:
                 self._ips.pop(mid, None)
 
+    def close(self) -> None:
+        self.nodes.close()
+
     def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
                        process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):
         """Every played machine is this host: the provider should use this instead of SSH (e.g. for the head)."""

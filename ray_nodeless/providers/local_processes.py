@@ -81,6 +81,30 @@ _SCRUBBED_ENV = (
     "RAY_CLOUD_INSTANCE_TYPE_NAME", "RAY_OVERRIDE_NODE_ID_FOR_TESTING", "RAY_NODE_IP_ADDRESS",
 )
 
+# A pre-warmed starter: a Python process that has already imported Ray's CLI (about 0.5 s of a `ray start` on
+# this class of machine) and waits for one start request on stdin. The request carries the node's full
+# environment, log file, working directory and argv; the starter then *becomes* that `ray start --block`, so the
+# node keeps its own session and process group exactly as with a plain Popen. If the owner goes away the starter
+# reads EOF and exits.
+_STARTER_CODE = r"""
+import json, os, sys
+import ray.scripts.scripts as scripts
+line = sys.stdin.readline()
+if not line.strip():
+    sys.exit(0)
+req = json.loads(line)
+fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+os.dup2(fd, 1)
+os.dup2(fd, 2)
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.environ.clear()
+os.environ.update(req["env"])
+os.chdir(req["cwd"])
+sys.argv = req["argv"]
+sys.exit(scripts.main())
+"""
+
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -246,8 +270,11 @@ class LocalNodeProcesses:
                  port_base: int = DEFAULT_PORT_BASE,
                  start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
                  min_free_memory_mb: int = DEFAULT_MIN_FREE_MEMORY_MB,
-                 extra_ray_start_args: list[str] | None = None):
+                 extra_ray_start_args: list[str] | None = None, prewarm: bool = True):
         self.state_dir = Path(state_dir)
+        self.prewarm = prewarm
+        self._starter: subprocess.Popen | None = None
+        self._starter_lock = threading.Lock()
         self.gcs_address = gcs_address
         self.object_store_memory = int(object_store_memory)
         self.port_base = int(port_base)
@@ -509,14 +536,18 @@ class LocalNodeProcesses:
         env[MARKER_ENV] = self._marker(machine_id)
         cmd = self._command(rec, labels_file)
         logger.info("starting local node %s (%s) at %s: %s", machine_id, node_type, rec.ip, " ".join(cmd))
-        log = open(rec.log_path, "ab")
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    cwd=str(self.state_dir), start_new_session=True, close_fds=True)
-        except OSError as e:
-            raise BackendError(f"cannot run `ray start` for {machine_id}: {e}") from e
-        finally:
-            log.close()
+        proc = self._start_warm(cmd, env, rec.log_path) if self.prewarm else None
+        if proc is None:
+            log = open(rec.log_path, "ab")
+            try:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        env=env, cwd=str(self.state_dir), start_new_session=True, close_fds=True)
+            except OSError as e:
+                raise BackendError(f"cannot run `ray start` for {machine_id}: {e}") from e
+            finally:
+                log.close()
+        if self.prewarm:
+            self._spawn_starter()   # warm for the next launch: this process is the one that launches
         with self._children_lock:
             self._children[machine_id] = proc
         st = _read_stat(proc.pid)
@@ -551,6 +582,44 @@ class LocalNodeProcesses:
         logger.info("local node %s ready at %s (pid %d) after %.1f s", machine_id, rec.ip, rec.pid,
                     time.time() - rec.started_at)
         return rec
+
+    def _spawn_starter(self) -> None:
+        with self._starter_lock:
+            if self._starter is not None and self._starter.poll() is None:
+                return
+            env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+            try:
+                self._starter = subprocess.Popen([sys.executable, "-c", _STARTER_CODE], stdin=subprocess.PIPE,
+                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                                                 cwd=str(self.state_dir), start_new_session=True, close_fds=True)
+            except OSError as e:   # pre-warming is an optimisation: a cold start still works
+                logger.debug("could not pre-warm a local node starter: %s", e)
+                self._starter = None
+
+    def _start_warm(self, cmd: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen | None:
+        """Hand the start to the pre-warmed starter, if one is alive; None means: start cold."""
+        with self._starter_lock:
+            starter, self._starter = self._starter, None
+        if starter is None or starter.poll() is not None or starter.stdin is None:
+            return None
+        req = {"env": env, "log": log_path, "cwd": str(self.state_dir), "argv": ["ray"] + cmd[1:]}
+        try:
+            starter.stdin.write((json.dumps(req) + "\n").encode())
+            starter.stdin.close()
+        except OSError as e:
+            logger.debug("pre-warmed starter unusable (%s); starting cold", e)
+            with contextlib.suppress(OSError):
+                starter.kill()
+            return None
+        return starter
+
+    def close(self) -> None:
+        """Let an idle pre-warmed starter exit (it reads EOF). Running nodes are not touched."""
+        with self._starter_lock:
+            starter, self._starter = self._starter, None
+        if starter is not None and starter.stdin is not None:
+            with contextlib.suppress(OSError):
+                starter.stdin.close()
 
     def _kill_group_now(self, rec: NodeRecord, proc: subprocess.Popen | None = None) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
