@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any, Iterable
 
 from ray.autoscaler.node_launch_exception import NodeLaunchException
@@ -29,7 +30,7 @@ from ray_nodeless.availability import UnavailableOfferings
 from ray_nodeless.catalog import Catalog, InstanceType, Offering
 from ray_nodeless.cluster_plan import load_catalog, plan_cluster, planner_for
 from ray_nodeless.config import Resolver, parse_provider
-from ray_nodeless.errors import BackendError, CapacityError, ConfigError, NoFeasibleOffering, TransientBackendError
+from ray_nodeless.errors import BackendError, CapacityError, ConfigError, NoFeasibleOffering
 from ray_nodeless.providers import backend_class, make_backend, make_registration
 from ray_nodeless.providers.boot_script import BOOT_KEY, worker_boot_script
 from ray_nodeless.providers.base import (
@@ -41,6 +42,7 @@ from ray_nodeless.requirements import GIB, split_node_config
 logger = logging.getLogger(__name__)
 
 NODE_TYPE_RESOURCES_KEY = "node_type_resources"   # filled by bootstrap_config
+LAST_KNOWN_LIMIT = 10_000
 # Fraction of an instance's memory Ray offers to tasks (the rest is object store and the OS), as Ray's AWS
 # provider computes it when it autofills resources.
 TASK_MEMORY_FRACTION = 0.7
@@ -81,10 +83,11 @@ class NodelessProvider(NodeProvider):
         self._lock = threading.Lock()            # guards the fields below; never held across a backend call
         self._refresh_lock = threading.Lock()    # one listing at a time
         self._machines: dict[str, Machine] = {}
-        self._last_known: dict[str, Machine] = {}
+        # Machines that left the listing, so node_tags/internal_ip of a vanished node still answer (Ray asks after
+        # the fact). Bounded: the oldest are forgotten first.
+        self._last_known: OrderedDict[str, Machine] = OrderedDict()
         self._listed_at = -1.0e9
         self._terminating: set[str] = set()
-        self._launched: dict[str, Offering] = {}
         # Workers on a cloud with node updaters disabled start Ray from their own boot script (see boot_script.py).
         self._boots_itself = bool(provider_config.get("disable_node_updaters")) and \
             self.settings.cloud in ("aws", "gcp") and self.settings.registration == "vm"
@@ -121,7 +124,7 @@ class NodelessProvider(NodeProvider):
         try:
             try:
                 listed = self.backend.list_machines()
-            except (TransientBackendError, BackendError) as e:
+            except BackendError as e:   # TransientBackendError included
                 logger.warning("listing machines failed (%s); answering from the last listing", e)
                 with self._lock:
                     return self._machines
@@ -135,7 +138,7 @@ class NodelessProvider(NodeProvider):
                 interrupted = [mid for mid in vanished if mid not in self._terminating]
                 self._terminating -= set(vanished)
                 for mid in vanished:
-                    self._last_known[mid] = self._machines[mid]
+                    self._remember(mid, self._machines[mid])
                 self._machines = machines
                 self._listed_at = time.monotonic()
             for mid in interrupted:
@@ -143,6 +146,13 @@ class NodelessProvider(NodeProvider):
             return machines
         finally:
             self._refresh_lock.release()
+
+    def _remember(self, machine_id: str, machine: Machine) -> None:
+        """Keep a vanished machine's last listing (caller holds self._lock)."""
+        self._last_known[machine_id] = machine
+        self._last_known.move_to_end(machine_id)
+        while len(self._last_known) > LAST_KNOWN_LIMIT:
+            self._last_known.popitem(last=False)
 
     def _on_interrupted(self, machine_id: str) -> None:
         m = self._last_known.get(machine_id)
@@ -254,9 +264,7 @@ class NodelessProvider(NodeProvider):
                 logger.warning("%s: %s %s %s unavailable (%s); trying the next candidate", node_type,
                                offering.instance_type.name, offering.zone, offering.capacity, e.category)
                 continue
-            except TransientBackendError as e:
-                raise NodeLaunchException(e.category, f"{node_type}: {e}", src_exc_info=None) from e
-            except BackendError as e:
+            except BackendError as e:   # throttling that outlasted retries, auth, bad request: not a capacity miss
                 raise NodeLaunchException(e.category, f"{node_type}: {e}", src_exc_info=None) from e
             try:
                 self.registration.after_launch(spec, ids)
@@ -266,8 +274,6 @@ class NodelessProvider(NodeProvider):
                 self.terminate_nodes(ids)
                 raise NodeLaunchException(e.category, f"{node_type}: {e}", src_exc_info=None) from e
             with self._lock:
-                for i in ids:
-                    self._launched[i] = offering
                 self._listed_at = -1.0e9   # the next listing must show the new machines
             logger.info(
                 "launched %d x %s for node type %s %s: %s in %s (%s, $%.4f/h) by rule %r; %d candidates, "
@@ -320,7 +326,7 @@ class NodelessProvider(NodeProvider):
                 for i in ids:
                     m = self._machines.pop(i, None)
                     if m is not None:
-                        self._last_known[i] = m
+                        self._remember(i, m)
         logger.info("terminated %d machine(s): %s", len(ids), ",".join(ids))
         return None
 
