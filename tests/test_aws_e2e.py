@@ -19,18 +19,18 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
 from ray_nodeless.cluster_plan import plan_cluster
 from ray_nodeless.provider import NodelessProvider
-from ray_nodeless.providers.local_processes import READY_MARKER, marked_pids, ray_executable, stop_marked_processes
+from ray_nodeless.providers.local_processes import marked_pids, stop_marked_processes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from moto_server import MotoServer, moto, moto_server  # noqa: E402,F401  (pytest fixtures used by name)
-from test_local_processes import free_port, kill_group, wait_for  # noqa: E402
+from test_local_processes import free_port, head_process, kill_group, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -117,25 +117,8 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-@contextlib.contextmanager
-def local_head(env: dict[str, str], port: int, yaml_path: Path, temp_dir: str) -> Iterator[subprocess.Popen]:
-    log_path = Path(temp_dir) / "head.log"
-    cmd = [ray_executable(), "start", "--head", "--block", "--disable-usage-stats", f"--port={port}",
-           "--node-ip-address=127.0.0.1", "--num-cpus=0", "--include-dashboard=false",
-           f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
-           f"--temp-dir={temp_dir}", "--object-store-memory=83886080", f"--autoscaling-config={yaml_path}"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while READY_MARKER not in log_path.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("head failed to start:\n" + log_path.read_text(errors="replace")[-3000:])
-            time.sleep(0.2)
-        yield proc
-    finally:
-        kill_group(proc)
+def local_head(env: dict[str, str], port: int, yaml_path: Path, temp_dir: str):
+    return head_process(env, port, temp_dir, (f"--autoscaling-config={yaml_path}",))
 
 
 def monitor_log_tail(temp_dir: str, lines: int = 60) -> str:

@@ -58,22 +58,15 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def ray_head() -> Iterator[str]:
-    """A private Ray head (GCS + raylet with 0 CPUs). Yields its GCS address."""
-    temp_dir = tempfile.mkdtemp(prefix="rnl-", dir="/tmp")   # short: raylet socket paths are limited to ~107 chars
-    port = free_port()
+def head_process(env: dict[str, str], port: int, temp_dir: str,
+                 extra_args: tuple[str, ...] = ()) -> Iterator[subprocess.Popen]:
+    """`ray start --head --block` (0 CPUs, no dashboard, its own ports and temp dir) in its own session; waits
+    for it to be up; kills its whole process group afterwards. Shared by the tests that need a private head."""
     log_path = Path(temp_dir) / "head.log"
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
-    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"   # a SIGTERMed head would otherwise drain for up to 30 s
-    # Ray 2.60 turns token auth on for a *head* whose RAY_AUTH_MODE is unset when ~/.ray/auth_token exists (any
-    # Ray user on the machine may have created it), but not for `ray start --address` workers, which are then
-    # rejected with InvalidAuthToken. Be explicit.
-    env["RAY_AUTH_MODE"] = "disabled"
     cmd = [ray_executable(), "start", "--head", "--block", "--disable-usage-stats", f"--port={port}",
            "--node-ip-address=127.0.0.1", "--num-cpus=0", "--include-dashboard=false",
            f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
-           f"--temp-dir={temp_dir}", "--object-store-memory=83886080"]
+           f"--temp-dir={temp_dir}", "--object-store-memory=83886080", *extra_args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
@@ -83,9 +76,27 @@ def ray_head() -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("test head failed to start:\n" + log_path.read_text(errors="replace")[-3000:])
             time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
+        yield proc
     finally:
         kill_group(proc)
+
+
+@contextlib.contextmanager
+def ray_head() -> Iterator[str]:
+    """A private Ray head (GCS + raylet with 0 CPUs). Yields its GCS address."""
+    temp_dir = tempfile.mkdtemp(prefix="rnl-", dir="/tmp")   # short: raylet socket paths are limited to ~107 chars
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"   # a SIGTERMed head would otherwise drain for up to 30 s
+    # Ray 2.60 turns token auth on for a *head* whose RAY_AUTH_MODE is unset when ~/.ray/auth_token exists (any
+    # Ray user on the machine may have created it), but not for `ray start --address` workers, which are then
+    # rejected with InvalidAuthToken. Be explicit.
+    env["RAY_AUTH_MODE"] = "disabled"
+    try:
+        with head_process(env, port, temp_dir):
+            yield f"127.0.0.1:{port}"
+    finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
