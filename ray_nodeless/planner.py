@@ -64,8 +64,19 @@ class Plan:
     region: RegionCatalog
     candidate_index: np.ndarray          # offering indices into `region`, in ranking order
     considered: int
-    rejected: dict[str, int]             # reason -> count, in REASONS order, zero counts left out
+    # Counting rejections by reason costs about as much as finding the candidates, and a launch never needs it:
+    # it is computed on first use (explain(), the CLI) and kept.
+    _attribute: Callable[[], dict[str, int]] = field(repr=False, default=dict)
+    _rejected: dict[str, int] | None = field(default=None, repr=False)
     _cache: dict[int, Offering] = field(default_factory=dict, repr=False)
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Reason -> count, in REASONS order, zero counts left out."""
+        if self._rejected is None:
+            self._rejected = self._attribute()
+            self._attribute = dict   # release the masks the closure held
+        return self._rejected
 
     def __len__(self) -> int:
         return int(self.candidate_index.shape[0])
@@ -139,6 +150,14 @@ class _RegionIndex:
         arch_code = {a: i for i, a in enumerate(self.arches)}
         self.arch = np.array([arch_code[t.arch] for t in types], dtype=np.int32)
         self.zone_names = list(rc.zones)
+        # Per-region constants the per-request code would otherwise recompute every time.
+        self.offerings_per_type = np.bincount(rc.o_type, minlength=len(types))
+        self.known_price = ~np.isnan(rc.o_price)
+        self.all_offerings = np.ones(len(rc), dtype=bool)
+        self.all_types = np.ones(len(types), dtype=bool)
+        self.no_types = np.zeros(len(types), dtype=bool)
+        for shared in (self.offerings_per_type, self.known_price, self.all_offerings, self.all_types, self.no_types):
+            shared.flags.writeable = False   # shared by every request: an in-place update would be a bug
         self._glob_cache: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
 
@@ -164,7 +183,7 @@ class _RegionIndex:
 class Planner:
     """Resolves requests against one catalog. Thread-safe; plans are cached (LRU) per request."""
 
-    def __init__(self, catalog: Catalog, cache_size: int = 4096):
+    def __init__(self, catalog: Catalog, cache_size: int = 1024):
         self.catalog = catalog
         self._indexes: dict[tuple[str, str], _RegionIndex] = {}
         self._plans: OrderedDict[Request, Plan | NoFeasibleOffering] = OrderedDict()
@@ -203,9 +222,8 @@ class Planner:
         """(reason, passes) per type-level check, in REASONS order."""
         req = request.requirements
         shape = request.shape
-        n = len(idx.names)
-        ones = np.ones(n, dtype=bool)
-        named = np.zeros(n, dtype=bool)   # explicitly named by an instance_types pattern or a families list
+        ones = idx.all_types
+        named = idx.no_types.copy()   # explicitly named by an instance_types pattern or a families list
         allowed_types = ones
         for group in req.instance_types:
             allowed_types = allowed_types & idx.any_glob(group)
@@ -214,9 +232,9 @@ class Planner:
         if req.families is not None:
             named |= families_ok
         named &= allowed_types
-        excluded_types = idx.any_glob(req.exclude_instance_types) if req.exclude_instance_types else ~ones
+        excluded_types = idx.any_glob(req.exclude_instance_types) if req.exclude_instance_types else idx.no_types
         fam_excluded = (idx.code_mask(idx.families, idx.family, req.exclude_families)
-                        if req.exclude_families else ~ones)
+                        if req.exclude_families else idx.no_types)
         arch_ok = idx.code_mask(idx.arches, idx.arch, request.arch)
         has_gpu = idx.gpus > 0
         gpu_allowed = req.gpus
@@ -230,8 +248,8 @@ class Planner:
             # rejected as too_few_gpus, which says more.
             gpu_model_ok = ~has_gpu | idx.code_mask(idx.gpu_models, idx.gpu_model, gpu_allowed)
         gpu_excl = (idx.code_mask(idx.gpu_models, idx.gpu_model, req.exclude_gpus) & has_gpu
-                    if req.exclude_gpus else ~ones)
-        gpu_unwanted = (has_gpu & ~named) if (shape.gpu == 0 and not req.allow_gpu_instances) else ~ones
+                    if req.exclude_gpus else idx.no_types)
+        gpu_unwanted = (has_gpu & ~named) if (shape.gpu == 0 and not req.allow_gpu_instances) else idx.no_types
         return [
             ("instance_type_not_allowed", allowed_types),
             ("instance_type_excluded", ~excluded_types),
@@ -252,10 +270,9 @@ class Planner:
         rc = idx.rc
         req = request.requirements
         cap_ok = np.array([c in request.capacity for c in CAPACITY_TYPES], dtype=bool)[rc.o_cap]
-        zone_ok = (np.ones(len(rc), dtype=bool) if req.zones is None
-                   else idx.code_mask(idx.zone_names, rc.o_zone, req.zones))
-        known = ~np.isnan(rc.o_price)
-        under = (np.ones(len(rc), dtype=bool) if req.max_hourly_price is None
+        zone_ok = idx.all_offerings if req.zones is None else idx.code_mask(idx.zone_names, rc.o_zone, req.zones)
+        known = idx.known_price
+        under = (idx.all_offerings if req.max_hourly_price is None
                  else ~known | (rc.o_price <= req.max_hourly_price + 1e-12))
         return [("capacity_type", cap_ok), ("zone", zone_ok), ("unknown_price", known),
                 ("over_max_hourly_price", under)]
@@ -277,19 +294,21 @@ class Planner:
             cap_rank = np.array([pref.get(c, len(pref)) for c in CAPACITY_TYPES], dtype=np.int8)
             order = np.argsort(cap_rank[rc.o_cap[candidates]], kind="stable")
             candidates = candidates[order]
-        rejected = self._attribute(idx, type_checks, offering_checks)
+        # The closure keeps the check masks (about 30 KB, most of them shared per region) until the counts are
+        # asked for; Plan drops it then.
         plan = Plan(request=request, catalog_id=self.catalog.catalog_id, region=rc, candidate_index=candidates,
-                    considered=len(rc), rejected=rejected)
+                    considered=len(rc),
+                    _attribute=lambda: self._attribute(idx, type_checks, offering_checks))
         if not len(candidates):
-            raise NoFeasibleOffering(self._failure_message(idx, request, type_checks, offering_checks, rejected),
-                                     explanation=plan)
+            raise NoFeasibleOffering(self._failure_message(idx, request, type_checks, offering_checks,
+                                                           plan.rejected), explanation=plan)
         return plan
 
     @staticmethod
     def _attribute(idx: _RegionIndex, type_checks, offering_checks) -> dict[str, int]:
         """Count each rejected offering under the first reason it fails."""
         rc = idx.rc
-        per_type = np.bincount(rc.o_type, minlength=len(idx.names))
+        per_type = idx.offerings_per_type
         still = np.ones(len(idx.names), dtype=bool)
         out: dict[str, int] = {}
         for reason, passes in type_checks:
