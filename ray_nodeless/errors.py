@@ -39,7 +39,16 @@ class BackendError(NodelessError):
 
 
 class CapacityError(BackendError):
-    """The cloud has no capacity (or quota) for one offering right now. The launcher moves to the next candidate."""
+    """The cloud has no capacity (or quota) for one offering right now. The launcher moves to the next candidate.
+
+    `scope` says how far the shortage reaches: "zone" (this offering only; a stockout) or "region" (this instance
+    type and capacity type in every zone of the region; a regional quota), so the launcher does not walk the
+    other zones of a type that cannot launch anywhere in the region.
+    """
+
+    def __init__(self, message: str, category: str = "BackendError", scope: str = "zone"):
+        super().__init__(message, category)
+        self.scope = scope
 
 
 class TransientBackendError(BackendError):

@@ -259,6 +259,11 @@ class NodelessProvider(NodeProvider):
                 ids = self.backend.launch(spec)
             except CapacityError as e:
                 self.unavailable.mark(offering, e.category)
+                if e.scope == "region":
+                    for other in plan.candidates():
+                        if (other.instance_type.name, other.capacity) == (offering.instance_type.name,
+                                                                          offering.capacity):
+                            self.unavailable.mark(other, e.category)
                 failures.append(f"{offering.instance_type.name}/{offering.zone}/{offering.capacity}: {e.category}")
                 last_category = e.category
                 logger.warning("%s: %s %s %s unavailable (%s); trying the next candidate", node_type,

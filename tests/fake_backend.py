@@ -20,7 +20,8 @@ from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine, Machin
 class Cloud:
     machines: dict[str, Machine] = field(default_factory=dict)
     tokens: dict[str, list[str]] = field(default_factory=dict)
-    # (instance type or "*", zone or "*", capacity or "*") -> error code, for every launch that matches
+    # (instance type or "*", zone or "*", capacity or "*") -> error code (or (code, scope)), for every launch that
+    # matches
     capacity_faults: dict[tuple[str, str, str], str] = field(default_factory=dict)
     list_failures: int = 0
     calls: dict[str, int] = field(default_factory=dict)
@@ -51,7 +52,8 @@ class FakeBackend(MachineBackend):
             o = spec.offering
             for (t, z, cap), code in c.capacity_faults.items():
                 if t in ("*", o.instance_type.name) and z in ("*", o.zone) and cap in ("*", o.capacity):
-                    raise CapacityError(f"no {o.instance_type.name} in {o.zone}", category=code)
+                    code, scope = code if isinstance(code, tuple) else (code, "zone")
+                    raise CapacityError(f"no {o.instance_type.name} in {o.zone}", category=code, scope=scope)
             if spec.request_token in c.tokens:        # idempotent on the token, as EC2/GCE are
                 return list(c.tokens[spec.request_token])
             ids = []

@@ -585,3 +585,52 @@ def test_boot_script_becomes_the_startup_script(fake: FakeGce, backend: GcpBacke
     [name2] = backend.launch(s2)
     items2 = {i["key"]: i["value"] for i in stored(fake, name2)["metadata"]["items"]}
     assert items2["startup-script"] == "echo mine"
+
+
+# ----------------------------------------------------------------- the provider's fallback, through the real client
+
+def _provider(fake: FakeGce):
+    from ray_nodeless.provider import NodelessProvider
+
+    cfg = {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "gcp", "region": REGION,
+           "project_id": PROJECT, "api_endpoint": fake.url, "credentials": "anonymous", "list_cache_s": 0,
+           "retry_base_s": 0.001, "retry_max_s": 0.01, "poll_interval_s": 0.01, "operation_timeout_s": 5,
+           "exclude": {"gpus": ["K80", "M60"]},
+           "rules": [{"name": "gpu-spot-first", "match": {"GPU": ">=1"}, "capacity": ["spot", "on-demand"],
+                      # the machine types the fake server knows
+                      "instance_types": ["n1-standard-4+1xT4", "n1-standard-8+1xT4", "g2-standard-8"]}]}
+    return NodelessProvider(cfg, CLUSTER)
+
+
+_GPU_TAGS = {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker", "ray-node-status": "uninitialized",
+             "ray-node-name": "w", "ray-launch-config": "x"}
+
+
+def test_provider_zone_exhausted_in_the_cheapest_zone_launches_in_the_next_zone(fake: FakeGce) -> None:
+    p = _provider(fake)
+    plan = p.planner.plan(p.resolver.request("gpu_worker", {"CPU": 4, "GPU": 1}, {}, False))
+    first, second = plan.top(2)
+    assert first.instance_type.name == second.instance_type.name and first.zone != second.zone
+    fake.fail_insert(zone=first.zone, machine_type=first.instance_type.machine_type)
+    p.create_node_with_resources_and_labels({}, dict(_GPU_TAGS), 1, {"CPU": 4, "GPU": 1}, {})
+    [name] = p.non_terminated_nodes({})
+    tags = p.node_tags(name)
+    assert (tags["nodeless-instance-type"], tags["nodeless-zone"]) == (second.instance_type.name, second.zone)
+    assert p.unavailable.reason(first) == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert [n for n, i in fake.instances.items() if i["zone"].endswith(first.zone)] == []   # nothing left behind
+    p.backend.close()
+
+
+def test_provider_quota_error_moves_to_the_next_type(fake: FakeGce) -> None:
+    p = _provider(fake)
+    plan = p.planner.plan(p.resolver.request("gpu_worker", {"CPU": 4, "GPU": 1}, {}, False))
+    first = plan.chosen
+    fake.quota_error(machine_type=first.instance_type.machine_type)
+    p.create_node_with_resources_and_labels({}, dict(_GPU_TAGS), 1, {"CPU": 4, "GPU": 1}, {})
+    [name] = p.non_terminated_nodes({})
+    tags = p.node_tags(name)
+    # GCE quotas are regional: one refusal and the provider goes straight to another type, in the first zone.
+    assert tags["nodeless-instance-type"] != first.instance_type.name
+    nxt = next(o for o in plan.candidates() if o.instance_type.name != first.instance_type.name)
+    assert (tags["nodeless-instance-type"], tags["nodeless-zone"]) == (nxt.instance_type.name, nxt.zone)
+    p.backend.close()

@@ -62,6 +62,17 @@ def test_capacity_error_falls_back_in_the_same_call_and_is_remembered(provider, 
     assert [(s.offering.zone) for s in cloud.launches] == ["us-west-2b"]
 
 
+def test_regional_quota_error_skips_the_type_in_every_zone(provider, cloud):
+    cloud.capacity_faults[("g6.xlarge", "*", "spot")] = ("VcpuLimitExceeded", "region")
+    provider.create_node_with_resources_and_labels({}, dict(WORKER_TAGS), 1, {"CPU": 4, "GPU": 1}, {})
+    tried = [(s.offering.instance_type.name, s.offering.zone) for s in cloud.launches]
+    # One attempt on g6.xlarge (its quota is regional), then straight to the next type: no walk over its zones.
+    assert tried[0] == ("g6.xlarge", "us-west-2a") and tried[1][0] != "g6.xlarge" and len(tried) == 2
+    assert all(provider.unavailable.reason(o) == "VcpuLimitExceeded"
+               for o in provider.planner.plan(provider.resolver.request("gpu_worker", {"CPU": 4, "GPU": 1}, {}, False))
+               .candidates() if (o.instance_type.name, o.capacity) == ("g6.xlarge", "spot"))
+
+
 def test_ttl_expiry_makes_the_offering_eligible_again(cloud):
     now = [1000.0]
     p = NodelessProvider(dict(PROVIDER, unavailable_ttl_s=180), "c1")

@@ -56,6 +56,7 @@ SUBNET_DISCOVERY_TAG = "ray-nodeless-subnet"
 
 # EC2 error codes that mean "this offering has no capacity or quota right now": the launcher moves to the next
 # candidate and remembers the failure for this (type, zone, capacity).
+REGIONAL_LIMIT_CODES = frozenset({"VcpuLimitExceeded", "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded"})
 CAPACITY_CODES = frozenset({
     "InsufficientInstanceCapacity",
     "InsufficientHostCapacity",
@@ -196,7 +197,9 @@ def _api_error(operation: str, exc: BaseException) -> BackendError:
         return BackendError(f"ec2:{operation} failed: {exc}", category=type(exc).__name__)
     code, message = _error_code(exc), _error_message(exc)
     if code in CAPACITY_CODES:
-        return CapacityError(f"ec2:{operation}: {code}: {message}", category=code)
+        # Account limits are regional; capacity shortages are per zone.
+        return CapacityError(f"ec2:{operation}: {code}: {message}", category=code,
+                             scope="region" if code in REGIONAL_LIMIT_CODES else "zone")
     if code in THROTTLE_CODES or code in SERVER_CODES or _http_status(exc) >= 500:
         return TransientBackendError(f"ec2:{operation} still failing after retries: {code}: {message}", category=code)
     if code in DENIED_CODES:

@@ -330,7 +330,9 @@ def classify_operation_error(op: Any) -> _Classified | None:
 
 def _raise_for(c: _Classified, what: str) -> None:
     if c.kind == "capacity":
-        raise CapacityError(f"{what}: {c.message}", category=c.category)
+        # Quotas are regional: no other zone of the region can launch this type either.
+        raise CapacityError(f"{what}: {c.message}", category=c.category,
+                            scope="region" if c.category == "QUOTA_EXCEEDED" else "zone")
     if c.kind == "retry":
         raise TransientBackendError(f"{what}: {c.message}", category=c.category)
     raise BackendError(f"{what}: {c.message}", category=c.category)
