@@ -422,9 +422,7 @@ class Simulator:
         if jr.state == "waiting":
             jr.state, jr.phase_idx = "before", 0
         if jr.state == "before":
-            if jr.phase_idx < len(spec.head_before):
-                self._head_request(name, spec.head_before[jr.phase_idx].duration_ms)
-                jr.phase_idx += 1
+            if self._next_head_phase(name, jr, spec.head_before):
                 return
             jr.state = "tasks"
             jr.tasks_start_ms = self.now
@@ -440,13 +438,19 @@ class Simulator:
         if jr.state == "tasks":
             jr.state, jr.phase_idx = "after", 0
         if jr.state == "after":
-            if jr.phase_idx < len(spec.head_after):
-                self._head_request(name, spec.head_after[jr.phase_idx].duration_ms)
-                jr.phase_idx += 1
+            if self._next_head_phase(name, jr, spec.head_after):
                 return
             jr.state, jr.end_ms = "done", self.now
             if all(self.jobs[j].state == "done" for j in self.stages[self.stage_idx]):
                 self._start_stage()
+
+    def _next_head_phase(self, name: str, jr: JobRun, phases) -> bool:
+        """Queue the job's next head-only phase of `phases` on the head; False when there is none left."""
+        if jr.phase_idx >= len(phases):
+            return False
+        self._head_request(name, phases[jr.phase_idx].duration_ms)
+        jr.phase_idx += 1
+        return True
 
     def _submit(self, name: str) -> None:
         """Submit the job's tasks in order, as their offsets come due and the concurrency limit allows."""
