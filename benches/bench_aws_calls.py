@@ -23,10 +23,9 @@ from typing import Any, Callable
 
 import boto3
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from moto_server import CREDS, REGION, start_moto_server  # noqa: E402
+from ray_nodeless.testing.moto_server import CREDS, REGION, start_moto_server  # noqa: E402
 
-from ray_nodeless.provider import NodelessProvider  # noqa: E402
+from ray_nodeless.ray_adapter.provider import NodelessProvider  # noqa: E402
 
 
 class Counter:

@@ -49,10 +49,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ray_nodeless.cluster_plan import plan_cluster  # noqa: E402
-from ray_nodeless.provider import NodelessProvider, instance_resources  # noqa: E402
-from ray_nodeless.providers.local import LocalBackend  # noqa: E402
-from ray_nodeless.providers.local_processes import MARKER_ENV, stop_marked_processes  # noqa: E402
+from ray_nodeless.core.cluster_plan import plan_cluster  # noqa: E402
+from ray_nodeless.ray_adapter.provider import NodelessProvider, instance_resources  # noqa: E402
+from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
+from ray_nodeless.providers.local.processes import MARKER_ENV, stop_marked_processes  # noqa: E402
 
 BIN = Path(sys.executable).parent
 BASE_ENV = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}")

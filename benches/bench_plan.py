@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ray_nodeless import catalog as catalog_mod  # noqa: E402
+from ray_nodeless.core import catalog as catalog_mod  # noqa: E402
 from ray_nodeless.errors import NoFeasibleOffering  # noqa: E402
-from ray_nodeless.planner import Planner  # noqa: E402
-from ray_nodeless.requirements import Request, Requirements, Shape  # noqa: E402
+from ray_nodeless.core.planner import Planner  # noqa: E402
+from ray_nodeless.core.requirements import Request, Requirements, Shape  # noqa: E402
 
-COLD = ("import time; t=time.perf_counter(); from ray_nodeless import catalog as c; k=c.embedded();"
+COLD = ("import time; t=time.perf_counter(); from ray_nodeless.core import catalog as c; k=c.embedded();"
         "[k.region(cl, r) for cl in k.clouds for r in k.regions(cl)]; print(time.perf_counter()-t)")
 
 

@@ -11,6 +11,6 @@ __all__ = ["NodelessProvider", "__version__"]
 
 def __getattr__(name: str):
     if name == "NodelessProvider":
-        from ray_nodeless.provider import NodelessProvider
+        from ray_nodeless.ray_adapter.provider import NodelessProvider
         return NodelessProvider
     raise AttributeError(f"module 'ray_nodeless' has no attribute {name!r}")

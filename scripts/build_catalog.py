@@ -28,8 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ray_nodeless.catalog import FORMAT_VERSION, InstanceType, dump_bytes, region_entry, type_row  # noqa: E402
-from ray_nodeless.gpus import GCE_ACCELERATOR_FOR_MODEL, NON_GPU_ACCELERATORS, canonical_gpu  # noqa: E402
+from ray_nodeless.core.catalog import FORMAT_VERSION, InstanceType, dump_bytes, region_entry, type_row  # noqa: E402
+from ray_nodeless.core.gpus import GCE_ACCELERATOR_FOR_MODEL, NON_GPU_ACCELERATORS, canonical_gpu  # noqa: E402
 
 AWS_REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
 GCP_REGIONS = ("us-central1", "us-west1", "europe-west4")

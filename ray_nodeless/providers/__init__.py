@@ -1,17 +1,19 @@
-"""Machine backends (local, aws, gcp) and registration modes (vm, local-player). Imported lazily: a backend's
-cloud client library is loaded only when that backend is used."""
+"""Machine backends (local, aws, gcp), one subpackage each, behind the contract in `base.py`.
+
+The registry is lazy: a backend's cloud client library is loaded only when that backend is used.
+"""
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.providers.base import BareVM, MachineBackend, Registration
+from ray_nodeless.providers.base import MachineBackend
 
 _BACKENDS = {
-    "local": ("ray_nodeless.providers.local", "LocalBackend"),
-    "aws": ("ray_nodeless.providers.aws", "AwsBackend"),
-    "gcp": ("ray_nodeless.providers.gcp", "GcpBackend"),
+    "local": ("ray_nodeless.providers.local.backend", "LocalBackend"),
+    "aws": ("ray_nodeless.providers.aws.backend", "AwsBackend"),
+    "gcp": ("ray_nodeless.providers.gcp.backend", "GcpBackend"),
 }
 
 
@@ -33,12 +35,3 @@ def backend_class(cloud: str) -> type[MachineBackend]:
 
 def make_backend(cloud: str, provider_config: dict[str, Any], cluster_name: str) -> MachineBackend:
     return backend_class(cloud)(provider_config, cluster_name)
-
-
-def make_registration(name: str, provider_config: dict[str, Any], cluster_name: str) -> Registration:
-    if name == "vm":
-        return BareVM()
-    if name == "local-player":
-        from ray_nodeless.providers.local_player import LocalPlayer
-        return LocalPlayer(provider_config, cluster_name)
-    raise ConfigError("provider.registration", f"{name!r} is not a registration mode")

@@ -1,27 +1,36 @@
-"""The small interface between the provider (Ray's adapter + the planner) and a machine backend.
+"""The machine-backend contract: what the launch layer asks of a place where machines run.
 
-Modelled on Karpenter's CloudProvider: a backend launches, lists, tags and terminates machines and knows nothing of
-rules or prices. The provider decides *what* to launch (`LaunchSpec.offering`, from the planner) and walks the
-ordered candidates when a backend raises `CapacityError`.
+Modelled on Karpenter's CloudProvider and Ray v2's `ICloudInstanceProvider`: a backend launches, lists, tags and
+terminates machines and knows nothing of rules or prices. The launch layer decides *what* to launch
+(`LaunchSpec.offering`, from the planner) and walks the ordered candidates when a backend raises `CapacityError`.
 
-Contract every backend keeps (the tests of each backend check it):
-- `launch` sets every tag in `spec.tags` at creation time, so no machine ever exists untagged; it is idempotent on
-  `spec.request_token` (a retried call with the same token never creates a second machine); it raises
-  `CapacityError` (category = the cloud's error code) for a capacity or quota shortage of that offering,
-  `TransientBackendError` when throttling outlasts its retries, and `BackendError` for anything else.
-  It never leaves a machine behind when it raises.
-- `list_machines` returns only machines tagged `ray-cluster-name == cluster_name` that are not terminated, in one
-  (paginated) listing call; it may raise `TransientBackendError`.
-- `terminate` is one batched call; ids that are gone are ignored; ids not tagged as this cluster's are never touched.
+Four methods do the work: `launch`, `list_machines`, `terminate`, `set_tags`. Every backend gives these properties
+(each backend's tests check them):
+- **Tagged at birth.** `launch` sets every tag in `spec.tags` at creation time, so no machine ever exists untagged.
+- **Idempotent per request token.** A retried `launch` with the same `spec.request_token` never creates a second
+  set of machines; it returns the ids the first call created.
+- **No leak on failure.** When `launch` raises, no machine of that call is left running.
+- **Typed errors with a category.** `CapacityError` (category = the cloud's code, `scope` zone or region) for a
+  capacity or quota shortage of that offering; `TransientBackendError` when throttling outlasts its retries;
+  `BackendError` for anything else. Never a raw SDK exception.
+- **One listing per update.** `list_machines` returns every non-terminated machine tagged
+  `ray-cluster-name == cluster_name`, in one (paginated) listing; eventual consistency is allowed (a machine just
+  launched may be missing for a while; the launch layer covers that), a failure raises `BackendError`.
+- **Own machines only.** `terminate` is one batched call; ids that are gone are ignored; ids not tagged as this
+  cluster's are never touched.
+
+Config-time checks are class-level (`settings_model`, `check_node_config`, `requirement_overrides`), so
+`ray up`'s bootstrap and `ray-nodeless plan` validate a YAML without building a client.
 """
 from __future__ import annotations
 
 import abc
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Mapping
 
-from ray_nodeless.catalog import Offering
+from ray_nodeless.core.catalog import Offering
+from ray_nodeless.core.schema import Section
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +43,6 @@ TAG_CAPACITY = "nodeless-capacity"
 TAG_PRICE = "nodeless-hourly-price"
 TAG_RULE = "nodeless-rule"
 TAG_CATALOG = "nodeless-catalog"
-DECISION_TAGS = (TAG_INSTANCE_TYPE, TAG_ZONE, TAG_CAPACITY, TAG_PRICE, TAG_RULE, TAG_CATALOG)
 
 MACHINE_PENDING = "pending"
 MACHINE_RUNNING = "running"
@@ -74,7 +82,9 @@ class Machine:
 class MachineBackend(abc.ABC):
     """A place where machines run: local processes, EC2, Compute Engine."""
 
-    cloud: str = ""
+    cloud: ClassVar[str] = ""
+    # The backend's own provider-block keys, declared once (see core/schema.py). The core knows none of them.
+    settings_model: ClassVar[type[Section]] = Section
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str):
         self.provider_config = provider_config
@@ -95,10 +105,14 @@ class MachineBackend(abc.ABC):
     def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
         """Merge `tags` into the machine's tags. Backends that cannot store tags after launch may no-op."""
 
-    def validate_node_config(self, node_type: str, node_config: dict[str, Any], key: str) -> None:
-        """Raise ConfigError (naming `key`.<field>) for backend keys of node_config that cannot work."""
+    @classmethod
+    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
+                          key: str) -> None:
+        """Raise ConfigError (naming `key`.<field>) for backend keys of node_config that cannot work, given the
+        provider block `provider`. No client, no network."""
 
-    def requirement_overrides(self, node_config: dict[str, Any]) -> dict[str, Any]:
+    @classmethod
+    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
         """Requirement keys implied by backend keys, e.g. AWS `InstanceType: x` -> `{"instance_types": [x]}`."""
         return {}
 
@@ -109,37 +123,3 @@ class MachineBackend(abc.ABC):
 
     def close(self) -> None:
         """Release clients and threads. Machines keep running."""
-
-
-class Registration(abc.ABC):
-    """How a machine joins the Ray cluster, composed with any backend (`provider.registration`).
-
-    `vm` (BareVM): the machine runs Ray itself. `kubernetes`: the machine joins a Kubernetes cluster as a node.
-    `local-player`: every machine a backend launches is *played* by a local `ray start` process carrying its id,
-    so the real cloud control-plane code (EC2 under moto, GCE under a fake server) drives a real Ray cluster.
-    """
-
-    name: str = ""
-
-    def prepare(self, spec: LaunchSpec) -> LaunchSpec:
-        """Adjust a launch before it reaches the backend (e.g. add a join script to user data)."""
-        return spec
-
-    def after_launch(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
-        """Called once the backend has created the machines."""
-
-    def describe(self, machine: Machine) -> Machine:
-        """Adjust a listed machine (e.g. the IP Ray sees). Must be cheap: called for every machine per listing."""
-        return machine
-
-    def after_terminate(self, machine_ids: list[str]) -> None:
-        """Called after the backend has terminated the machines."""
-
-    def close(self) -> None:
-        """Release what the registration holds."""
-
-
-class BareVM(Registration):
-    """The machine runs Ray directly (Ray's updater over SSH, or user data / startup script)."""
-
-    name = "vm"

@@ -1,0 +1,3 @@
+from ray_nodeless.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,108 @@
+"""Declared settings: pydantic v2 models turned into errors that name the key.
+
+Every part of the provider block (the core keys, each backend's keys, each registration's keys) is declared once as
+a pydantic model deriving from `Section`. `parse_section` validates a mapping against one and raises `ConfigError`
+with the dotted key at fault (`provider.aws_max_attempts: must be an integer, got 'five'`); an unknown key that is
+close to a declared one is an error with a did-you-mean suggestion (`suggest_key`).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Iterable, Mapping, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ray_nodeless.errors import ConfigError
+
+S = TypeVar("S", bound="Section")
+
+
+class Section(BaseModel):
+    """A declared settings section. Strict types (no "5" for 5, no 1 for True), finite numbers only, immutable.
+    Keys the section does not declare are ignored here: the caller decides what an unknown key means (the provider
+    block holds Ray's keys and other sections' keys too)."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore", allow_inf_nan=False,
+                              arbitrary_types_allowed=True)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_MESSAGES = {
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be true or false",
+    "string_type": "must be a string",
+    "dict_type": "must be a mapping",
+    "list_type": "must be a list",
+    "finite_number": "must be a finite number",
+    "greater_than_equal": "must be >= {ge}",
+    "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}",
+    "literal_error": "must be one of {expected}",
+    "string_too_short": "must not be empty",
+    "missing": "is required",
+}
+
+
+def _message(err: dict[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    template = _MESSAGES.get(err["type"])
+    if template is None:
+        return err["msg"][0].lower() + err["msg"][1:]
+    try:
+        return template.format(**ctx)
+    except (KeyError, IndexError):
+        return err["msg"]
+
+
+def config_error(exc: ValidationError, prefix: str) -> ConfigError:
+    """The first error of a pydantic ValidationError as a ConfigError naming `prefix.<path>`."""
+    err = sorted(exc.errors(include_url=False), key=lambda e: [str(p) for p in e["loc"]])[0]
+    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    key = ".".join([prefix, *loc]) if loc else prefix
+    msg = _message(err)
+    if err["type"] != "missing":
+        msg += f", got {_describe(err.get('input'))}"
+    return ConfigError(key, msg)
+
+
+def parse_section(model: type[S], data: Any, prefix: str) -> S:
+    """Validate `data` against `model`; any failure is a ConfigError naming the key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix, f"must be a mapping, got {type(data).__name__}")
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as e:
+        raise config_error(e, prefix) from None
+
+
+def declared_keys(*models: type[Section]) -> frozenset[str]:
+    """The keys (field names and aliases) these models declare."""
+    keys: set[str] = set()
+    for m in models:
+        for name, field in m.model_fields.items():
+            keys.add(field.alias or name)
+    return frozenset(keys)
+
+
+def suggest_key(key: str, known: Iterable[str], cutoff: float = 0.75) -> str | None:
+    """The known key `key` is probably a misspelling of, or None."""
+    lowered = {k.lower(): k for k in known}
+    if key.lower() in lowered and lowered[key.lower()] != key:
+        return lowered[key.lower()]          # a case slip: `GPUS` for `GPU`, `Endpoint_url` for `endpoint_url`
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def check_finite(value: Any, key: str) -> float:
+    """A real, finite number (not a bool, NaN or infinity), as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {_describe(value)}")
+    return float(value)

@@ -1,0 +1,65 @@
+"""`ray-nodeless status`: the live machines of a cluster with their decision, uptime and accumulated cost.
+
+It lists the backend directly (one listing call), so it works without a running autoscaler and shows exactly
+what is billed: every machine tagged with the cluster's name.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ray_nodeless.core.settings import parse_provider
+from ray_nodeless.providers import make_backend
+from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node_id: str
+    node_type: str
+    kind: str
+    instance_type: str
+    zone: str
+    capacity: str
+    hourly_price: float | None
+    rule: str
+    uptime_s: float
+    cost: float | None
+
+
+def _price(tags: dict[str, str]) -> float | None:
+    try:
+        return float(tags.get(TAG_PRICE, ""))
+    except ValueError:
+        return None
+
+
+def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> list[NodeStatus]:
+    settings = parse_provider(cluster_config.get("provider") or {})
+    backend = make_backend(settings.cloud, dict(cluster_config["provider"]), cluster_config["cluster_name"])
+    try:
+        machines = backend.list_machines()
+    finally:
+        backend.close()
+    now = time.time() if now is None else now
+    out = []
+    for m in sorted(machines, key=lambda m: (m.tags.get("ray-node-type") != "head", m.launched_at, m.id)):
+        price = _price(m.tags)
+        uptime = max(0.0, now - m.launched_at) if m.launched_at else 0.0
+        out.append(NodeStatus(
+            node_id=m.id, node_type=m.tags.get("ray-user-node-type", ""), kind=m.tags.get("ray-node-type", ""),
+            instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""), zone=m.tags.get(TAG_ZONE, ""),
+            capacity=m.tags.get(TAG_CAPACITY, ""), hourly_price=price, rule=m.tags.get(TAG_RULE, ""),
+            uptime_s=round(uptime, 1), cost=None if price is None else round(price * uptime / 3600, 6)))
+    return out
+
+
+def status_document(cluster_config: dict[str, Any]) -> dict:
+    nodes = cluster_status(cluster_config)
+    return {
+        "cluster_name": cluster_config.get("cluster_name"),
+        "nodes": [asdict(n) for n in nodes],
+        "hourly_cost": round(sum(n.hourly_price or 0.0 for n in nodes), 6),
+        "accumulated_cost": round(sum(n.cost or 0.0 for n in nodes), 6),
+    }

@@ -1,0 +1,20 @@
+"""Registration modes: how a launched machine joins the Ray cluster (`provider.registration`), composed with any
+machine backend. `vm` (the machine runs Ray itself), `local-player` (a local Ray node plays each machine)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.registrations.base import Registration
+
+REGISTRATIONS = ("vm", "local-player")
+
+
+def make_registration(name: str, provider_config: dict[str, Any], cluster_name: str) -> Registration:
+    if name == "vm":
+        from ray_nodeless.registrations.vm import BareVM
+        return BareVM()
+    if name == "local-player":
+        from ray_nodeless.registrations.local_player import LocalPlayer
+        return LocalPlayer(provider_config, cluster_name)
+    raise ConfigError("provider.registration", f"{name!r} is not one of {list(REGISTRATIONS)}")

@@ -1,0 +1,34 @@
+"""How a machine joins the Ray cluster, composed with any machine backend (`provider.registration`)."""
+from __future__ import annotations
+
+import abc
+
+from ray_nodeless.providers.base import LaunchSpec, Machine
+
+
+class Registration(abc.ABC):
+    """How a machine joins the Ray cluster, composed with any backend (`provider.registration`).
+
+    `vm` (BareVM): the machine runs Ray itself. `kubernetes`: the machine joins a Kubernetes cluster as a node.
+    `local-player`: every machine a backend launches is *played* by a local `ray start` process carrying its id,
+    so the real cloud control-plane code (EC2 under moto, GCE under a fake server) drives a real Ray cluster.
+    """
+
+    name: str = ""
+
+    def prepare(self, spec: LaunchSpec) -> LaunchSpec:
+        """Adjust a launch before it reaches the backend (e.g. add a join script to user data)."""
+        return spec
+
+    def after_launch(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
+        """Called once the backend has created the machines."""
+
+    def describe(self, machine: Machine) -> Machine:
+        """Adjust a listed machine (e.g. the IP Ray sees). Must be cheap: called for every machine per listing."""
+        return machine
+
+    def after_terminate(self, machine_ids: list[str]) -> None:
+        """Called after the backend has terminated the machines."""
+
+    def close(self) -> None:
+        """Release what the registration holds."""

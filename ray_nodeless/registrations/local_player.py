@@ -1,0 +1,123 @@
+"""`local-player` registration: every machine a backend launches is *played* by a local Ray node process.
+
+The cloud control plane is real code against a fake cloud (EC2 under moto, GCE under a fake server); nothing boots
+there. So for each worker machine the backend creates, the player starts a local `ray start --block` node with the
+machine's Ray resources and labels and `RAY_CLOUD_INSTANCE_ID=<the cloud machine id>` (how autoscaler v2 matches a
+Ray node to its instance), and reports the player's 127.0.0.N as the machine's IP (how v1 matches them). When the
+machine is terminated, or vanishes from the cloud (a preemption emulated in the fake cloud), its player is stopped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
+
+from ray_nodeless.errors import BackendError
+from ray_nodeless.providers.base import LaunchSpec, Machine
+from ray_nodeless.registrations.base import Registration
+from ray_nodeless.providers.local.backend import (
+    LocalCommandRunner, default_head_ip, default_state_dir, launch_env, node_processes_from_config, runner_marker,
+)
+
+logger = logging.getLogger(__name__)
+
+# A player younger than this is never reaped: the listing the caller reaps against may predate its machine.
+DEFAULT_REAP_GRACE_S = 60.0
+
+
+class LocalPlayer(Registration):
+    """Provider config keys: player_state_dir (default <tmp>/ray_nodeless/<cluster>-player), gcs_address, head_ip,
+    and the local_* tuning keys of LocalBackend."""
+
+    name = "local-player"
+
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str):
+        self.provider_config = provider_config
+        self.cluster_name = cluster_name
+        self.state_dir = Path(provider_config.get("player_state_dir") or default_state_dir(cluster_name, "-player"))
+        self.nodes = node_processes_from_config(provider_config, self.state_dir)
+        self.home = self.state_dir / "home"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.runner_marker = runner_marker(self.home)   # see LocalBackend.runner_marker
+        self.head_ip = str(provider_config.get("head_ip") or default_head_ip())
+        # machine id -> player IP. A player's IP never changes while it lives, so a hit never goes stale; entries go
+        # when the player is stopped. Misses read one record file (cheap enough for describe()).
+        self._ips: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def after_launch(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
+        """Start one player per worker machine, one at a time. Raises BackendError naming the machines that got no
+        player (the others keep theirs); the caller decides whether to terminate those machines."""
+        if spec.is_head:
+            return
+        failed: dict[str, str] = {}
+        for mid in machine_ids:
+            if self.nodes.get(mid) is not None:
+                continue   # a retried hook: that machine already has its player
+            try:
+                rec = self.nodes.start(mid, spec.node_type, spec.resources, spec.labels, extra_env=launch_env(spec),
+                                       tags=dict(spec.tags), request_token=spec.request_token)
+            except BackendError as e:
+                logger.error("local player for %s failed: %s", mid, e)
+                failed[mid] = str(e)
+                continue
+            with self._lock:
+                self._ips[mid] = rec.ip
+        if failed:
+            raise BackendError(f"local player could not start Ray for {sorted(failed)}: "
+                               + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in failed.items()),
+                               category="LocalPlayerStartFailed")
+
+    def player_ip(self, machine_id: str) -> str | None:
+        with self._lock:
+            ip = self._ips.get(machine_id)
+        if ip is None:
+            rec = self.nodes.get(machine_id)
+            if rec is None:
+                return None
+            ip = rec.ip
+            with self._lock:
+                self._ips[machine_id] = ip
+        return ip
+
+    def describe(self, machine: Machine) -> Machine:
+        if machine.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            # The head's Ray runs on this host via the command runner; its raylet reports the host's address.
+            ip = self.head_ip
+        else:
+            ip = self.player_ip(machine.id)
+            if ip is None:
+                return machine   # no player (yet, or it died): leave the cloud's IP, no raylet will claim it
+        return dataclasses.replace(machine, internal_ip=ip, external_ip=ip)
+
+    def after_terminate(self, machine_ids: list[str]) -> None:
+        self._stop(machine_ids)
+
+    def reap(self, alive_ids: "set[str] | list[str]", grace_s: float = DEFAULT_REAP_GRACE_S) -> list[str]:
+        """Stop players whose cloud machine is gone (preempted or deleted out of band). Returns the reaped ids."""
+        alive = set(alive_ids)
+        now = time.time()
+        gone = [r.id for r in self.nodes.list() if r.id not in alive and now - r.started_at > grace_s]
+        if gone:
+            logger.info("local player: machines %s are gone from the cloud; stopping their players", gone)
+            self._stop(gone)
+        return gone
+
+    def _stop(self, machine_ids: list[str]) -> None:
+        self.nodes.stop(list(machine_ids))
+        with self._lock:
+            for mid in machine_ids:
+                self._ips.pop(mid, None)
+
+    def close(self) -> None:
+        self.nodes.close()
+
+    def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
+                       process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):
+        """Every played machine is this host: the provider should use this instead of SSH (e.g. for the head)."""
+        return LocalCommandRunner(log_prefix, node_id, self.home, process_runner=process_runner)

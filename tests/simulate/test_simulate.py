@@ -1,0 +1,287 @@
+"""Replays of traces through Ray's resource-demand scheduler and our planner (no cloud, no Ray cluster)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from ray_nodeless.core.cluster_plan import load_catalog, load_cluster_yaml, plan_cluster
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.simulate.engine import (
+    SimulationError, build_configs, config_from_cluster, config_from_fixed, simulate, simulate_command,
+)
+from ray_nodeless.trace.model import MS_PER_HOUR, load_trace, parse_trace
+from tests import REPO_ROOT
+
+ROOT = REPO_ROOT
+TRACE = ROOT / "examples" / "traces" / "automl-published.yaml"
+GPU_HEAD = ROOT / "cluster-configs" / "aws-gpu-head.yaml"
+CPU_HEAD = ROOT / "cluster-configs" / "aws-cpu-head.yaml"
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog("embedded")
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return load_trace(TRACE)
+
+
+@pytest.fixture(scope="module")
+def published(trace, catalog):
+    """The published trace under the fixed baseline and both cluster configs, on-demand and as configured."""
+    cfgs = build_configs(trace, [str(GPU_HEAD), str(CPU_HEAD)], ["fixed:3xg4dn.4xlarge"], "both", None, catalog)
+    return {c.label: simulate(trace, c) for c in cfgs}
+
+
+def _cluster_yaml(tmp_path: Path, *, head_res: dict, worker_res: dict | None, max_workers: int = 4,
+                  min_workers: int = 0, idle_minutes: float = 5, capacity=("on-demand",)) -> str:
+    types = {"head": {"resources": head_res, "node_config": {}}}
+    if worker_res is not None:
+        types["worker"] = {"resources": worker_res, "min_workers": min_workers, "max_workers": max_workers,
+                           "node_config": {}}
+    doc = {
+        "cluster_name": "t", "max_workers": max_workers, "upscaling_speed": 1.0, "idle_timeout_minutes": idle_minutes,
+        "provider": {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "aws",
+                     "region": "us-west-2", "rules": [{"name": "all", "match": {}, "capacity": list(capacity)}]},
+        "auth": {"ssh_user": "ubuntu"}, "available_node_types": types, "head_node_type": "head",
+        "file_mounts": {}, "cluster_synced_files": [], "initialization_commands": [], "setup_commands": [],
+        "head_setup_commands": [], "worker_setup_commands": [], "head_start_ray_commands": [],
+        "worker_start_ray_commands": [],
+    }
+    p = tmp_path / f"cluster-{len(list(tmp_path.iterdir()))}.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return str(p)
+
+
+# -- the published figures -------------------------------------------------------------------------------------
+
+def test_fixed_baseline_reproduces_published_figures(published, trace):
+    r = published["fixed:3xg4dn.4xlarge"]
+    assert r.config.schedule == "sequential"
+    # 21 h of Tune (each run's survivors keep it busy to the end of its budget) + 1.6 h head-only.
+    assert r.elapsed_ms == 22.6 * MS_PER_HOUR
+    assert r.head_phase_ms == 1.6 * MS_PER_HOUR
+    assert round(r.workload_cost, 2) == 81.63
+    assert round(r.config.idle_cost_per_hour, 3) == 3.612
+    assert r.node_hours() == {"g4dn.4xlarge": pytest.approx(3 * 22.6)}
+    # The head ran trials too (it has the GPU the fixed cluster counts on); every trial started in time.
+    head = next(n for n in r.nodes if n.is_head)
+    assert any(t.ran_on == head.seq for t in r.tasks)
+    assert sum(1 for t in r.tasks if t.state in ("done", "cut")) == 90
+
+
+def test_fixed_figures_come_from_the_replay(trace, catalog):
+    """Shorten every survivor: the budget no longer binds, so the fixed figure must move (nothing is hard-coded)."""
+    doc = yaml.safe_load(TRACE.read_text())
+    for j in doc["jobs"]:
+        for t in j["tasks"]:
+            if t["name"] == "survivor":
+                t["minutes"] = t["minutes"] / 2
+    shorter = parse_trace(doc)
+    r = simulate(shorter, config_from_fixed("fixed:3xg4dn.4xlarge", "sequential", catalog))
+    assert r.elapsed_hours < 22.6 - 1
+    assert r.workload_cost < 81.63
+
+
+def test_configs_use_planner_choice_and_on_demand_override(published):
+    for label, od in (("aws-gpu-head", False), ("aws-gpu-head:on-demand", True)):
+        r = published[label]
+        cfg = load_cluster_yaml(GPU_HEAD)
+        if od:
+            from ray_nodeless.simulate.engine import _force_on_demand
+            cfg = _force_on_demand(cfg)
+        cp = plan_cluster(cfg)
+        for name, offer in r.config.offers.items():
+            chosen = cp.plans[name].chosen
+            assert (offer.instance_type, offer.capacity, offer.hourly_price) == (
+                chosen.instance_type.name, chosen.capacity, chosen.hourly_price)
+        assert r.config.idle_cost_per_hour == cp.cost.idle_cost_per_hour
+    assert published["aws-gpu-head:on-demand"].config.offers["gpu_worker"].capacity == "on-demand"
+    assert published["aws-gpu-head"].config.offers["gpu_worker"].capacity == "spot"
+
+
+def test_head_variants(published):
+    gpu, cpu = published["aws-gpu-head:on-demand"], published["aws-cpu-head:on-demand"]
+    gpu_head = next(n for n in gpu.nodes if n.is_head)
+    cpu_head = next(n for n in cpu.nodes if n.is_head)
+    # A GPU head runs trials; a CPU head runs none (the trials need a GPU), only the head-only phases.
+    assert sum(1 for t in gpu.tasks if t.ran_on == gpu_head.seq) > 0
+    assert sum(1 for t in cpu.tasks if t.ran_on == cpu_head.seq) == 0
+    gpu_worker_hours = sum(n.end_ms - n.launch_ms for n in gpu.nodes if not n.is_head)
+    cpu_worker_hours = sum(n.end_ms - n.launch_ms for n in cpu.nodes if not n.is_head)
+    # The GPU head carries trials, so the CPU-head cluster needs more GPU worker-hours for the same trace.
+    assert cpu_worker_hours > gpu_worker_hours
+    # Cheaper to idle with a CPU head.
+    assert cpu.config.idle_cost_per_hour < gpu.config.idle_cost_per_hour
+
+
+def test_beats_published_and_respects_bounds(published):
+    base = published["fixed:3xg4dn.4xlarge"]
+    for label, r in published.items():
+        assert r.lower_bound() <= r.workload_cost + 1e-9, label
+        if r.config.kind == "autoscaled":
+            # Published: -54 % with the GPU head; the planner's cheaper worker must do at least as well.
+            assert r.workload_cost < 0.46 * base.workload_cost, label
+            assert r.elapsed_hours < base.elapsed_hours
+            workers = [n for n in r.nodes if not n.is_head]
+            peak = max(sum(1 for n in workers if n.launch_ms <= t < n.end_ms) for t in {n.launch_ms for n in workers})
+            assert peak <= r.config.node_types["gpu_worker"]["max_workers"]
+    assert published["aws-gpu-head:on-demand"].config.idle_cost_per_hour == pytest.approx(1.204)
+
+
+def test_replay_is_fast(trace, catalog):
+    cfgs = build_configs(trace, [str(GPU_HEAD), str(CPU_HEAD)], ["fixed:3xg4dn.4xlarge"], "both", None, catalog)
+    t0 = time.perf_counter()
+    for c in cfgs:
+        simulate(trace, c)
+    assert time.perf_counter() - t0 < 15
+
+
+# -- mechanics on small traces -----------------------------------------------------------------------------------
+
+def _one_job(tasks: list[dict], **job) -> dict:
+    return {"version": 1, "name": "t", "jobs": [{"name": "j", "tasks": tasks, **job}]}
+
+
+def test_launch_latency_and_idle_timeout_exact(tmp_path):
+    trace = parse_trace(_one_job([{"name": "g", "resources": {"GPU": 1}, "hours": 1}]))
+    path = _cluster_yaml(tmp_path, head_res={"CPU": 4}, worker_res={"CPU": 4, "GPU": 1}, idle_minutes=5)
+    r = simulate(trace, config_from_cluster(path, "all-parallel", False), launch_latency_ms=180_000)
+    worker = next(n for n in r.nodes if not n.is_head)
+    # Tick at t=0 launches; ready 3 min later; runs 1 h; idle 5 min; terminated on the 5-s tick grid.
+    assert worker.launch_ms == 0 and worker.ready_ms == 180_000
+    assert r.elapsed_ms == 180_000 + MS_PER_HOUR
+    assert worker.end_ms == 180_000 + MS_PER_HOUR + 300_000
+    head_price = r.config.offers["head"].hourly_price
+    w_price = r.config.offers["worker"].hourly_price
+    assert r.workload_cost == pytest.approx(head_price * 1.05 + w_price * (4_080_000 / MS_PER_HOUR))
+    assert r.scheduler_calls >= 1
+
+
+def test_max_workers_and_ray_scheduler_is_used(tmp_path, monkeypatch):
+    from ray.autoscaler._private import resource_demand_scheduler as rds
+    calls = []
+    orig = rds.ResourceDemandScheduler.get_nodes_to_launch
+
+    def spy(self, *a, **kw):
+        out = orig(self, *a, **kw)
+        calls.append(dict(out[0]))
+        return out
+
+    monkeypatch.setattr(rds.ResourceDemandScheduler, "get_nodes_to_launch", spy)
+    trace = parse_trace(_one_job([{"name": "g", "resources": {"CPU": 1, "GPU": 1}, "minutes": 30, "count": 12}]))
+    path = _cluster_yaml(tmp_path, head_res={"CPU": 4}, worker_res={"CPU": 4, "GPU": 1}, max_workers=3)
+    r = simulate(trace, config_from_cluster(path, "all-parallel", False))
+    assert calls and sum(sum(c.values()) for c in calls) == len([n for n in r.nodes if not n.is_head])
+    assert r.peak_nodes() == 1 + 3
+    assert r.elapsed_ms == 180_000 + 4 * 30 * 60_000       # 12 trials, 3 GPUs, 4 rounds
+
+
+def test_concurrency_limit_and_budget(tmp_path, catalog):
+    trace = parse_trace(_one_job([{"name": "g", "resources": {"GPU": 1}, "minutes": 40, "count": 4}],
+                                 max_concurrent=1, time_budget_hours=1))
+    r = simulate(trace, config_from_fixed("fixed:2xg4dn.xlarge", "all-parallel", catalog))
+    states = [t.state for t in r.tasks]
+    assert states == ["done", "cut", "cancelled", "cancelled"]
+    assert r.elapsed_ms == MS_PER_HOUR
+    assert r.useful_task_hours == pytest.approx(1.0)
+    # Bound: 1 useful GPU-hour on the cheapest node of the config, here the fixed type itself.
+    assert r.lower_bound() == pytest.approx(r.config.offers["fixed"].hourly_price)
+    assert r.lower_bound() <= r.workload_cost
+
+
+def test_lower_bound_below_cost_when_schedules_swap(trace, catalog):
+    cfgs = build_configs(trace, [f"{GPU_HEAD}#sequential"], ["fixed:3xg4dn.4xlarge#parallel"], "on-demand", None,
+                         catalog)
+    for c in cfgs:
+        r = simulate(trace, c)
+        assert 0 < r.lower_bound() <= r.workload_cost, c.label
+
+
+def test_infeasible_task_is_an_error(tmp_path):
+    trace = parse_trace(_one_job([{"name": "g", "resources": {"GPU": 8}, "hours": 1}]))
+    path = _cluster_yaml(tmp_path, head_res={"CPU": 4}, worker_res={"CPU": 4, "GPU": 1})
+    with pytest.raises(SimulationError, match="cannot complete"):
+        simulate(trace, config_from_cluster(path, "all-parallel", False))
+
+
+def test_spot_interruptions_rerun_lost_work_deterministically(trace, catalog):
+    cfg = build_configs(trace, [str(GPU_HEAD)], [], "as-configured", None, catalog)[0]
+    assert cfg.offers["gpu_worker"].capacity == "spot"
+    quiet = simulate(trace, cfg)
+    a = simulate(trace, cfg, spot_interruptions_per_hour=0.5, seed=7)
+    b = simulate(trace, cfg, spot_interruptions_per_hour=0.5, seed=7)
+    c = simulate(trace, cfg, spot_interruptions_per_hour=0.5, seed=8)
+    assert a.interruptions > 0 and a.lost_task_hours > 0
+    assert json.dumps(a.to_dict()) == json.dumps(b.to_dict())
+    assert json.dumps(a.to_dict()) != json.dumps(c.to_dict())
+    assert quiet.interruptions == 0 and quiet.lost_task_hours == 0
+    # Every task still ends (finished or cut by its budget), nothing is silently dropped.
+    assert {t.state for t in a.tasks} <= {"done", "cut", "cancelled"}
+
+
+def test_trace_validation_errors():
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_trace(_one_job([{"name": "g", "resources": {"GPU": 1}, "hours": 1}], bogus=1))
+    with pytest.raises(ConfigError, match="unknown job"):
+        parse_trace({"jobs": [{"name": "a", "tasks": []}], "schedules": {"s": [["b"]]}})
+    with pytest.raises(ConfigError, match="needs one of"):
+        parse_trace(_one_job([{"name": "g", "resources": {"GPU": 1}}]))
+
+
+# -- the command ------------------------------------------------------------------------------------------------
+
+def _cmd() -> click.Group:
+    from ray_nodeless.cli.main import main
+    main.add_command(simulate_command)
+    return main
+
+
+def test_cli_json_is_deterministic_and_complete(tmp_path):
+    args = ["simulate", str(TRACE), "--baseline", "fixed:3xg4dn.4xlarge", "--config", str(GPU_HEAD),
+            "--config", str(CPU_HEAD), "--capacity", "both", "--json"]
+    runner = CliRunner()
+    r1 = runner.invoke(_cmd(), args)
+    r2 = runner.invoke(_cmd(), args)
+    assert r1.exit_code == 0, r1.output
+    assert r1.output == r2.output
+    doc = json.loads(r1.output)
+    confs = doc["configurations"]
+    assert set(confs) == {"fixed:3xg4dn.4xlarge", "aws-gpu-head", "aws-gpu-head:on-demand", "aws-cpu-head",
+                          "aws-cpu-head:on-demand"}
+    for c in confs.values():
+        assert {"elapsed_hours", "workload_cost", "idle_cost_per_hour", "node_hours", "lower_bound_cost",
+                "gpu_utilisation"} <= set(c)
+    assert confs["fixed:3xg4dn.4xlarge"]["elapsed_hours"] == 22.6
+    assert round(confs["fixed:3xg4dn.4xlarge"]["workload_cost"], 2) == 81.63
+    assert confs["fixed:3xg4dn.4xlarge"]["idle_cost_per_hour"] == 3.612
+
+
+def test_cli_text_plot_and_errors(tmp_path):
+    png = tmp_path / "t.png"
+    r = CliRunner().invoke(_cmd(), ["simulate", str(TRACE), "--baseline", "fixed:3xg4dn.4xlarge",
+                                    "--config", f"{GPU_HEAD}#sequential", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert "fixed:3xg4dn.4xlarge" in r.output and "sequential" in r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = CliRunner().invoke(_cmd(), ["simulate", str(TRACE), "--baseline", "fixed:3xnope.huge"])
+    assert bad.exit_code == 2 and "no on-demand price" in bad.output
+    none = CliRunner().invoke(_cmd(), ["simulate", str(TRACE)])
+    assert none.exit_code == 2
+
+
+def test_fixed_baseline_other_region(catalog):
+    c = config_from_fixed("fixed:3xg4dn.4xlarge@us-east-1", "sequential", catalog)
+    rc = catalog.region("aws", "us-east-1")
+    prices = [o.hourly_price for o in rc.offerings()
+              if o.instance_type.name == "g4dn.4xlarge" and o.capacity == "on-demand"]
+    assert c.offers["fixed"].hourly_price == min(prices)
+    assert c.idle_cost_per_hour == pytest.approx(3 * min(prices))
