@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ray_nodeless.core.cluster_plan import plan_cluster  # noqa: E402
-from ray_nodeless.ray_adapter.provider import NodelessProvider, instance_resources  # noqa: E402
+from ray_nodeless.core.node_resources import instance_resources
+from ray_nodeless.ray_adapter.provider import NodelessProvider  # noqa: E402
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
 from ray_nodeless.providers.local.processes import MARKER_ENV, stop_marked_processes  # noqa: E402
 

@@ -5,6 +5,8 @@ fails with a message that says what to fix, before anything launches.
 """
 from __future__ import annotations
 
+import enum
+
 
 class NodelessError(Exception):
     """Base class of every error raised by ray_nodeless."""
@@ -38,6 +40,13 @@ class BackendError(NodelessError):
         super().__init__(message)
 
 
+class CapacityScope(str, enum.Enum):
+    """How far a capacity shortage reaches."""
+
+    ZONE = "zone"          # this offering only (a stockout in one zone)
+    REGION = "region"      # this instance type and capacity type in every zone of the region (a regional quota)
+
+
 class CapacityError(BackendError):
     """The cloud has no capacity (or quota) for one offering right now. The launcher moves to the next candidate.
 
@@ -46,10 +55,19 @@ class CapacityError(BackendError):
     other zones of a type that cannot launch anywhere in the region.
     """
 
-    def __init__(self, message: str, category: str = "BackendError", scope: str = "zone"):
+    def __init__(self, message: str, category: str = "BackendError", scope: str | CapacityScope = CapacityScope.ZONE):
         super().__init__(message, category)
-        self.scope = scope
+        self.scope = CapacityScope(scope)
 
 
 class TransientBackendError(BackendError):
     """Throttling or a passing network fault: retry later, never treat as a launch result."""
+
+
+class LaunchError(NodelessError):
+    """A launch request could not be satisfied: every candidate failed for capacity, or an error that is not a
+    capacity miss stopped it. `category` is what Ray's NodeLaunchException carries (v2 demotes the node type)."""
+
+    def __init__(self, message: str, category: str):
+        self.category = category
+        super().__init__(message)

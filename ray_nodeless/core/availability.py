@@ -1,55 +1,50 @@
 """Capacity-error memory: offerings that just failed (or whose spot machine was reclaimed) are skipped for a TTL.
 
-Karpenter keeps the same kind of cache (3 minutes); ours defaults to 180 s and is set by
-`provider.unavailable_ttl_s`. Keys are (instance type, zone, capacity type). The clock is injectable so tests can
-expire entries without sleeping.
+Karpenter keeps the same kind of cache (3 minutes, `ttls.UNAVAILABLE_TTL_S`); `provider.unavailable_ttl_s` sets
+ours. A thin layer over `cachetools.TTLCache`: keys are (instance type, zone, capacity type), values the reason.
+The clock is injectable so tests can expire entries without sleeping.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
+
+from cachetools import TTLCache
 
 from ray_nodeless.core.catalog import Offering
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Unavailable:
-    reason: str          # the cloud's error category, or "interrupted"
-    until: float
+# Far more offerings than a region has (the largest has ~30k instance type x zone x capacity rows).
+MAX_ENTRIES = 100_000
 
 
 class UnavailableOfferings:
     def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         self.ttl_s = ttl_s
         self._clock = clock
-        self._entries: dict[tuple[str, str, str], Unavailable] = {}
-        self._lock = threading.Lock()
+        # The timer reads self._clock at each call, so a test may swap the clock after construction.
+        self._entries: TTLCache = TTLCache(maxsize=MAX_ENTRIES, ttl=max(ttl_s, 1e-9), timer=lambda: self._clock())
+        self._lock = threading.Lock()    # cachetools caches are not thread-safe
 
     def mark(self, offering: Offering, reason: str) -> None:
+        if self.ttl_s <= 0:
+            return
         with self._lock:
-            self._entries[offering.key] = Unavailable(reason=reason, until=self._clock() + self.ttl_s)
+            self._entries[offering.key] = reason
         logger.info("offering %s %s %s marked unavailable for %.0f s (%s)", *offering.key, self.ttl_s, reason)
 
     def blocked(self, offering: Offering) -> bool:
         return self.reason(offering) is not None
 
     def reason(self, offering: Offering) -> str | None:
-        now = self._clock()
         with self._lock:
-            hit = self._entries.get(offering.key)
-            if hit is None:
-                return None
-            if hit.until <= now:
-                del self._entries[offering.key]
-                return None
-            return hit.reason
+            return self._entries.get(offering.key)
 
-    def snapshot(self) -> dict[tuple[str, str, str], Unavailable]:
-        now = self._clock()
+    def snapshot(self) -> dict[tuple[str, str, str], str]:
+        """The offerings skipped right now and why, sorted."""
         with self._lock:
-            return {k: v for k, v in sorted(self._entries.items()) if v.until > now}
+            self._entries.expire()
+            return dict(sorted(self._entries.items()))

@@ -74,9 +74,13 @@ class ClusterPlan:
 
 def plan_cluster(cluster_config: Mapping[str, Any],
                  backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 catalog: catalog_mod.Catalog | None = None) -> ClusterPlan:
-    """Resolve every node type of `cluster_config`. Raises ConfigError / NoFeasibleOffering naming the key."""
-    settings = parse_provider(cluster_config.get("provider") or {})
+                 catalog: catalog_mod.Catalog | None = None,
+                 settings: ProviderSettings | None = None) -> ClusterPlan:
+    """Resolve every node type of `cluster_config`. Raises ConfigError / NoFeasibleOffering naming the key.
+
+    Pure: the backend's knowledge comes in as `backend_overrides` and pre-validated `settings`
+    (`launch.config.check_cluster` supplies both); without them only the core keys are checked."""
+    settings = settings or parse_provider(cluster_config.get("provider") or {})
     catalog = catalog or load_catalog(settings.catalog)
     planner = planner_for(catalog)
     resolver = Resolver(settings, backend_overrides)

@@ -125,31 +125,6 @@ class Requirements:
             allow_gpu_instances=self.allow_gpu_instances or other.allow_gpu_instances,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {}
-        if self.instance_types:
-            d["instance_types"] = [list(g) for g in self.instance_types]
-        for name in ("exclude_instance_types",):
-            if getattr(self, name):
-                d[name] = list(getattr(self, name))
-        for name in ("families", "exclude_families", "gpus", "exclude_gpus", "zones"):
-            v = getattr(self, name)
-            if v:
-                d[name] = sorted(v)
-        if self.arch is not None:
-            d["arch"] = list(self.arch)
-        if self.min_vcpus:
-            d["min_vcpus"] = self.min_vcpus
-        if self.min_memory_gib:
-            d["min_memory_gib"] = self.min_memory_gib
-        if self.capacity is not None:
-            d["capacity"] = list(self.capacity)
-        if self.max_hourly_price is not None:
-            d["max_hourly_price"] = self.max_hourly_price
-        if self.allow_gpu_instances:
-            d["allow_gpu_instances"] = True
-        return d
-
 
 def _str_list(value: Any, key: str) -> list[str]:
     if isinstance(value, str):
@@ -274,8 +249,3 @@ class Request:
     @property
     def arch(self) -> tuple[str, ...]:
         return self.requirements.arch or DEFAULT_ARCH
-
-    def with_requirements(self, **changes: Any) -> "Request":
-        return replace(self, requirements=replace(self.requirements, **changes))
-
-

@@ -14,39 +14,54 @@
 """
 from __future__ import annotations
 
-import difflib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
-from ray_nodeless.errors import ConfigError
+from pydantic import Field
+
+from ray_nodeless.core import ttls
 from ray_nodeless.core.requirements import (
     Request, Requirements, Shape, parse_exclude, parse_requirements, split_node_config,
 )
 from ray_nodeless.core.rules import DEFAULT_RULE, Rule, RuleSet, parse_rules
+from ray_nodeless.core.schema import Section, declared_keys, parse_section, suggest_key
+from ray_nodeless.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 PRICE_CLOUDS = ("aws", "gcp")
-REGISTRATIONS = ("vm", "local-player")
-DEFAULT_UNAVAILABLE_TTL_S = 180.0
 
-OUR_PROVIDER_KEYS = frozenset({
-    "cloud", "region", "simulate_cloud", "catalog", "catalog_ttl_s", "unavailable_ttl_s", "registration",
-    "exclude", "rules", "list_cache_s", "node_type_resources", "worker_boot",
-})
-# Keys Ray itself reads from the provider block, and keys our backends read. Anything else that looks like a
-# misspelling of one of these is an error; anything else entirely is passed through with a warning.
-OTHER_PROVIDER_KEYS = frozenset({
+# Keys Ray itself reads from (or writes into) the provider block: Ray's own ray-schema.json provider properties
+# plus the keys its autoscaler reads without declaring them.
+RAY_PROVIDER_KEYS = frozenset({
     "type", "module", "use_internal_ips", "disable_node_updaters", "cache_stopped_nodes", "security_group",
     "disable_launch_config_check", "foreground_node_launch", "worker_liveness_check", "use_node_id_as_ip",
-    "head_ip", "worker_ips", "availability_zone", "aws_credentials", "endpoint_url", "aws_max_attempts",
-    "subnets", "image_id", "project_id", "api_endpoint", "credentials", "image", "operation_timeout_s",
-    "state_dir", "gcs_address", "local_faults", "player_state_dir", "launch_timeout_s", "call_timeout_s",
-    "max_attempts", "retry_base_s", "retry_max_s", "poll_interval_s", "disk_size_gb", "network",
-    "aws_retry_mode", "aws_retry_base_delay_s", "aws_describe_page_size", "local_object_store_memory",
-    "local_port_base", "local_start_timeout_s", "local_min_free_memory_mb", "local_ray_start_args", "local_prewarm",
+    "head_ip", "worker_ips", "availability_zone", "autoscaler_role", "autoscaler_role_binding",
+    "autoscaler_service_account", "cloudwatch", "gcp_credentials", "location", "msi_identity_id",
+    "msi_identity_principal_id", "namespace", "resource_group", "subnet_id", "subscription_id", "tags",
 })
+
+
+class CoreSettings(Section):
+    """The provider-block keys of the core (every backend and registration declares its own)."""
+
+    cloud: str = "local"
+    region: str = Field(min_length=1)
+    simulate_cloud: Literal["aws", "gcp"] | None = None
+    catalog: str = Field("embedded", min_length=1)
+    catalog_ttl_s: float = Field(3600.0, ge=0)
+    unavailable_ttl_s: float = Field(ttls.UNAVAILABLE_TTL_S, ge=0)
+    list_cache_s: float = Field(ttls.LIST_CACHE_S, ge=0)
+    registration: str = "vm"
+    exclude: Any = None            # parsed by requirements.parse_exclude (errors name the nested key)
+    rules: Any = None              # parsed by rules.parse_rules
+    # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
+    node_type_resources: dict[str, Any] = Field(default_factory=dict)
+    worker_boot: dict[str, Any] = Field(default_factory=dict)
+
+
+CORE_KEYS = declared_keys(CoreSettings)
 
 
 @dataclass(frozen=True)
@@ -61,47 +76,43 @@ class ProviderSettings:
     list_cache_s: float
 
 
-def parse_provider(provider: Mapping[str, Any]) -> ProviderSettings:
-    if not isinstance(provider, Mapping):
-        raise ConfigError("provider", "must be a mapping")
-    for k in sorted(provider):
-        if k in OUR_PROVIDER_KEYS or k in OTHER_PROVIDER_KEYS or k.startswith("_"):
+def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Every key of the provider block must be known: the core's, the backend's, the registration's or Ray's.
+    A key close to a known one gets a did-you-mean suggestion; nothing is silently ignored."""
+    known = frozenset(known) | CORE_KEYS | RAY_PROVIDER_KEYS
+    for k in sorted(provider, key=str):
+        if not isinstance(k, str):
+            raise ConfigError(f"provider.{k}", "keys must be strings")
+        if k in known or k.startswith("_"):
             continue   # keys with a leading underscore are Ray's own bookkeeping (e.g. _config_cache_path)
-        close = difflib.get_close_matches(k, sorted(OUR_PROVIDER_KEYS), n=1, cutoff=0.75)
+        close = suggest_key(k, known)
         if close:
-            raise ConfigError(f"provider.{k}", f"unknown key; did you mean `{close[0]}`?")
-        logger.warning("provider.%s is not a ray_nodeless key; passing it through", k)
-    from ray_nodeless.providers import backend_names  # the registry: built-in backends plus registered ones
+            raise ConfigError(f"provider.{k}", f"unknown key; did you mean `{close}`?")
+        raise ConfigError(f"provider.{k}", "unknown key for this backend and registration; known keys: "
+                                           + ", ".join(sorted(known - RAY_PROVIDER_KEYS)))
 
-    cloud = provider.get("cloud", "local")
-    if cloud not in backend_names():
-        raise ConfigError("provider.cloud", f"{cloud!r} is not one of {backend_names()}")
+
+def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None = None,
+                   known_keys: Iterable[str] | None = None) -> ProviderSettings:
+    """The core's reading of the provider block. `clouds` (the backend registry's names) and `known_keys` (the
+    backend's and registration's declared keys) come from the launch layer; without them only the core keys are
+    checked, which is what the pure tools (simulate) need."""
+    if not isinstance(provider, Mapping):
+        raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
+    core = parse_section(CoreSettings, provider, "provider")
+    if known_keys is not None:
+        check_keys(provider, known_keys)
+    if clouds is not None and core.cloud not in set(clouds):
+        raise ConfigError("provider.cloud", f"{core.cloud!r} is not one of {sorted(clouds)}")
     # Backends that are not a priced cloud (local, or a registered test backend) are priced as `simulate_cloud`.
-    price_cloud = cloud if cloud in PRICE_CLOUDS else provider.get("simulate_cloud", "aws")
-    if price_cloud not in PRICE_CLOUDS:
-        raise ConfigError("provider.simulate_cloud", f"{price_cloud!r} is not one of {list(PRICE_CLOUDS)}")
-    if cloud in PRICE_CLOUDS and "simulate_cloud" in provider:
-        raise ConfigError("provider.simulate_cloud", f"only applies to backends that are not a cloud, not {cloud!r}")
-    region = provider.get("region")
-    if not isinstance(region, str) or not region:
-        raise ConfigError("provider.region", "required: the cloud region to launch in (e.g. us-west-2)")
-    catalog = provider.get("catalog", "embedded")
-    if not isinstance(catalog, str) or not catalog:
-        raise ConfigError("provider.catalog", "must be 'embedded', 'live' or a path to a catalog file")
-    ttl = provider.get("unavailable_ttl_s", DEFAULT_UNAVAILABLE_TTL_S)
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl < 0:
-        raise ConfigError("provider.unavailable_ttl_s", f"must be a number of seconds >= 0, got {ttl!r}")
-    list_cache = provider.get("list_cache_s", 2.0)
-    if isinstance(list_cache, bool) or not isinstance(list_cache, (int, float)) or list_cache < 0:
-        raise ConfigError("provider.list_cache_s", f"must be a number of seconds >= 0, got {list_cache!r}")
-    registration = provider.get("registration", "vm")
-    if registration not in REGISTRATIONS:
-        raise ConfigError("provider.registration", f"{registration!r} is not one of {list(REGISTRATIONS)}")
+    if core.cloud in PRICE_CLOUDS and core.simulate_cloud is not None:
+        raise ConfigError("provider.simulate_cloud", f"only applies to backends that are not a cloud, not {core.cloud!r}")
+    price_cloud = core.cloud if core.cloud in PRICE_CLOUDS else (core.simulate_cloud or "aws")
     rules = RuleSet(rules=parse_rules(provider.get("rules")),
                     exclude=parse_exclude(provider.get("exclude"), "provider.exclude"))
-    return ProviderSettings(cloud=cloud, price_cloud=price_cloud, region=region, catalog=catalog,
-                            unavailable_ttl_s=float(ttl), registration=registration, rules=rules,
-                            list_cache_s=float(list_cache))
+    return ProviderSettings(cloud=core.cloud, price_cloud=price_cloud, region=core.region, catalog=core.catalog,
+                            unavailable_ttl_s=core.unavailable_ttl_s, registration=core.registration, rules=rules,
+                            list_cache_s=core.list_cache_s)
 
 
 class Resolver:

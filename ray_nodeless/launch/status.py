@@ -9,8 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ray_nodeless.core.settings import parse_provider
-from ray_nodeless.providers import make_backend
+from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE
 
 
@@ -36,8 +35,8 @@ def _price(tags: dict[str, str]) -> float | None:
 
 
 def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> list[NodeStatus]:
-    settings = parse_provider(cluster_config.get("provider") or {})
-    backend = make_backend(settings.cloud, dict(cluster_config["provider"]), cluster_config["cluster_name"])
+    _, backend_cls = load_provider(cluster_config.get("provider"))
+    backend = backend_cls(dict(cluster_config["provider"]), cluster_config["cluster_name"])
     try:
         machines = backend.list_machines()
     finally:

@@ -10,11 +10,15 @@ from ray_nodeless.registrations.base import Registration
 REGISTRATIONS = ("vm", "local-player")
 
 
-def make_registration(name: str, provider_config: dict[str, Any], cluster_name: str) -> Registration:
+def registration_class(name: Any) -> type[Registration]:
     if name == "vm":
         from ray_nodeless.registrations.vm import BareVM
-        return BareVM()
+        return BareVM
     if name == "local-player":
         from ray_nodeless.registrations.local_player import LocalPlayer
-        return LocalPlayer(provider_config, cluster_name)
+        return LocalPlayer
     raise ConfigError("provider.registration", f"{name!r} is not one of {list(REGISTRATIONS)}")
+
+
+def make_registration(name: str, provider_config: dict[str, Any], cluster_name: str) -> Registration:
+    return registration_class(name)(provider_config, cluster_name)

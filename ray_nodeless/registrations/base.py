@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
+from ray_nodeless.core.schema import Section
 from ray_nodeless.providers.base import LaunchSpec, Machine
 
 
@@ -14,7 +16,9 @@ class Registration(abc.ABC):
     so the real cloud control-plane code (EC2 under moto, GCE under a fake server) drives a real Ray cluster.
     """
 
-    name: str = ""
+    name: ClassVar[str] = ""
+    # The registration's own provider-block keys, declared once (see core/schema.py).
+    settings_model: ClassVar[type[Section]] = Section
 
     def prepare(self, spec: LaunchSpec) -> LaunchSpec:
         """Adjust a launch before it reaches the backend (e.g. add a join script to user data)."""

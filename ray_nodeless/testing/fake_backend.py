@@ -1,8 +1,13 @@
 """An in-memory MachineBackend with fault injection, like Karpenter's fake CloudProvider.
 
 It is a backend, not a mock of our code: the provider under test runs unchanged, through the public
-registry (`register_backend`). Machines live in a class-level dict keyed by cluster so that several provider
-instances (ray up's and the monitor's) share one "cloud".
+registry (`register_backend`; `provider.cloud: fake`). Machines live in one module-level `CLOUD` so that several
+provider instances (ray up's and the monitor's) share one "cloud". Knobs:
+- `reset()` a fresh cloud;
+- `capacity_faults` a capacity error for every launch of matching offerings; `list_failures` failed listings;
+- `next_errors[method]` exceptions raised by the next calls of `launch` / `list` / `terminate` / `set_tags`;
+- `hooks[method]` a callable run at the start of each call, outside the lock (to force an interleaving);
+- `calls` a count per method and `call_log` every call in order, `launches` every LaunchSpec.
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from ray_nodeless.errors import CapacityError, TransientBackendError
 from ray_nodeless.providers import register_backend
@@ -25,11 +31,23 @@ class Cloud:
     capacity_faults: dict[tuple[str, str, str], str] = field(default_factory=dict)
     list_failures: int = 0
     calls: dict[str, int] = field(default_factory=dict)
+    call_log: list[tuple[str, Any]] = field(default_factory=list)
     launches: list[LaunchSpec] = field(default_factory=list)
+    next_errors: dict[str, list[Exception]] = field(default_factory=dict)
+    hooks: dict[str, Callable[[], None]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def count(self, name: str) -> None:
-        self.calls[name] = self.calls.get(name, 0) + 1
+    def enter(self, name: str, arg: Any = None) -> None:
+        """Run the method's hook (outside the lock), log the call, raise its next queued error if any."""
+        hook = self.hooks.get(name)
+        if hook is not None:
+            hook()
+        with self.lock:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            self.call_log.append((name, arg))
+            queued = self.next_errors.get(name)
+            if queued:
+                raise queued.pop(0)
 
 
 CLOUD = Cloud()
@@ -46,8 +64,8 @@ class FakeBackend(MachineBackend):
 
     def launch(self, spec: LaunchSpec) -> list[str]:
         c = CLOUD
+        c.enter("launch", spec.request_token)
         with c.lock:
-            c.count("launch")
             c.launches.append(spec)
             o = spec.offering
             for (t, z, cap), code in c.capacity_faults.items():
@@ -67,8 +85,8 @@ class FakeBackend(MachineBackend):
 
     def list_machines(self) -> list[Machine]:
         c = CLOUD
+        c.enter("list")
         with c.lock:
-            c.count("list")
             if c.list_failures:
                 c.list_failures -= 1
                 raise TransientBackendError("RequestLimitExceeded", category="RequestLimitExceeded")
@@ -77,8 +95,8 @@ class FakeBackend(MachineBackend):
 
     def terminate(self, machine_ids: list[str]) -> None:
         c = CLOUD
+        c.enter("terminate", tuple(machine_ids))
         with c.lock:
-            c.count("terminate")
             for mid in machine_ids:
                 m = c.machines.get(mid)
                 if m is not None and m.tags.get(TAG_CLUSTER) == self.cluster_name:
@@ -86,6 +104,7 @@ class FakeBackend(MachineBackend):
 
     def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
         c = CLOUD
+        c.enter("set_tags", machine_id)
         with c.lock:
             if machine_id in c.machines:
                 c.machines[machine_id].tags.update(tags)

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from ray_nodeless.cli.main import main
 from ray_nodeless.core.settings import Resolver, parse_provider
+from ray_nodeless.launch.config import load_provider
 from ray_nodeless.errors import ConfigError
 from tests import REPO_ROOT
 
@@ -85,7 +86,7 @@ def test_narrowing_errors_name_the_key(node_config, key):
 ])
 def test_provider_errors_name_the_key(provider, key):
     with pytest.raises(ConfigError) as e:
-        parse_provider(dict(BASE, **provider))
+        load_provider(dict(BASE, **provider))
     assert e.value.key == key
 
 

@@ -7,7 +7,8 @@ import pytest
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 
 from ray_nodeless.testing import fake_backend
-from ray_nodeless.ray_adapter.provider import NodelessProvider, instance_resources
+from ray_nodeless.core.node_resources import instance_resources
+from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE
 
 WORKER_TAGS = {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker", "ray-node-status": "uninitialized",
@@ -194,6 +195,23 @@ def test_same_launch_request_retried_creates_nothing_new(provider, cloud):
 def test_concurrent_queries_are_thread_safe(cloud):
     p = NodelessProvider(dict(PROVIDER, list_cache_s=0), "c1")
     errors = []
+    # Force the interleaving instead of hoping for it: all 8 launches and the first listing meet inside the
+    # backend, so every launch is in flight while a listing is, and queries run against that listing's cache.
+    meet = threading.Barrier(9, timeout=20)
+    met = {"launch": 0, "list": 0}
+    met_lock = threading.Lock()
+
+    def rendezvous(name, limit):
+        def hook():
+            with met_lock:
+                first = met[name] < limit
+                met[name] += 1
+            if first:
+                meet.wait()
+        return hook
+
+    cloud.hooks["launch"] = rendezvous("launch", 8)
+    cloud.hooks["list"] = rendezvous("list", 1)
 
     def launch(i):
         try:
@@ -215,6 +233,7 @@ def test_concurrent_queries_are_thread_safe(cloud):
     for t in threads:
         t.join()
     assert errors == []
+    assert not meet.broken and met["launch"] == 8    # the interleaving really happened
     assert len(p.non_terminated_nodes({})) == 8
 
 

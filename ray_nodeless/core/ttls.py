@@ -1,0 +1,49 @@
+"""Every TTL, interval and limit of the core and the launch layer, in one table with the reason beside it.
+
+Backends keep their cloud-specific ones (API page sizes, operation polling) as named constants in their own
+modules; the defaults a user can change are provider-block keys (the `key` column).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limit:
+    name: str
+    value: float
+    unit: str
+    key: str | None          # the provider-block key that overrides it, if any
+    reason: str
+
+
+# How long an offering that failed for capacity (or whose spot machine was reclaimed) is skipped. Karpenter's
+# unavailable-offerings cache uses 3 minutes: long enough not to hammer a dry pool every autoscaler tick (5 s),
+# short enough that capacity coming back is used within a few ticks of Ray's retry.
+UNAVAILABLE_TTL_S = 180.0
+# One listing serves every query of one autoscaler update (Ray asks node_tags/is_running/internal_ip per node,
+# many times per 5 s tick); 2 s keeps it to one cloud call per tick without serving a stale view to the next.
+LIST_CACHE_S = 2.0
+# Machines that left the listing are remembered so node_tags/internal_ip of a vanished node still answer (Ray asks
+# after the fact). Bounded so a long-lived monitor with heavy churn does not grow without limit.
+LAST_KNOWN_LIMIT = 10_000
+# A machine a launch just returned is shown by our own listing even while the cloud's listing (eventually
+# consistent: EC2 DescribeInstances can lag RunInstances by seconds) does not show it yet. After this long,
+# the cloud's answer wins.
+LAUNCH_GRACE_S = 120.0
+# One planner per catalog per process keeps this many distinct request plans (a cluster has a handful of shapes;
+# simulate and the benchmarks ask for many).
+PLAN_CACHE_SIZE = 1024
+# The fraction of an instance's memory Ray offers to tasks (the rest is object store and OS), as Ray's AWS and
+# GCP providers compute it when they fill in a node type's resources.
+TASK_MEMORY_FRACTION = 0.7
+
+TABLE: tuple[Limit, ...] = (
+    Limit("unavailable_ttl_s", UNAVAILABLE_TTL_S, "s", "unavailable_ttl_s",
+          "skip an offering that failed for capacity or was reclaimed, like Karpenter's 3-minute cache"),
+    Limit("list_cache_s", LIST_CACHE_S, "s", "list_cache_s", "one cloud listing per autoscaler update"),
+    Limit("last_known_limit", LAST_KNOWN_LIMIT, "machines", None, "bounded memory of vanished machines"),
+    Limit("launch_grace_s", LAUNCH_GRACE_S, "s", None, "new machines stay visible while the cloud's listing lags"),
+    Limit("plan_cache_size", PLAN_CACHE_SIZE, "plans", None, "distinct request plans kept per catalog"),
+    Limit("task_memory_fraction", TASK_MEMORY_FRACTION, "", None, "memory Ray offers to tasks, as Ray computes it"),
+)

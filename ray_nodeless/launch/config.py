@@ -1,0 +1,76 @@
+"""Reading a cluster YAML with everything the launch needs known: the backend registry, each backend's and
+registration's declared keys, each node type's node_config checks. One path for `ray up`'s bootstrap,
+`ray-nodeless plan` and the provider object, so they fail on the same errors, before anything launches.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping
+
+from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.cluster_plan import ClusterPlan, load_catalog, plan_cluster
+from ray_nodeless.core.requirements import split_node_config
+from ray_nodeless.core.schema import declared_keys, parse_section
+from ray_nodeless.core.settings import ProviderSettings, node_types_of, parse_provider
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers import backend_class, backend_names
+from ray_nodeless.providers.base import MachineBackend
+from ray_nodeless.registrations import registration_class
+
+logger = logging.getLogger(__name__)
+
+
+def load_provider(provider: Any) -> tuple[ProviderSettings, type[MachineBackend]]:
+    """Validate the whole provider block (core, backend and registration keys) and return the core settings and
+    the backend class. Errors name the key."""
+    if not isinstance(provider, Mapping):
+        raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
+    cloud = provider.get("cloud", "local")
+    if not isinstance(cloud, str) or cloud not in backend_names():
+        raise ConfigError("provider.cloud", f"{cloud!r} is not one of {backend_names()}")
+    cls = backend_class(cloud)
+    reg = registration_class(provider.get("registration", "vm"))
+    known = declared_keys(cls.settings_model, reg.settings_model)
+    settings = parse_provider(provider, clouds=backend_names(), known_keys=known)
+    parse_section(cls.settings_model, provider, "provider")
+    parse_section(reg.settings_model, provider, "provider")
+    return settings, cls
+
+
+def check_node_types(cluster_config: Mapping[str, Any], provider: Mapping[str, Any],
+                     cls: type[MachineBackend]) -> None:
+    for name, nt in node_types_of(cluster_config).items():
+        node_config = nt.get("node_config") or {}
+        if not isinstance(node_config, Mapping):
+            raise ConfigError(f"available_node_types.{name}.node_config", "must be a mapping")
+        _, backend_keys = split_node_config(node_config)
+        cls.check_node_config(provider, name, backend_keys, f"available_node_types.{name}.node_config")
+
+
+def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalog | None = None) -> ClusterPlan:
+    """Validate a whole cluster YAML and plan every node type (no cloud I/O)."""
+    if not isinstance(cluster_config, Mapping):
+        raise ConfigError("cluster", "a cluster YAML must be a mapping")
+    provider = cluster_config.get("provider")
+    settings, cls = load_provider(provider)
+    check_node_types(cluster_config, provider, cls)
+    return plan_cluster(cluster_config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
+                        catalog=catalog, settings=settings)
+
+
+def provider_catalog(settings: ProviderSettings, provider: Mapping[str, Any]) -> catalog_mod.Catalog:
+    """The catalog that prices decisions: `embedded`, a file, or `live` (refreshed from the cloud's API, falling
+    back to the embedded one: a live catalog is an optimisation, never a reason to fail the cluster)."""
+    if settings.catalog != "live":
+        return load_catalog(settings.catalog)
+    try:
+        if settings.price_cloud == "aws":
+            from ray_nodeless.providers.aws.catalog import refresh_aws_catalog
+            return refresh_aws_catalog(settings.region, session_kwargs=provider.get("aws_credentials"),
+                                       endpoint_url=provider.get("endpoint_url"))
+        from ray_nodeless.providers.gcp.catalog import refresh_gcp_catalog
+        return refresh_gcp_catalog(settings.region, provider.get("project_id", ""),
+                                   api_endpoint=provider.get("api_endpoint"), credentials=provider.get("credentials"))
+    except Exception as e:
+        logger.warning("live catalog unavailable (%s); using the embedded catalog", e)
+        return load_catalog("embedded")

@@ -1,0 +1,52 @@
+"""What `ray up` asks of the provider class before any machine exists: validate and plan the cluster YAML
+(`bootstrap_config`), and fill in node types' resources from the instance they would get."""
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from ray_nodeless.core.node_resources import instance_resources
+from ray_nodeless.launch.config import check_cluster
+from ray_nodeless.registrations.vm_boot import BOOT_KEY
+
+logger = logging.getLogger(__name__)
+
+NODE_TYPE_RESOURCES_KEY = "node_type_resources"   # read by the provider objects Ray builds later
+
+
+def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
+    """Validate every key and plan every node type, so a bad key or an infeasible shape fails `ray up` before
+    anything launches; record what later provider objects need in the provider block."""
+    config = copy.deepcopy(cluster_config)
+    cp = check_cluster(config)
+    for name, p in cp.plans.items():
+        o = p.chosen
+        logger.info("%s: %s in %s (%s) at $%.4f/h by rule %r", name, o.instance_type.name, o.zone, o.capacity,
+                    o.hourly_price or 0.0, p.request.rule)
+    provider = config["provider"]
+    # Workers that start Ray from their own boot script (registrations/vm.py) run these commands.
+    provider[BOOT_KEY] = {"setup": list(config.get("setup_commands") or []) +
+                          list(config.get("worker_setup_commands") or []),
+                          "start": list(config.get("worker_start_ray_commands") or [])}
+    # The head is created by `create_node`, which gets no resources: it is planned on the recorded shape.
+    provider[NODE_TYPE_RESOURCES_KEY] = {
+        name: dict(nt.get("resources") or {}) for name, nt in sorted(config["available_node_types"].items())}
+    return config
+
+
+def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
+    """Fill CPU/GPU/memory of node types that state only requirements, from the instance they would get."""
+    config = copy.deepcopy(cluster_config)
+    types = config.get("available_node_types") or {}
+    missing = {n for n, t in types.items() if not {"CPU", "GPU"} & set((t or {}).get("resources") or {})}
+    if not missing:
+        return config
+    cp = check_cluster(config)
+    for name in sorted(missing):
+        declared = types[name].get("resources") or {}
+        filled = instance_resources(cp.plans[name].chosen.instance_type, declared)
+        out = {k: int(v) for k, v in filled.items() if not k.startswith("accelerator_type:")}
+        out.update(declared)
+        types[name]["resources"] = out
+    return config
