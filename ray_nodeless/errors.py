@@ -60,6 +60,11 @@ class CapacityError(BackendError):
         self.scope = CapacityScope(scope)
 
 
+class ListingError(BackendError):
+    """No trustworthy listing of the cluster's machines: the backend failed before any listing succeeded. Raised to
+    Ray (never answered as "no machines"), so `ray down` fails loudly and can be retried."""
+
+
 class TransientBackendError(BackendError):
     """Throttling or a passing network fault: retry later, never treat as a launch result."""
 

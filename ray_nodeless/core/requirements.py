@@ -10,7 +10,7 @@ The same constraint keys are accepted in three places, and combine in a fixed wa
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES

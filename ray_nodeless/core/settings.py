@@ -54,6 +54,9 @@ class CoreSettings(Section):
     unavailable_ttl_s: float = Field(ttls.UNAVAILABLE_TTL_S, ge=0)
     list_cache_s: float = Field(ttls.LIST_CACHE_S, ge=0)
     registration: str = "vm"
+    max_candidates_per_launch: int = Field(ttls.MAX_CANDIDATES_PER_LAUNCH, ge=1)
+    launch_timeout_s: float = Field(ttls.LAUNCH_TIMEOUT_S, gt=0)
+    max_hourly_cost: float | None = Field(None, gt=0)     # USD per hour for the whole cluster; None = no cap
     exclude: Any = None            # parsed by requirements.parse_exclude (errors name the nested key)
     rules: Any = None              # parsed by rules.parse_rules
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
@@ -74,6 +77,9 @@ class ProviderSettings:
     registration: str
     rules: RuleSet
     list_cache_s: float
+    max_candidates_per_launch: int = ttls.MAX_CANDIDATES_PER_LAUNCH
+    launch_timeout_s: float = ttls.LAUNCH_TIMEOUT_S
+    max_hourly_cost: float | None = None
 
 
 def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
@@ -112,7 +118,8 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
                     exclude=parse_exclude(provider.get("exclude"), "provider.exclude"))
     return ProviderSettings(cloud=core.cloud, price_cloud=price_cloud, region=core.region, catalog=core.catalog,
                             unavailable_ttl_s=core.unavailable_ttl_s, registration=core.registration, rules=rules,
-                            list_cache_s=core.list_cache_s)
+                            list_cache_s=core.list_cache_s, max_candidates_per_launch=core.max_candidates_per_launch,
+                            launch_timeout_s=core.launch_timeout_s, max_hourly_cost=core.max_hourly_cost)
 
 
 class Resolver:

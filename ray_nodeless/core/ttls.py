@@ -31,6 +31,15 @@ LAST_KNOWN_LIMIT = 10_000
 # consistent: EC2 DescribeInstances can lag RunInstances by seconds) does not show it yet. After this long,
 # the cloud's answer wins.
 LAUNCH_GRACE_S = 120.0
+# Ray v2 sends one launch request as several create_node calls (batches of AUTOSCALER_MAX_LAUNCH_BATCH = 5, for
+# several node types) under one request id; we number the batches per (request id, node type) and remember the
+# counters this long, far beyond the few seconds a request's batches are submitted in.
+REQUEST_MEMORY_S = 3600.0
+# A create_node call tries at most this many candidates per capacity type (then moves on: spot -> on-demand) and
+# stops after this long: in a spot drought an unbounded
+# walk made hundreds of RunInstances calls in one call (Karpenter's CreateFleet offers at most 60 types at once).
+MAX_CANDIDATES_PER_LAUNCH = 20
+LAUNCH_TIMEOUT_S = 300.0
 # One planner per catalog per process keeps this many distinct request plans (a cluster has a handful of shapes;
 # simulate and the benchmarks ask for many).
 PLAN_CACHE_SIZE = 1024
@@ -44,6 +53,10 @@ TABLE: tuple[Limit, ...] = (
     Limit("list_cache_s", LIST_CACHE_S, "s", "list_cache_s", "one cloud listing per autoscaler update"),
     Limit("last_known_limit", LAST_KNOWN_LIMIT, "machines", None, "bounded memory of vanished machines"),
     Limit("launch_grace_s", LAUNCH_GRACE_S, "s", None, "new machines stay visible while the cloud's listing lags"),
+    Limit("request_memory_s", REQUEST_MEMORY_S, "s", None, "batch counters per (launch request, node type)"),
+    Limit("max_candidates_per_launch", MAX_CANDIDATES_PER_LAUNCH, "candidates", "max_candidates_per_launch",
+          "bounded candidate walk per create_node and capacity type"),
+    Limit("launch_timeout_s", LAUNCH_TIMEOUT_S, "s", "launch_timeout_s", "bounded wall time per create_node"),
     Limit("plan_cache_size", PLAN_CACHE_SIZE, "plans", None, "distinct request plans kept per catalog"),
     Limit("task_memory_fraction", TASK_MEMORY_FRACTION, "", None, "memory Ray offers to tasks, as Ray computes it"),
 )

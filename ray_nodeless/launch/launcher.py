@@ -9,10 +9,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from cachetools import TTLCache
+
+from ray_nodeless.core import ttls
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog, Offering
 from ray_nodeless.core.node_resources import instance_resources
@@ -29,11 +34,14 @@ from ray_nodeless.registrations.base import Registration
 logger = logging.getLogger(__name__)
 
 
-def request_token(cluster: str, launch_request: str, offering: Offering, count: int) -> str:
-    """A deterministic idempotency key per (launch request, offering): a retried call reuses it, a fallback to
-    the next offering gets a new one. 32 hex chars fit both EC2's ClientToken (<=64) and GCE's requestId (UUID)."""
-    digest = hashlib.sha256(f"{cluster}|{launch_request}|{'|'.join(offering.key)}|{count}".encode()).hexdigest()
-    return str(uuid.UUID(digest[:32]))
+def request_token(cluster: str, launch_request: str, node_type: str, batch: int, offering: Offering,
+                  count: int) -> str:
+    """A deterministic idempotency key per (launch request, node type, batch, offering): every batch Ray v2 sends
+    under one request id gets its own machines, a retry of the same batch and offering reuses the key (the cloud
+    returns the same machines), a fallback to the next offering gets a new one. 32 hex chars fit both EC2's
+    ClientToken (<= 64) and GCE's requestId (a UUID)."""
+    text = f"{cluster}|{launch_request}|{node_type}|{batch}|{'|'.join(offering.key)}|{count}"
+    return str(uuid.UUID(hashlib.sha256(text.encode()).hexdigest()[:32]))
 
 
 def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) -> dict[str, str]:
@@ -59,8 +67,14 @@ class Launched:
 class Launcher:
     def __init__(self, cluster_name: str, catalog: Catalog, planner: Planner, resolver: Resolver,
                  backend: MachineBackend, registration: Registration, unavailable: UnavailableOfferings,
-                 terminate: Callable[[list[str]], None]):
+                 terminate: Callable[[list[str]], None], hourly_cost: Callable[[], float] = lambda: 0.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.cluster_name = cluster_name
+        self.settings = resolver.settings
+        self._hourly_cost = hourly_cost    # what the cluster's live machines cost now, USD per hour
+        self._clock = clock
+        self._batches: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
+        self._batches_lock = threading.Lock()
         self.catalog = catalog
         self.planner = planner
         self.resolver = resolver
@@ -82,19 +96,35 @@ class Launcher:
         plan = self.plan(node_type, resources, node_config, is_head)
         _, backend_config = split_node_config(node_config or {})
         launch_request = launch_request or uuid.uuid4().hex
+        batch = self._next_batch(launch_request, node_type)
+        started = self._clock()
         failures: list[str] = []
-        skipped = 0
+        skipped = over_budget = capped = 0
+        tried: dict[str, int] = {}      # capacity type -> candidates tried
         last_category = "NoCapacity"
         for offering in plan.candidates():
             if self.unavailable.reason(offering) is not None:
                 skipped += 1
+                continue
+            elapsed = self._clock() - started
+            if elapsed > self.settings.launch_timeout_s:
+                last_category = "LaunchTimeout"
+                failures.append(f"stopped after {elapsed:.0f} s (launch_timeout_s)")
+                break
+            if tried.get(offering.capacity, 0) >= self.settings.max_candidates_per_launch:
+                # This capacity type has had its share: go on to the next one (spot -> on-demand) rather than
+                # walk every remaining spot offering in a drought.
+                capped += 1
+                continue
+            if self._exceeds_budget(offering, count):
+                over_budget += 1
                 continue
             tags = dict(ray_tags)
             tags.update(decision_tags(self.cluster_name, self.catalog.catalog_id, offering, plan.request.rule))
             spec = LaunchSpec(
                 cluster_name=self.cluster_name, node_type=node_type, offering=offering, count=count, tags=tags,
                 node_config=copy.deepcopy(backend_config),
-                request_token=request_token(self.cluster_name, launch_request, offering, count),
+                request_token=request_token(self.cluster_name, launch_request, node_type, batch, offering, count),
                 resources=instance_resources(offering.instance_type, resources), labels=dict(labels or {}),
                 is_head=is_head,
             )
@@ -102,6 +132,7 @@ class Launcher:
             try:
                 ids = self.backend.launch(spec)
             except CapacityError as e:
+                tried[offering.capacity] = tried.get(offering.capacity, 0) + 1
                 self._mark_unavailable(plan, offering, e)
                 failures.append(f"{offering.instance_type.name}/{offering.zone}/{offering.capacity}: {e.category}")
                 last_category = e.category
@@ -124,10 +155,33 @@ class Launcher:
                 offering.capacity, offering.hourly_price or 0.0, plan.request.rule, len(plan), len(failures),
                 skipped, self.catalog.catalog_id, ",".join(ids))
             return Launched(offering=offering, machine_ids=list(ids), spec=spec)
+        if over_budget and not failures:
+            desc = (f"{node_type}: refused: {count} more machine(s) would take the cluster over "
+                    f"provider.max_hourly_cost = ${self.settings.max_hourly_cost:.4f}/h (now "
+                    f"${self._hourly_cost():.4f}/h; cheapest allowed candidate ${self._cheapest(plan):.4f}/h each)")
+            logger.warning(desc)
+            raise LaunchError(desc, "MaxHourlyCostExceeded")
         desc = (f"{node_type}: every candidate failed for capacity ({len(failures)} tried, {skipped} skipped as "
-                f"recently unavailable): " + "; ".join(failures[:10]))
+                f"recently unavailable, {capped} beyond max_candidates_per_launch, {over_budget} over "
+                f"max_hourly_cost): " + "; ".join(failures[:10]))
         logger.error(desc)
         raise LaunchError(desc, last_category)
+
+    def _next_batch(self, launch_request: str, node_type: str) -> int:
+        """The batch number of this call within (launch request, node type): 0, 1, 2, ... in call order."""
+        with self._batches_lock:
+            n = self._batches.get((launch_request, node_type), 0)
+            self._batches[(launch_request, node_type)] = n + 1
+            return n
+
+    def _exceeds_budget(self, offering: Offering, count: int) -> bool:
+        cap = self.settings.max_hourly_cost
+        if cap is None:
+            return False
+        return self._hourly_cost() + (offering.hourly_price or 0.0) * count > cap + 1e-9
+
+    def _cheapest(self, plan: Plan) -> float:
+        return min((o.hourly_price or 0.0 for o in plan.candidates()), default=0.0)
 
     def _mark_unavailable(self, plan: Plan, offering: Offering, e: CapacityError) -> None:
         self.unavailable.mark(offering, e.category)

@@ -1,10 +1,19 @@
 """The provider's view of its machines: one shared listing per update, what vanished, and what was interrupted.
 
 Ray asks `non_terminated_nodes` once per update and then `node_tags` / `is_running` / `internal_ip` per node, many
-times; all of them read one listing, refreshed at most every `list_cache_s`. A machine that left the listing is
-remembered (bounded) so Ray's questions about it after the fact still answer. A machine that vanished without a
-terminate from this view is reported as interrupted (a reclaimed spot machine), so the launcher can skip that
-offering for a while. No lock is held across a backend call.
+times; all of them read one listing, refreshed at most every `list_cache_s`. No lock is held across a backend call.
+
+What the view answers is the truth or an error, never a guess:
+- A failed listing answers from the last good one; with no good listing yet it raises `ListingError` (a fresh
+  provider must not tell `ray down` there is nothing to terminate). An empty listing while machines were known is
+  checked by listing again before it is believed.
+- A machine a launch just returned is visible at once, and stays visible while the cloud's eventually consistent
+  listing does not show it yet (`ttls.LAUNCH_GRACE_S`).
+- A terminate that failed leaves the machines visible; the next refresh retries it. Tags whose write failed are
+  kept as pending, shown to Ray and written again at the next refresh.
+- A machine that left the listing is remembered (bounded) so Ray's questions about it after the fact still
+  answer. It counts as interrupted (a reclaimed spot machine) only if no provider object of this cluster was
+  terminating it: not by this object's memory, nor by the `nodeless-terminating` tag that any of them sets first.
 """
 from __future__ import annotations
 
@@ -12,11 +21,12 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Callable, Iterable
 
 from ray_nodeless.core import ttls
-from ray_nodeless.errors import BackendError
-from ray_nodeless.providers.base import TAG_CLUSTER, Machine, MachineBackend
+from ray_nodeless.errors import BackendError, ListingError
+from ray_nodeless.providers.base import MACHINE_PENDING, TAG_CLUSTER, TAG_TERMINATING, Machine, MachineBackend
 from ray_nodeless.registrations.base import Registration
 
 logger = logging.getLogger(__name__)
@@ -37,45 +47,128 @@ class MachineView:
         self._machines: dict[str, Machine] = {}
         self._last_known: OrderedDict[str, Machine] = OrderedDict()
         self._listed_at = -1.0e9
+        self._listed_ok = False
         self._terminating: set[str] = set()
+        self._expected: dict[str, float] = {}          # launched, not yet listed: id -> when
+        self._pending_tags: dict[str, dict[str, str]] = {}
+        self._failed_terminates: set[str] = set()
 
     # ----- reading ---------------------------------------------------------------------------------------------
 
     def refresh(self, force: bool = False) -> dict[str, Machine]:
-        """The current machines of this cluster, from a listing at most `list_cache_s` old. A failed listing
-        answers from the last good one."""
+        """The current machines of this cluster, from a listing at most `list_cache_s` old."""
         with self._lock:
-            if not force and self._clock() - self._listed_at < self.list_cache_s:
-                return self._machines
+            if not force and self._listed_ok and self._clock() - self._listed_at < self.list_cache_s:
+                return dict(self._machines)
         if not self._refresh_lock.acquire(blocking=False):
             # Another thread is listing right now: answer from the last listing rather than queue behind it.
             with self._lock:
-                return self._machines
+                if self._listed_ok:
+                    return dict(self._machines)
+            self._refresh_lock.acquire()     # nothing to answer from yet: wait for that listing
+            self._refresh_lock.release()
+            return self.refresh()
         try:
-            try:
-                listed = self.backend.list_machines()
-            except BackendError as e:   # TransientBackendError included
-                logger.warning("listing machines failed (%s); answering from the last listing", e)
+            listed = self._list()
+            if listed is None:
                 with self._lock:
-                    return self._machines
-            machines = {}
-            for m in listed:
-                if m.tags.get(TAG_CLUSTER) != self.cluster_name:
-                    continue   # a backend bug must not make us adopt another cluster's machine
-                machines[m.id] = self.registration.describe(m)
-            with self._lock:
-                vanished = [mid for mid in self._machines if mid not in machines]
-                interrupted = [self._machines[mid] for mid in vanished if mid not in self._terminating]
-                self._terminating -= set(vanished)
-                for mid in vanished:
-                    self._remember(mid, self._machines[mid])
-                self._machines = machines
-                self._listed_at = self._clock()
-            for m in interrupted:
-                self.on_interrupted(m)
-            return machines
+                    return dict(self._machines)
+            self._retry_pending(listed)
+            return self._apply(listed)
         finally:
             self._refresh_lock.release()
+
+    def _list(self) -> dict[str, Machine] | None:
+        """One listing of this cluster's machines, or None (after a warning) to answer from the last one."""
+        try:
+            listed = self._list_once()
+            with self._lock:
+                known = bool(self._machines)
+            if not listed and known:
+                # An empty page while machines were known is implausible (a glitch would mark every machine
+                # interrupted): believe it only if a second listing agrees.
+                logger.warning("listing returned no machines while %d were known; listing again", len(self._machines))
+                listed = self._list_once()
+            return listed
+        except Exception as e:
+            if not isinstance(e, BackendError):
+                logger.exception("listing machines raised %s", type(e).__name__)
+            with self._lock:
+                ok = self._listed_ok
+            if not ok:
+                raise ListingError(f"cannot list the machines of cluster {self.cluster_name!r}: {e}",
+                                   getattr(e, "category", type(e).__name__)) from e
+            logger.warning("listing machines failed (%s); answering from the last listing", e)
+            return None
+
+    def _list_once(self) -> dict[str, Machine]:
+        out = {}
+        for m in self.backend.list_machines():
+            if m.tags.get(TAG_CLUSTER) != self.cluster_name:
+                continue   # a backend bug must not make us adopt another cluster's machine
+            out[m.id] = self.registration.describe(m)
+        return out
+
+    def _apply(self, listed: dict[str, Machine]) -> dict[str, Machine]:
+        now = self._clock()
+        with self._lock:
+            machines = dict(listed)
+            for mid, tags in self._pending_tags.items():
+                if mid in machines:
+                    machines[mid] = replace(machines[mid], tags={**machines[mid].tags, **tags})
+            for mid, since in list(self._expected.items()):
+                if mid in listed:
+                    del self._expected[mid]
+                elif now - since < ttls.LAUNCH_GRACE_S and mid in self._machines:
+                    machines[mid] = self._machines[mid]     # the cloud's listing lags the launch
+                else:
+                    del self._expected[mid]
+                    logger.warning("machine %s was launched but never listed within %.0f s", mid,
+                                   ttls.LAUNCH_GRACE_S)
+            vanished = [mid for mid in self._machines if mid not in machines]
+            interrupted = [self._machines[mid] for mid in vanished
+                           if mid not in self._terminating and TAG_TERMINATING not in self._machines[mid].tags]
+            self._terminating -= set(vanished)
+            self._failed_terminates -= set(vanished)
+            for mid in vanished:
+                self._pending_tags.pop(mid, None)
+                self._remember(mid, self._machines[mid])
+            self._machines = machines
+            self._listed_at = now
+            self._listed_ok = True
+        if interrupted:
+            # Another provider object of the cluster may have ended them before its tag reached our listing: ask
+            # the cloud, where it can tell.
+            try:
+                reasons = self.backend.vanished_reasons(sorted(m.id for m in interrupted))
+            except Exception as e:
+                logger.warning("could not tell why %d machine(s) vanished: %s", len(interrupted), e)
+                reasons = {}
+            for m in interrupted:
+                if reasons.get(m.id) != "terminated":
+                    self.on_interrupted(m)
+        return dict(machines)
+
+    def _retry_pending(self, listed: dict[str, Machine]) -> None:
+        """Write tags whose write failed, and end machines whose terminate failed, again (outside the lock)."""
+        with self._lock:
+            tags = {mid: dict(t) for mid, t in self._pending_tags.items() if mid in listed}
+            ends = sorted(mid for mid in self._failed_terminates if mid in listed)
+        for mid, t in sorted(tags.items()):
+            try:
+                self.backend.set_tags(mid, t)
+            except Exception as e:
+                logger.warning("tags of %s still not written: %s", mid, e)
+                continue
+            with self._lock:
+                if self._pending_tags.get(mid) == t:
+                    del self._pending_tags[mid]
+        if ends:
+            try:
+                self.backend.terminate(ends)
+                logger.info("retried terminate of %s", ",".join(ends))
+            except Exception as e:
+                logger.warning("terminate of %s failed again: %s", ",".join(ends), e)
 
     def current(self, machine_id: str) -> Machine | None:
         with self._lock:
@@ -86,32 +179,56 @@ class MachineView:
         with self._lock:
             return self._machines.get(machine_id) or self._last_known.get(machine_id)
 
-    def last_known(self, machine_id: str) -> Machine | None:
+    def hourly_cost(self, price_of: Callable[[Machine], float]) -> float:
         with self._lock:
-            return self._last_known.get(machine_id)
+            return sum(price_of(m) for m in self._machines.values())
 
     # ----- writing ---------------------------------------------------------------------------------------------
 
-    def merge_tags(self, machine_id: str, tags: dict[str, str]) -> None:
+    def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
+        """Merge `tags` into the machine (shown at once) and write them; a failed write is retried later."""
         with self._lock:
             m = self._machines.get(machine_id)
             if m is not None:
                 m.tags.update(tags)
+        try:
+            self.backend.set_tags(machine_id, dict(tags))
+        except Exception as e:
+            logger.warning("could not set tags on %s (%s); retrying at the next listing", machine_id, e)
+            with self._lock:
+                self._pending_tags.setdefault(machine_id, {}).update(tags)
 
-    def invalidate(self) -> None:
-        """The next query lists again (after a launch, so the new machines show)."""
+    def launched(self, machines: Iterable[Machine]) -> None:
+        """Machines a launch just returned: visible now, kept while the cloud's listing catches up."""
+        now = self._clock()
         with self._lock:
-            self._listed_at = -1.0e9
+            for m in machines:
+                if m.id not in self._machines:
+                    self._machines[m.id] = m
+                self._expected[m.id] = now
 
-    def terminating(self, machine_ids: Iterable[str]) -> None:
-        """These machines are being terminated by us: their leaving the listing is not an interruption."""
+    def terminate(self, machine_ids: list[str]) -> None:
+        """End these machines: tag them as ours to end, terminate, then drop them from the view. A failed terminate
+        leaves them visible (and retried at the next refresh) and raises."""
         with self._lock:
             self._terminating.update(machine_ids)
-
-    def forget(self, machine_ids: Iterable[str]) -> None:
-        """These machines are gone (terminated by us): drop them from the current view, keep them as last known."""
+            listed = [mid for mid in machine_ids if mid in self._machines]   # never tag a machine not ours
+        try:   # best effort: lets every other provider object of the cluster tell this from an interruption
+            for mid in listed:
+                self.backend.set_tags(mid, {TAG_TERMINATING: "1"})
+        except Exception as e:
+            logger.debug("could not mark %s as terminating: %s", listed, e)
+        try:
+            self.backend.terminate(machine_ids)
+        except Exception:
+            with self._lock:
+                self._failed_terminates.update(machine_ids)
+            raise
         with self._lock:
+            self._failed_terminates -= set(machine_ids)
             for mid in machine_ids:
+                self._expected.pop(mid, None)
+                self._pending_tags.pop(mid, None)
                 m = self._machines.pop(mid, None)
                 if m is not None:
                     self._remember(mid, m)
@@ -122,3 +239,7 @@ class MachineView:
         self._last_known.move_to_end(machine_id)
         while len(self._last_known) > ttls.LAST_KNOWN_LIMIT:
             self._last_known.popitem(last=False)
+
+
+def pending_machine(machine_id: str, tags: dict[str, str]) -> Machine:
+    return Machine(id=machine_id, tags=dict(tags), state=MACHINE_PENDING, launched_at=time.time())

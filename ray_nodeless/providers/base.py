@@ -43,6 +43,9 @@ TAG_CAPACITY = "nodeless-capacity"
 TAG_PRICE = "nodeless-hourly-price"
 TAG_RULE = "nodeless-rule"
 TAG_CATALOG = "nodeless-catalog"
+# Set just before this cluster terminates a machine: a machine that vanishes with it was ended by us (by any
+# provider object of the cluster), not interrupted.
+TAG_TERMINATING = "nodeless-terminating"
 
 MACHINE_PENDING = "pending"
 MACHINE_RUNNING = "running"
@@ -101,6 +104,11 @@ class MachineBackend(abc.ABC):
     @abc.abstractmethod
     def terminate(self, machine_ids: list[str]) -> None:
         """Terminate these machines in one batched call."""
+
+    def vanished_reasons(self, machine_ids: list[str]) -> dict[str, str]:
+        """Why these machines left the listing, where the cloud still tells: "terminated" (ended by a terminate
+        call) or "interrupted" (reclaimed by the cloud). Ids it cannot tell about are left out (the default)."""
+        return {}
 
     def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
         """Merge `tags` into the machine's tags. Backends that cannot store tags after launch may no-op."""

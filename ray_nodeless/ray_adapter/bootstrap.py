@@ -7,7 +7,9 @@ import logging
 from typing import Any
 
 from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.launch.config import check_cluster
+from ray_nodeless.errors import CatalogError, NoFeasibleOffering
+from ray_nodeless.launch.config import check_cluster, check_node_types, load_provider
+from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.registrations.vm_boot import BOOT_KEY
 
 logger = logging.getLogger(__name__)
@@ -19,11 +21,21 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     """Validate every key and plan every node type, so a bad key or an infeasible shape fails `ray up` before
     anything launches; record what later provider objects need in the provider block."""
     config = copy.deepcopy(cluster_config)
-    cp = check_cluster(config)
-    for name, p in cp.plans.items():
-        o = p.chosen
-        logger.info("%s: %s in %s (%s) at $%.4f/h by rule %r", name, o.instance_type.name, o.zone, o.capacity,
-                    o.hourly_price or 0.0, p.request.rule)
+    try:
+        cp = check_cluster(config)
+    except (NoFeasibleOffering, CatalogError) as e:
+        if not in_teardown():
+            raise
+        # `ray down` ends every machine of the cluster whatever the rules say now: keys are still checked (the
+        # backend must be built), the plan is not.
+        logger.warning("ray down: not planning (%s); terminating the cluster's machines anyway", e)
+        settings, cls = load_provider(config.get("provider"))
+        check_node_types(config, config["provider"], cls)
+    else:
+        for name, p in cp.plans.items():
+            o = p.chosen
+            logger.info("%s: %s in %s (%s) at $%.4f/h by rule %r", name, o.instance_type.name, o.zone,
+                        o.capacity, o.hourly_price or 0.0, p.request.rule)
     provider = config["provider"]
     # Workers that start Ray from their own boot script (registrations/vm.py) run these commands.
     provider[BOOT_KEY] = {"setup": list(config.get("setup_commands") or []) +

@@ -22,15 +22,23 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_LAUNCH_REQUEST, TAG_RAY_
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.cluster_plan import planner_for
 from ray_nodeless.core.settings import Resolver
-from ray_nodeless.errors import BackendError, LaunchError
+from ray_nodeless.errors import LaunchError
 from ray_nodeless.launch.config import load_provider, provider_catalog
 from ray_nodeless.launch.launcher import Launcher
-from ray_nodeless.launch.machine_view import MachineView
-from ray_nodeless.providers.base import MACHINE_RUNNING, Machine
+from ray_nodeless.launch.machine_view import MachineView, pending_machine
+from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, Machine
 from ray_nodeless.ray_adapter import bootstrap
 from ray_nodeless.registrations import make_registration
 
 logger = logging.getLogger(__name__)
+
+
+def machine_price(m: Machine) -> float:
+    """A machine's hourly price from its decision tag (0 when unknown)."""
+    try:
+        return float(m.tags.get(TAG_PRICE, "0"))
+    except ValueError:
+        return 0.0
 
 
 class NodelessProvider(NodeProvider):
@@ -45,10 +53,11 @@ class NodelessProvider(NodeProvider):
         self.registration = make_registration(self.settings.registration, provider_config, cluster_name)
         self.resolver = Resolver(self.settings, lambda nc: backend_cls.requirement_overrides(provider_config, nc))
         self.unavailable = UnavailableOfferings(self.settings.unavailable_ttl_s)
-        self.launcher = Launcher(cluster_name, self.catalog, self.planner, self.resolver, self.backend,
-                                 self.registration, self.unavailable, terminate=self.terminate_nodes)
         self.view = MachineView(self.backend, self.registration, cluster_name, self.settings.list_cache_s,
                                 on_interrupted=self._on_interrupted)
+        self.launcher = Launcher(cluster_name, self.catalog, self.planner, self.resolver, self.backend,
+                                 self.registration, self.unavailable, terminate=self.terminate_nodes,
+                                 hourly_cost=lambda: self.view.hourly_cost(machine_price))
         self._node_type_resources: dict[str, dict] = dict(
             provider_config.get(bootstrap.NODE_TYPE_RESOURCES_KEY) or {})
 
@@ -86,11 +95,7 @@ class NodelessProvider(NodeProvider):
         return (m.external_ip or m.internal_ip) if m else None
 
     def set_node_tags(self, node_id: str, tags: dict[str, str]) -> None:
-        self.view.merge_tags(node_id, tags)
-        try:
-            self.backend.set_tags(node_id, dict(tags))
-        except BackendError as e:
-            logger.warning("could not set tags on %s: %s", node_id, e)
+        self.view.set_tags(node_id, tags)
 
     # ----- launching and terminating ---------------------------------------------------------------------------
 
@@ -107,7 +112,7 @@ class NodelessProvider(NodeProvider):
                                             launch_request=tags.get(TAG_RAY_LAUNCH_REQUEST))
         except LaunchError as e:
             raise NodeLaunchException(e.category, str(e), src_exc_info=None) from e
-        self.view.invalidate()   # the next query lists again, so the new machines show
+        self.view.launched(pending_machine(mid, launched.spec.tags) for mid in launched.machine_ids)
         o = launched.offering
         return {i: {"instance_type": o.instance_type.name, "zone": o.zone} for i in launched.machine_ids}
 
@@ -118,12 +123,8 @@ class NodelessProvider(NodeProvider):
         ids = sorted(set(node_ids))
         if not ids:
             return None
-        self.view.terminating(ids)
-        try:
-            self.backend.terminate(ids)
-        finally:
-            self.registration.after_terminate(ids)
-            self.view.forget(ids)
+        self.view.terminate(ids)    # raises when the cloud refused: the machines stay visible and are retried
+        self.registration.after_terminate(ids)
         logger.info("terminated %d machine(s): %s", len(ids), ",".join(ids))
         return None
 

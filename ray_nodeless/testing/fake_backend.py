@@ -26,6 +26,7 @@ from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine, Machin
 class Cloud:
     machines: dict[str, Machine] = field(default_factory=dict)
     tokens: dict[str, list[str]] = field(default_factory=dict)
+    gone: dict[str, str] = field(default_factory=dict)      # machine id -> "terminated" | "interrupted"
     # (instance type or "*", zone or "*", capacity or "*") -> error code (or (code, scope)), for every launch that
     # matches
     capacity_faults: dict[tuple[str, str, str], str] = field(default_factory=dict)
@@ -35,6 +36,8 @@ class Cloud:
     launches: list[LaunchSpec] = field(default_factory=list)
     next_errors: dict[str, list[Exception]] = field(default_factory=dict)
     hooks: dict[str, Callable[[], None]] = field(default_factory=dict)
+    # Machines a listing leaves out while this says so (an eventually consistent listing, an empty glitch page).
+    hide: Callable[[Machine], bool] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def enter(self, name: str, arg: Any = None) -> None:
@@ -91,7 +94,8 @@ class FakeBackend(MachineBackend):
                 c.list_failures -= 1
                 raise TransientBackendError("RequestLimitExceeded", category="RequestLimitExceeded")
             return [Machine(m.id, dict(m.tags), m.state, m.internal_ip, m.external_ip, m.launched_at)
-                    for m in c.machines.values() if m.tags.get(TAG_CLUSTER) == self.cluster_name]
+                    for m in c.machines.values() if m.tags.get(TAG_CLUSTER) == self.cluster_name
+                    and not (c.hide is not None and c.hide(m))]
 
     def terminate(self, machine_ids: list[str]) -> None:
         c = CLOUD
@@ -101,6 +105,19 @@ class FakeBackend(MachineBackend):
                 m = c.machines.get(mid)
                 if m is not None and m.tags.get(TAG_CLUSTER) == self.cluster_name:
                     del c.machines[mid]
+                    c.gone[mid] = "terminated"
+
+    def vanished_reasons(self, machine_ids: list[str]) -> dict[str, str]:
+        c = CLOUD
+        with c.lock:
+            return {mid: c.gone[mid] for mid in machine_ids if mid in c.gone}
+
+    def reclaim(self, machine_id: str) -> None:
+        """The cloud takes a machine back (a spot interruption)."""
+        c = CLOUD
+        with c.lock:
+            del c.machines[machine_id]
+            c.gone[machine_id] = "interrupted"
 
     def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
         c = CLOUD

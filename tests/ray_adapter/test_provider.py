@@ -184,14 +184,6 @@ def test_state_is_rebuilt_from_the_backend_after_a_restart(provider, cloud):
     assert restarted.node_tags(mid)[TAG_INSTANCE_TYPE] == "g6.xlarge"
 
 
-def test_same_launch_request_retried_creates_nothing_new(provider, cloud):
-    tags = dict(WORKER_TAGS, **{"ray-launch-request": "req-1"})
-    provider.create_node_with_resources_and_labels({}, tags, 1, {"CPU": 4, "GPU": 1}, {})
-    provider.create_node_with_resources_and_labels({}, tags, 1, {"CPU": 4, "GPU": 1}, {})
-    assert len(provider.non_terminated_nodes({})) == 1
-    assert cloud.launches[0].request_token == cloud.launches[1].request_token
-
-
 def test_concurrent_queries_are_thread_safe(cloud):
     p = NodelessProvider(dict(PROVIDER, list_cache_s=0), "c1")
     errors = []

@@ -1,0 +1,21 @@
+"""The one module that reads Ray's internals beyond the NodeProvider API (kept here so a Ray upgrade has one
+place to check)."""
+from __future__ import annotations
+
+import sys
+
+# Ray's `ray down` path: commands.teardown_cluster calls _bootstrap_config (our bootstrap_config) before it lists and
+# terminates the machines. Ray passes no flag that says so.
+_TEARDOWN_FUNCTIONS = frozenset({"teardown_cluster"})
+_TEARDOWN_MODULE = "ray.autoscaler._private.commands"
+
+
+def in_teardown() -> bool:
+    """Is this call part of `ray down` (Ray's teardown_cluster)? Teardown must never depend on planning: a rule
+    tightened since `ray up` must not leave the workers running."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in _TEARDOWN_FUNCTIONS and frame.f_globals.get("__name__") == _TEARDOWN_MODULE:
+            return True
+        frame = frame.f_back
+    return False
