@@ -162,6 +162,8 @@ def test_ray_down_ends_every_machine_after_a_rule_was_tightened(cloud, tmp_path)
     config = {"cluster_name": "c1", "max_workers": 4, "head_node_type": "head", "provider": dict(PROVIDER),
               "auth": {"ssh_user": "ray"}, "setup_commands": [], "head_setup_commands": [],
               "worker_setup_commands": [], "file_mounts": {}, "cluster_synced_files": [],
+              # Ray caches a bootstrapped config by its hash in /tmp: make this one new, or our bootstrap is skipped.
+              "initialization_commands": [f"echo {tmp_path.name}"],
               "available_node_types": {
                   "head": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
                   "gpu_worker": {"resources": dict(GPU), "node_config": {}, "max_workers": 4}}}
