@@ -37,10 +37,12 @@ def load_catalog(spec: str) -> catalog_mod.Catalog:
 
 def load_cluster_yaml(path: str | Path) -> dict[str, Any]:
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f)
     except OSError as e:
         raise ConfigError(str(path), f"cannot read cluster YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(path), f"not a text file (cluster YAMLs are UTF-8): {e}") from e
     except yaml.YAMLError as e:
         raise ConfigError(str(path), f"not valid YAML: {e}") from e
     if not isinstance(doc, dict):

@@ -52,6 +52,15 @@ _ALIASES: dict[str, str] = {
 NON_GPU_ACCELERATORS = frozenset({"INFERENTIA", "INFERENTIA2", "TRAINIUM", "TRAINIUM2", "QUALCOMM-AI100"})
 
 
+# Every model a user may name in `gpus` / `exclude_gpus` / `accelerator_type:` (canonical names). A name outside it is
+# a typo (`K8O`), not a silent no-op: tests/core check that every model of the embedded catalog is here.
+KNOWN_GPU_MODELS = frozenset({
+    "A10", "A10G", "A100", "A100-80GB", "A40", "B200", "B300", "GH200", "H100", "H200", "K520", "K80", "L4", "L40",
+    "L40S", "M60", "P4", "P100", "RADEON-PRO-V520", "RTX-PRO-4500", "RTX-PRO-6000", "T4", "T4G", "V100",
+    "GAUDI-HL-205",
+}) | set(GCE_ACCELERATOR_FOR_MODEL) | NON_GPU_ACCELERATORS
+
+
 def canonical_gpu(name: str) -> str:
     """Map any cloud or user spelling of a GPU model to the canonical name ("nvidia-tesla-t4" -> "T4")."""
     raw = name.strip()

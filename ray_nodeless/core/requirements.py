@@ -9,13 +9,15 @@ The same constraint keys are accepted in three places, and combine in a fixed wa
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES
+from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
+from ray_nodeless.core.schema import suggest_key
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.core.gpus import canonical_gpu
 
 GIB = 1024 ** 3
 
@@ -38,17 +40,21 @@ class Shape:
     accelerator_type: str = ""          # from a `accelerator_type:<MODEL>` resource: the GPU model Ray expects
 
     @classmethod
-    def from_resources(cls, resources: Mapping[str, Any], key: str) -> "Shape":
+    def from_resources(cls, resources: Any, key: str) -> "Shape":
+        if not isinstance(resources, Mapping):
+            raise ConfigError(key, f"must be a mapping of resource name to amount (CPU: 4), got {resources!r}")
         accel = ""
-        for name in sorted(resources):
-            if name.startswith("accelerator_type:"):
+        for name in sorted(resources, key=str):
+            v = resources[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{key}.{name}", f"must be a finite number >= 0, got {v!r}")
+            if str(name).startswith("accelerator_type:"):
                 if accel:
                     raise ConfigError(f"{key}.{name}", "a node type can carry only one accelerator_type resource")
                 accel = canonical_gpu(name.split(":", 1)[1])
-        for name in ("CPU", "GPU", "memory"):
-            v = resources.get(name, 0)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
-                raise ConfigError(f"{key}.{name}", f"must be a number >= 0, got {v!r}")
+            elif str(name).lower() in ("cpu", "gpu", "memory") and name not in ("CPU", "GPU", "memory"):
+                spelled = "memory" if str(name).lower() == "memory" else str(name).upper()
+                raise ConfigError(f"{key}.{name}", f"Ray's resource is spelled `{spelled}`")
         gpu = resources.get("GPU", 0)
         if int(gpu) != gpu:
             raise ConfigError(f"{key}.GPU", f"must be a whole number of GPUs, got {gpu!r}")
@@ -126,6 +132,16 @@ class Requirements:
         )
 
 
+def known_gpu(name: str, key: str) -> str:
+    """The canonical model of a GPU name, which must be a known one (a typo would otherwise exclude nothing)."""
+    model = canonical_gpu(name)
+    if model not in KNOWN_GPU_MODELS:
+        close = suggest_key(model, KNOWN_GPU_MODELS, cutoff=0.5)
+        hint = f"; did you mean {close}?" if close else f"; known models: {', '.join(sorted(KNOWN_GPU_MODELS))}"
+        raise ConfigError(key, f"{name!r} is not a known GPU model{hint}")
+    return model
+
+
 def _str_list(value: Any, key: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
@@ -163,7 +179,7 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
             kw[name] = frozenset(_str_list(data[name], f"{key}.{name}"))
     for name in ("gpus", "exclude_gpus"):
         if name in data:
-            kw[name] = frozenset(canonical_gpu(g) for g in _str_list(data[name], f"{key}.{name}"))
+            kw[name] = frozenset(known_gpu(g, f"{key}.{name}") for g in _str_list(data[name], f"{key}.{name}"))
     if "arch" in data:
         arches = _str_list(data["arch"], f"{key}.arch")
         if arches == ["any"]:
@@ -177,6 +193,8 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
         bad = [c for c in caps if c not in CAPACITY_TYPES]
         if bad:
             raise ConfigError(f"{key}.capacity", f"{bad[0]!r} is not one of {list(CAPACITY_TYPES)}")
+        if not caps:
+            raise ConfigError(f"{key}.capacity", "must list at least one capacity type (spot, on-demand)")
         if len(set(caps)) != len(caps):
             raise ConfigError(f"{key}.capacity", f"lists a capacity type twice: {caps}")
         kw["capacity"] = tuple(caps)
@@ -207,7 +225,7 @@ def parse_exclude(data: Mapping[str, Any] | None, key: str) -> Requirements:
             raise ConfigError(f"{key}.{k}", f"unknown key; allowed keys are {list(allowed)}")
     return Requirements(
         exclude_families=frozenset(_str_list(data.get("families", []), f"{key}.families")),
-        exclude_gpus=frozenset(canonical_gpu(g) for g in _str_list(data.get("gpus", []), f"{key}.gpus")),
+        exclude_gpus=frozenset(known_gpu(g, f"{key}.gpus") for g in _str_list(data.get("gpus", []), f"{key}.gpus")),
         exclude_instance_types=tuple(sorted(set(_str_list(data.get("instance_types", []), f"{key}.instance_types")))),
     )
 

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from ray_nodeless.core.schema import suggest_key
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.core.requirements import GIB, Requirements, parse_requirements
 
@@ -32,6 +33,8 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 _PRED = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(-?\d+(?:\.\d+)?)\s*$")
 DEFAULT_RULE = "default"
+# The match keys with a meaning of their own; any other key is a custom Ray resource (e.g. `TPU`, `my_accel`).
+_STANDARD_MATCH_KEYS = ("CPU", "GPU", "memory_gib", "node_type", "node_kind", "object_store_memory")
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,10 @@ def parse_rule(data: Any, index: int) -> Rule:
                 raise ConfigError(f"{key}.match.node_kind", f"must be 'head' or 'worker', got {v!r}")
             node_kind = v
         else:
+            close = suggest_key(str(k), _STANDARD_MATCH_KEYS)
+            if close and close != k:
+                # `GPUS` or `gpu` would never match Ray's `GPU` resource: a rule that silently never applies.
+                raise ConfigError(f"{key}.match.{k}", f"unknown resource; did you mean `{close}`?")
             preds.append(_parse_predicate(k, v, f"{key}.match.{k}"))
     constraints = {k: v for k, v in data.items() if k not in ("name", "match")}
     return Rule(name=name.strip(), node_types=node_types, node_kind=node_kind, predicates=tuple(preds),

@@ -151,10 +151,25 @@ class Resolver:
 
 
 def node_types_of(cluster_config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The node types of a cluster YAML, checked for what Ray and ray_nodeless read of them."""
     types = cluster_config.get("available_node_types")
     if not isinstance(types, Mapping) or not types:
         raise ConfigError("available_node_types", "the cluster YAML must define at least one node type")
     for name, t in types.items():
+        key = f"available_node_types.{name}"
         if not isinstance(t, Mapping):
-            raise ConfigError(f"available_node_types.{name}", "must be a mapping")
-    return {name: dict(types[name]) for name in sorted(types)}
+            raise ConfigError(key, f"must be a mapping, got {type(t).__name__}")
+        for field in ("min_workers", "max_workers"):
+            v = t.get(field)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{key}.{field}", f"must be a whole number >= 0, got {v!r}")
+        if isinstance(t.get("min_workers"), int) and isinstance(t.get("max_workers"), int) \
+                and t["min_workers"] > t["max_workers"]:
+            raise ConfigError(f"{key}.min_workers", f"{t['min_workers']} is more than max_workers {t['max_workers']}")
+        for field in ("node_config", "resources", "labels"):
+            if t.get(field) is not None and not isinstance(t[field], Mapping):
+                raise ConfigError(f"{key}.{field}", f"must be a mapping, got {t[field]!r}")
+    v = cluster_config.get("max_workers")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise ConfigError("max_workers", f"must be a whole number >= 0, got {v!r}")
+    return {name: dict(types[name]) for name in sorted(types, key=str)}
