@@ -1,5 +1,5 @@
 """End to end: a real Ray head whose autoscaler v2 monitor runs NodelessProvider with the GCP backend against
-tests/fake_gce.py (a real HTTP server in this pytest process), with `registration: local-player` so every
+ray_nodeless/testing/fake_gce (a real HTTP server in this pytest process), with `registration: local-player` so every
 instance the fake "boots" is played by a local `ray start` node carrying the instance name as RAY_CLOUD_INSTANCE_ID.
 
 Safety (see test_local_processes): private ports and --temp-dir, the head in its own session and process group,
@@ -24,7 +24,7 @@ import yaml
 from ray_nodeless.testing.fake_gce import DEFAULT_MACHINE_TYPES, FakeGce
 from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.providers.base import TAG_CLUSTER
-from ray_nodeless.providers.gcp.backend import cluster_label_value
+from ray_nodeless.providers.gcp.labels import cluster_label_value
 from ray_nodeless.registrations.local_player import LocalPlayer
 from ray_nodeless.providers.local.processes import (
     READY_MARKER, marked_pids, ray_executable, stop_marked_processes,

@@ -38,6 +38,7 @@ from ray_nodeless.core.catalog import (
 )
 from ray_nodeless.errors import CatalogError
 from ray_nodeless.core.gpus import canonical_gpu
+from ray_nodeless.providers.gcp.clients import compute_client_kwargs
 
 from ray_nodeless.core.catalog import dump_bytes as _encode  # noqa: E402  one encoding for every catalog file
 from ray_nodeless.core.catalog import write_atomic as _write_atomic  # noqa: E402
@@ -51,6 +52,12 @@ GPU_MEMORY_GIB: dict[str, float] = {
 }
 # Shared-core types GCE bills as burstable (same list as the embedded catalog builder).
 BURSTABLE_TYPES = frozenset({"e2-micro", "e2-small", "e2-medium", "f1-micro", "g1-small"})
+# One list call of the refresh. Not retried: a failed refresh falls back to the cache or the embedded catalog, and
+# a live catalog is an optimisation that must not hold up `ray up` for long.
+FETCH_TIMEOUT_S = 60.0
+# A cached live catalog younger than this is used without calling the API: GCE adds machine types a few times a
+# year, so one refresh a day is plenty.
+CACHE_TTL_S = 86400.0
 # Deprecation states after which a machine type can no longer be used for new instances.
 _UNUSABLE_STATES = frozenset({"OBSOLETE", "DELETED"})
 
@@ -77,11 +84,9 @@ def _clean(x: float) -> float | int:
     return int(x) if float(x).is_integer() else round(float(x), 3)
 
 
-
 def _catalog_from_doc(doc: dict, source: str) -> tuple[Catalog, bytes]:
     raw = _encode(doc)
     return Catalog(doc, hashlib.sha256(raw).hexdigest(), source), raw
-
 
 
 def _count(cat: Catalog, region: str) -> tuple[int, int, int, int]:
@@ -104,24 +109,15 @@ class _ZoneData:
 
 
 def _clients(api_endpoint: str | None, credentials: Any) -> tuple[Any, Any, Any]:
-    from google.api_core.client_options import ClientOptions
     from google.cloud import compute_v1
 
-    kw: dict[str, Any] = {"transport": "rest"}
-    if api_endpoint:
-        kw["client_options"] = ClientOptions(api_endpoint=api_endpoint)
-    if credentials == "anonymous":
-        from google.auth.credentials import AnonymousCredentials
-
-        kw["credentials"] = AnonymousCredentials()
-    elif credentials is not None:
-        kw["credentials"] = credentials
+    kw = compute_client_kwargs(api_endpoint, credentials)
     return (compute_v1.ZonesClient(**kw), compute_v1.MachineTypesClient(**kw),
             compute_v1.AcceleratorTypesClient(**kw))
 
 
 def fetch_region(region: str, project_id: str, *, api_endpoint: str | None = None, credentials: Any = None,
-                 timeout_s: float = 60.0) -> dict[str, _ZoneData]:
+                 timeout_s: float = FETCH_TIMEOUT_S) -> dict[str, _ZoneData]:
     """Zone -> offered machine types and accelerator types, for every UP zone of `region`."""
     zones_c, mt_c, acc_c = _clients(api_endpoint, credentials)
     try:
@@ -236,7 +232,7 @@ def build_doc(region: str, data: dict[str, _ZoneData], prices: Catalog | None, p
 
 
 def refresh_gcp_catalog(region: str, project_id: str, *, api_endpoint: str | None = None, credentials: Any = None,
-                        cache_dir: str | Path | None = None, ttl_s: float = 86400,
+                        cache_dir: str | Path | None = None, ttl_s: float = CACHE_TTL_S,
                         fallback: Callable[[], Catalog] = embedded,
                         price_catalog: Catalog | None = None) -> Catalog:
     """The live GCP catalog of `region` (what `NodelessProvider._load_catalog` uses).
@@ -252,7 +248,7 @@ def refresh_gcp_catalog(region: str, project_id: str, *, api_endpoint: str | Non
 
 def refresh_gcp_catalog_with_summary(
         region: str, project_id: str, *, api_endpoint: str | None = None, credentials: Any = None,
-        cache_dir: str | Path | None = None, ttl_s: float = 86400, fallback: Callable[[], Catalog] = embedded,
+        cache_dir: str | Path | None = None, ttl_s: float = CACHE_TTL_S, fallback: Callable[[], Catalog] = embedded,
         price_catalog: Catalog | None = None) -> tuple[Catalog, dict[str, Any]]:
     """Build (or reuse) the live GCP catalog of `region`. Returns (catalog, summary dict).
 

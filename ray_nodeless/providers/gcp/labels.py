@@ -30,13 +30,17 @@ from ray_nodeless.providers.base import TAG_CLUSTER
 logger = logging.getLogger(__name__)
 
 METADATA_TAGS_KEY = "nodeless-tags"
+# GCE's limit on a label key or value (and on an instance name).
 MAX_LABEL_LEN = 63
+# Hex digits of sha256 in a hashed cluster label: 48 bits tell clusters apart; the listing checks the exact name.
+CLUSTER_HASH_LEN = 12
+_HASHED_MARK = "-h-"
 
 # ----------------------------------------------------------------------------------------- label mapping
 
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
-_LABEL_KEY_RE = re.compile(r"[a-z][-_a-z0-9]{0,62}")
-_LABEL_VALUE_RE = re.compile(r"[-_a-z0-9]{0,63}")
+LABEL_KEY_RE = re.compile(r"[a-z][-_a-z0-9]{0,62}")
+LABEL_VALUE_RE = re.compile(r"[-_a-z0-9]{0,63}")
 
 
 def encode_label_text(text: str) -> str:
@@ -74,7 +78,7 @@ def label_pair(key: str, value: str) -> tuple[str, str] | None:
     """The (label key, label value) storing this tag losslessly, or None if it has to go to metadata."""
     k = encode_label_text(key)
     v = encode_label_text(value)
-    if not _LABEL_KEY_RE.fullmatch(k) or len(v) > MAX_LABEL_LEN:
+    if not LABEL_KEY_RE.fullmatch(k) or len(v) > MAX_LABEL_LEN:
         return None
     return k, v
 
@@ -84,13 +88,13 @@ def cluster_label_value(cluster_name: str) -> str:
     enc = encode_label_text(cluster_name)
     if len(enc) <= MAX_LABEL_LEN:
         return enc
-    digest = hashlib.sha256(cluster_name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    digest = hashlib.sha256(cluster_name.encode("utf-8", "surrogatepass")).hexdigest()[:CLUSTER_HASH_LEN]
     # cut before a partial escape so the label stays in the alphabet; `-h-` marks it as hashed
-    head = enc[:MAX_LABEL_LEN - 15]
+    head = enc[:MAX_LABEL_LEN - len(_HASHED_MARK) - CLUSTER_HASH_LEN]
     cut = head.rfind("_")
     if cut >= 0 and cut > len(head) - 3:
         head = head[:cut]
-    return f"{head}-h-{digest}"
+    return f"{head}{_HASHED_MARK}{digest}"
 
 
 @dataclass
@@ -124,7 +128,7 @@ def tags_to_storage(tags: dict[str, str], request_id: str | None = None) -> TagS
     return TagStorage(labels, manifest)
 
 
-def _manifest_from_items(items: Iterable[Any]) -> dict[str, Any] | None:
+def manifest_from_items(items: Iterable[Any]) -> dict[str, Any] | None:
     for item in items:
         key = item.get("key") if isinstance(item, dict) else getattr(item, "key", None)
         if key == METADATA_TAGS_KEY:

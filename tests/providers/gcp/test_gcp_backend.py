@@ -1,4 +1,5 @@
-"""GcpBackend through the real google-cloud-compute client against tests/fake_gce.py."""
+"""GcpBackend through the real google-cloud-compute client against the fake Compute server
+(ray_nodeless.testing.fake_gce)."""
 from __future__ import annotations
 
 import logging
@@ -9,17 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_nodeless.testing.fake_gce import LABEL_KEY_RE, LABEL_VALUE_RE, FakeGce
+from ray_nodeless.testing.fake_gce import LABEL_KEY_RE, LABEL_VALUE_RE, FakeGce, Fault
 from ray_nodeless.core.catalog import InstanceType, Offering
 from ray_nodeless.errors import BackendError, CapacityError, ConfigError, TransientBackendError
 from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec
-from ray_nodeless.providers.gcp.backend import (
+from ray_nodeless.providers.gcp.backend import GcpBackend
+from ray_nodeless.providers.gcp.instance_body import instance_name
+from ray_nodeless.providers.gcp.labels import (
     METADATA_TAGS_KEY,
-    GcpBackend,
     cluster_label_value,
     decode_label_text,
     encode_label_text,
-    instance_name,
     tags_from_storage,
     tags_to_storage,
 )
@@ -263,6 +264,31 @@ def test_persistent_rate_limit_is_transient_error(fake: FakeGce) -> None:
     assert fake.instances == {}
 
 
+def test_call_deadline_ends_retries_before_the_attempts_run_out(fake: FakeGce) -> None:
+    b = make_backend(fake, max_attempts=1000, retry_base_s=0.05, retry_max_s=0.05, call_timeout_s=0.3)
+    fake.rate_limit("instances.insert", times=None)
+    with pytest.raises(TransientBackendError) as ei:
+        b.launch(spec())
+    assert "within 0.3s" in str(ei.value) and ei.value.category == "rateLimitExceeded"
+    inserts = fake.calls("instances.insert")
+    assert 2 <= len(inserts) < 100
+    assert len({r.query["requestId"] for r in inserts}) == 1
+    assert fake.instances == {}
+
+
+def test_a_later_list_page_is_retried_too(fake: FakeGce) -> None:
+    fake.page_size = 2
+    b = make_backend(fake)
+    ids = b.launch(spec(count=5))
+    fake.faults.append(Fault("http", ("instances.aggregatedList",), times=1, status=503, message="Backend Error",
+                             reason="backendError", skip=1))          # the second page fails once
+    fake.reset_log()
+    assert sorted(m.id for m in b.list_machines()) == sorted(ids)
+    calls = fake.calls("instances.aggregatedList")
+    assert [c.status for c in calls] == [200, 503, 200, 200]
+    assert [c.query.get("pageToken") for c in calls] == [None, "2", "2", "4"]
+
+
 def test_ambiguous_failure_retry_with_same_request_id_creates_one(fake: FakeGce, backend: GcpBackend) -> None:
     fake.ambiguous("instances.insert", times=1, status=503)
     ids = backend.launch(spec())
@@ -466,6 +492,22 @@ def test_set_tags_retries_on_fingerprint_race(fake: FakeGce, backend: GcpBackend
     assert [r.status for r in fake.calls("instances.setLabels")] == [412, 200]
     [m] = backend.list_machines()
     assert m.tags["ray-node-status"] == "up-to-date"
+
+
+def test_set_tags_gives_up_when_the_fingerprint_keeps_changing(fake: FakeGce, backend: GcpBackend) -> None:
+    [name] = backend.launch(spec())
+    real = fake._instances_get
+
+    def always_racing_get(q: dict, body: Any, zone: str, name: str) -> dict:
+        out = real(q, body, zone, name)
+        fake.instances[name]["labelFingerprint"] = f"changed-{fake.count('instances.get')}"
+        return out
+
+    fake._instances_get = always_racing_get  # type: ignore[method-assign]
+    with pytest.raises(TransientBackendError) as ei:
+        backend.set_tags(name, {"ray-node-status": "up-to-date"})
+    assert ei.value.category == "conditionNotMet"
+    assert [r.status for r in fake.calls("instances.setLabels")] == [412, 412, 412]
 
 
 def test_set_tags_on_foreign_instance_refused(fake: FakeGce, backend: GcpBackend) -> None:

@@ -1,4 +1,5 @@
-"""Live GCP catalog refresh against tests/fake_gce.py, priced from a small hand-made catalog."""
+"""Live GCP catalog refresh against the fake Compute server (ray_nodeless.testing.fake_gce), priced from a small
+hand-made catalog."""
 from __future__ import annotations
 
 import hashlib
