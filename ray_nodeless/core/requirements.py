@@ -151,8 +151,8 @@ def _str_list(value: Any, key: str) -> list[str]:
 
 
 def _number(value: Any, key: str, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ConfigError(key, f"must be a number >= {minimum:g}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        raise ConfigError(key, f"must be a finite number >= {minimum:g}, got {value!r}")
     return float(value)
 
 

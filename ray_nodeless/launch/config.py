@@ -12,7 +12,7 @@ from ray_nodeless.core.cluster_plan import ClusterPlan, load_catalog, plan_clust
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.schema import declared_keys, parse_section
 from ray_nodeless.core.settings import ProviderSettings, node_types_of, parse_provider
-from ray_nodeless.errors import ConfigError
+from ray_nodeless.errors import CatalogError, ConfigError
 from ray_nodeless.providers import backend_class, backend_names
 from ray_nodeless.providers.base import MachineBackend
 from ray_nodeless.registrations import registration_class
@@ -54,15 +54,29 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
     provider = cluster_config.get("provider")
     settings, cls = load_provider(provider)
     check_node_types(cluster_config, provider, cls)
+    catalog = catalog or catalog_for(settings)
     return plan_cluster(cluster_config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
                         catalog=catalog, settings=settings)
+
+
+def catalog_for(settings: ProviderSettings) -> catalog_mod.Catalog:
+    """The catalog file and region the settings name, as errors naming `provider.catalog` / `provider.region`."""
+    try:
+        catalog = load_catalog(settings.catalog)
+    except CatalogError as e:
+        raise ConfigError("provider.catalog", str(e)) from e
+    try:
+        catalog.region(settings.price_cloud, settings.region)
+    except CatalogError as e:
+        raise ConfigError("provider.region", str(e)) from e
+    return catalog
 
 
 def provider_catalog(settings: ProviderSettings, provider: Mapping[str, Any]) -> catalog_mod.Catalog:
     """The catalog that prices decisions: `embedded`, a file, or `live` (refreshed from the cloud's API, falling
     back to the embedded one: a live catalog is an optimisation, never a reason to fail the cluster)."""
     if settings.catalog != "live":
-        return load_catalog(settings.catalog)
+        return catalog_for(settings)
     try:
         if settings.price_cloud == "aws":
             from ray_nodeless.providers.aws.catalog import refresh_aws_catalog
