@@ -56,6 +56,7 @@ class CoreSettings(Section):
     registration: str = "vm"
     max_candidates_per_launch: int = Field(ttls.MAX_CANDIDATES_PER_LAUNCH, ge=1)
     launch_timeout_s: float = Field(ttls.LAUNCH_TIMEOUT_S, gt=0)
+    launch_retry_backoff_s: float = Field(ttls.TRANSIENT_LAUNCH_BACKOFF_S, ge=0)
     max_hourly_cost: float | None = Field(None, gt=0)     # USD per hour for the whole cluster; None = no cap
     exclude: Any = None            # parsed by requirements.parse_exclude (errors name the nested key)
     rules: Any = None              # parsed by rules.parse_rules
@@ -79,6 +80,7 @@ class ProviderSettings:
     list_cache_s: float
     max_candidates_per_launch: int = ttls.MAX_CANDIDATES_PER_LAUNCH
     launch_timeout_s: float = ttls.LAUNCH_TIMEOUT_S
+    launch_retry_backoff_s: float = ttls.TRANSIENT_LAUNCH_BACKOFF_S
     max_hourly_cost: float | None = None
 
 
@@ -119,7 +121,8 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
     return ProviderSettings(cloud=core.cloud, price_cloud=price_cloud, region=core.region, catalog=core.catalog,
                             unavailable_ttl_s=core.unavailable_ttl_s, registration=core.registration, rules=rules,
                             list_cache_s=core.list_cache_s, max_candidates_per_launch=core.max_candidates_per_launch,
-                            launch_timeout_s=core.launch_timeout_s, max_hourly_cost=core.max_hourly_cost)
+                            launch_timeout_s=core.launch_timeout_s, max_hourly_cost=core.max_hourly_cost,
+                            launch_retry_backoff_s=core.launch_retry_backoff_s)
 
 
 class Resolver:

@@ -40,6 +40,11 @@ REQUEST_MEMORY_S = 3600.0
 # walk made hundreds of RunInstances calls in one call (Karpenter's CreateFleet offers at most 60 types at once).
 MAX_CANDIDATES_PER_LAUNCH = 20
 LAUNCH_TIMEOUT_S = 300.0
+# A launch whose outcome is unknown (lost response, throttling beyond the backend's own retries) is retried this
+# many times with the same request token (the cloud answers with the machines it already made), backing off
+# from this delay. Small: Ray's next update retries the whole request anyway.
+TRANSIENT_LAUNCH_RETRIES = 2
+TRANSIENT_LAUNCH_BACKOFF_S = 0.25
 # One planner per catalog per process keeps this many distinct request plans (a cluster has a handful of shapes;
 # simulate and the benchmarks ask for many).
 PLAN_CACHE_SIZE = 1024
@@ -57,6 +62,10 @@ TABLE: tuple[Limit, ...] = (
     Limit("max_candidates_per_launch", MAX_CANDIDATES_PER_LAUNCH, "candidates", "max_candidates_per_launch",
           "bounded candidate walk per create_node and capacity type"),
     Limit("launch_timeout_s", LAUNCH_TIMEOUT_S, "s", "launch_timeout_s", "bounded wall time per create_node"),
+    Limit("transient_launch_retries", TRANSIENT_LAUNCH_RETRIES, "retries", None,
+          "same-token retries of a launch whose outcome is unknown"),
+    Limit("launch_retry_backoff_s", TRANSIENT_LAUNCH_BACKOFF_S, "s", "launch_retry_backoff_s",
+          "first backoff of those retries (doubling)"),
     Limit("plan_cache_size", PLAN_CACHE_SIZE, "plans", None, "distinct request plans kept per catalog"),
     Limit("task_memory_fraction", TASK_MEMORY_FRACTION, "", None, "memory Ray offers to tasks, as Ray computes it"),
 )

@@ -24,7 +24,9 @@ from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.planner import Plan, Planner
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.settings import Resolver
-from ray_nodeless.errors import BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, NoFeasibleOffering
+from ray_nodeless.errors import (
+    BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, NoFeasibleOffering, TransientBackendError,
+)
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, LaunchSpec,
     MachineBackend,
@@ -130,7 +132,7 @@ class Launcher:
             )
             spec = self.registration.prepare(spec)
             try:
-                ids = self.backend.launch(spec)
+                ids = self._launch_once(spec)
             except CapacityError as e:
                 tried[offering.capacity] = tried.get(offering.capacity, 0) + 1
                 self._mark_unavailable(plan, offering, e)
@@ -166,6 +168,21 @@ class Launcher:
                 f"max_hourly_cost): " + "; ".join(failures[:10]))
         logger.error(desc)
         raise LaunchError(desc, last_category)
+
+    def _launch_once(self, spec: LaunchSpec) -> list[str]:
+        """backend.launch, retried with the same request token when the outcome is unknown (a lost response,
+        throttling that outlasted the backend's own retries): the token makes the cloud answer a retry with the
+        machines it already created, so a retry never doubles a launch."""
+        for attempt in range(ttls.TRANSIENT_LAUNCH_RETRIES + 1):
+            try:
+                return self.backend.launch(spec)
+            except TransientBackendError as e:
+                if attempt == ttls.TRANSIENT_LAUNCH_RETRIES:
+                    raise
+                logger.warning("%s: launch outcome unknown (%s); retrying with the same request token",
+                               spec.node_type, e)
+                time.sleep(self.settings.launch_retry_backoff_s * (2 ** attempt))
+        raise AssertionError("unreachable")
 
     def _next_batch(self, launch_request: str, node_type: str) -> int:
         """The batch number of this call within (launch request, node type): 0, 1, 2, ... in call order."""

@@ -31,6 +31,7 @@ class Cloud:
     # matches
     capacity_faults: dict[tuple[str, str, str], str] = field(default_factory=dict)
     list_failures: int = 0
+    lost_responses: int = 0      # the next launches create their machines, then the response is lost
     calls: dict[str, int] = field(default_factory=dict)
     call_log: list[tuple[str, Any]] = field(default_factory=list)
     launches: list[LaunchSpec] = field(default_factory=list)
@@ -77,6 +78,8 @@ class FakeBackend(MachineBackend):
                     raise CapacityError(f"no {o.instance_type.name} in {o.zone}", category=code, scope=scope)
             if spec.request_token in c.tokens:        # idempotent on the token, as EC2/GCE are
                 return list(c.tokens[spec.request_token])
+            lose = c.lost_responses > 0
+            c.lost_responses -= int(lose)
             ids = []
             for _ in range(spec.count):
                 mid = "fake-" + uuid.uuid4().hex[:8]
@@ -84,6 +87,8 @@ class FakeBackend(MachineBackend):
                                           launched_at=time.time())
                 ids.append(mid)
             c.tokens[spec.request_token] = ids
+            if lose:
+                raise TransientBackendError("connection reset after the launch was sent", category="RequestTimeout")
             return ids
 
     def list_machines(self) -> list[Machine]:
