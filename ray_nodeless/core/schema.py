@@ -46,6 +46,7 @@ _MESSAGES = {
     "literal_error": "must be one of {expected}",
     "string_too_short": "must not be empty",
     "missing": "is required",
+    "extra_forbidden": "unknown key",
 }
 
 

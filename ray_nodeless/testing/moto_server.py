@@ -1,7 +1,8 @@
 """A moto server for the AWS tests, plus fault-injection helpers (botocore `before-send` hooks).
 
-The pytest fixtures `moto_server` and `moto` (tests/conftest.py) are built on `start_moto_server`. One ThreadedMotoServer per test module (start-up is instant, the first
-describe_images takes about 1.5 s), reset between tests with POST /moto-api/reset.
+The pytest fixtures `moto_server` and `moto` (tests/conftest.py) are built on `start_moto_server`: one
+ThreadedMotoServer per test module (start-up is instant, the first describe_images takes about 1.5 s), reset between
+tests with POST /moto-api/reset.
 """
 from __future__ import annotations
 

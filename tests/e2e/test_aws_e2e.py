@@ -26,7 +26,7 @@ import yaml
 
 from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.ray_adapter.provider import NodelessProvider
-from ray_nodeless.providers.local.processes import marked_pids, stop_marked_processes
+from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
 
 from ray_nodeless.testing.moto_server import MotoServer
 from ray_nodeless.testing.ray_processes import free_port, head_process, kill_group, wait_for

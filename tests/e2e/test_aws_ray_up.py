@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ray_nodeless.registrations.local_player import LocalPlayer
-from ray_nodeless.providers.local.processes import stop_marked_processes
+from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
 
 from ray_nodeless.testing.moto_server import MotoServer
 from tests import REPO_ROOT

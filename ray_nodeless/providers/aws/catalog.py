@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import boto3
-from botocore.config import Config
 from cachetools import TTLCache
 
 from ray_nodeless.core.catalog import (
@@ -41,29 +39,36 @@ from ray_nodeless.core.catalog import (
     FORMAT_VERSION,
     Catalog,
     InstanceType,
+    dump_bytes,
     embedded,
     region_entry,
     type_row,
+    write_atomic,
 )
-from ray_nodeless.errors import CatalogError
 from ray_nodeless.core.gpus import NON_GPU_ACCELERATORS, canonical_gpu
-
-from ray_nodeless.core.catalog import dump_bytes as _encode  # noqa: E402  one encoding for every catalog file
-from ray_nodeless.core.catalog import write_atomic as _write_atomic  # noqa: E402
+from ray_nodeless.errors import CatalogError
+from ray_nodeless.providers.aws.clients import catalog_clients
 
 logger = logging.getLogger(__name__)
 
 BURSTABLE_FAMILIES = frozenset({"t1", "t2", "t3", "t3a", "t4g"})
 # GPU manufacturers whose devices are not CUDA/ROCm GPUs for Ray's `GPU` resource.
 NON_GPU_MANUFACTURERS = frozenset({"Habana", "Qualcomm"})
-PRICING_REGION = "us-east-1"        # the Pricing API is served from us-east-1 (and ap-south-1, eu-central-1)
 SOURCE_AWS_PRICING = "aws:pricing:GetProducts"
 SOURCE_AWS_SPOT = "aws:ec2:DescribeSpotPriceHistory"
-MIN_SPOT_PRICE = 0.0005
-MIN_SPOT_FRACTION_OF_ON_DEMAND = 0.03
+MIN_SPOT_PRICE = 0.0005                 # $/h; below it a spot price is a placeholder (moto's is 0.00001)
+MIN_SPOT_FRACTION_OF_ON_DEMAND = 0.03   # no real spot discount reaches 97 %
+# A live catalog is reused this long (memory, then disk): a refresh reads every type, offering and price of the
+# region in many paginated calls, so it is done once a day, not on every cluster start.
+CATALOG_TTL_S = 86400.0
+MEMORY_CACHE_SIZE = 64                  # in-memory entries: one per (region, endpoint, cache dir) a process uses
+MEMORY_CACHE_MAX_AGE_S = 7 * 86400.0    # an outer bound only: each call checks its own ttl_s against the entry
+# Page sizes: DescribeInstanceTypes allows at most 100; the offerings and spot history calls 1000.
+INSTANCE_TYPES_PAGE_SIZE = 100
+OFFERINGS_PAGE_SIZE = 1000
 DEFAULT_CACHE_DIR = Path("~/.cache/ray_nodeless")
 
-_memory: TTLCache = TTLCache(maxsize=64, ttl=7 * 86400)   # outer bound; each call checks its own ttl_s
+_memory: TTLCache = TTLCache(maxsize=MEMORY_CACHE_SIZE, ttl=MEMORY_CACHE_MAX_AGE_S)
 _memory_lock = threading.Lock()
 
 
@@ -173,23 +178,12 @@ def plausible_spot(spot: float, on_demand: float | None) -> bool:
 # ------------------------------------------------------------------------------------------------------ fetching
 
 
-def _clients(region: str, session_kwargs: dict | None, endpoint_url: str | None,
-             pricing_endpoint_url: str | None) -> tuple[Any, Any]:
-    session = boto3.session.Session(**(session_kwargs or {}))
-    cfg = Config(retries={"mode": "standard", "total_max_attempts": 4}, connect_timeout=10, read_timeout=60)
-    ec2_kw: dict[str, Any] = {"region_name": region, "config": cfg}
-    if endpoint_url:
-        ec2_kw["endpoint_url"] = endpoint_url
-    pricing_kw: dict[str, Any] = {"region_name": PRICING_REGION, "config": cfg}
-    if pricing_endpoint_url or endpoint_url:
-        pricing_kw["endpoint_url"] = pricing_endpoint_url or endpoint_url
-    return session.client("ec2", **ec2_kw), session.client("pricing", **pricing_kw)
-
-
 def fetch_specs(ec2: Any) -> tuple[dict[str, InstanceType], set[str]]:
     types: dict[str, InstanceType] = {}
     spot_supported: set[str] = set()
-    for page in ec2.get_paginator("describe_instance_types").paginate(PaginationConfig={"PageSize": 100}):
+    pages = ec2.get_paginator("describe_instance_types").paginate(
+        PaginationConfig={"PageSize": INSTANCE_TYPES_PAGE_SIZE})
+    for page in pages:
         for item in page.get("InstanceTypes", []):
             t = instance_type_from_api(item)
             if t is None:
@@ -203,7 +197,7 @@ def fetch_specs(ec2: Any) -> tuple[dict[str, InstanceType], set[str]]:
 def fetch_offerings(ec2: Any) -> dict[str, set[str]]:
     zones_of: dict[str, set[str]] = {}
     pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
-        LocationType="availability-zone", PaginationConfig={"PageSize": 1000})
+        LocationType="availability-zone", PaginationConfig={"PageSize": OFFERINGS_PAGE_SIZE})
     for page in pages:
         for o in page.get("InstanceTypeOfferings", []):
             zones_of.setdefault(o["InstanceType"], set()).add(o["Location"])
@@ -216,7 +210,7 @@ def fetch_spot_prices(ec2: Any, now: dt.datetime | None = None) -> dict[tuple[st
     latest: dict[tuple[str, str], tuple[dt.datetime, float]] = {}
     pages = ec2.get_paginator("describe_spot_price_history").paginate(
         StartTime=now, EndTime=now, ProductDescriptions=["Linux/UNIX", "Linux/UNIX (Amazon VPC)"],
-        PaginationConfig={"PageSize": 1000})
+        PaginationConfig={"PageSize": OFFERINGS_PAGE_SIZE})
     for page in pages:
         for h in page.get("SpotPriceHistory", []):
             key = (h["InstanceType"], h["AvailabilityZone"])
@@ -380,8 +374,9 @@ def clear_memory_cache() -> None:
 
 
 def refresh(region: str, *, session_kwargs: dict | None = None, endpoint_url: str | None = None,
-            pricing_endpoint_url: str | None = None, cache_dir: str | Path | None = None, ttl_s: float = 86400,
-            fallback: Callable[[], Catalog] = embedded, force: bool = False) -> RefreshResult:
+            pricing_endpoint_url: str | None = None, cache_dir: str | Path | None = None,
+            ttl_s: float = CATALOG_TTL_S, fallback: Callable[[], Catalog] = embedded,
+            force: bool = False) -> RefreshResult:
     """The catalog for `region` with its provenance (see the module docstring for the policy)."""
     path = _cache_path(cache_dir, region, endpoint_url)
     key = (region, endpoint_url or "", str(path))
@@ -402,10 +397,10 @@ def refresh(region: str, *, session_kwargs: dict | None = None, endpoint_url: st
                 return RefreshResult(cached[1], "cache", region, doc=cached[0], path=path)
 
     try:
-        ec2, pricing = _clients(region, session_kwargs, endpoint_url, pricing_endpoint_url)
+        ec2, pricing = catalog_clients(region, session_kwargs, endpoint_url, pricing_endpoint_url)
         fetched = fetch(region, ec2, pricing, fallback)
         doc = build_document(region, fetched)
-        raw = _encode(doc)
+        raw = dump_bytes(doc)
         catalog = _catalog_of(doc, raw, f"aws-live:{region}")
         catalog.region("aws", region)   # proves the document loads
     except Exception as e:  # noqa: BLE001 - see the failure policy
@@ -427,7 +422,7 @@ def refresh(region: str, *, session_kwargs: dict | None = None, endpoint_url: st
                                  path=path)
         logger.warning("AWS catalog refresh for %s: %s", region, "; ".join(fetched.errors))
     try:
-        _write_atomic(path, raw)
+        write_atomic(path, raw)
     except OSError as e:
         logger.warning("cannot write the AWS catalog cache %s: %s", path, e)
     with _memory_lock:
@@ -440,7 +435,7 @@ def refresh(region: str, *, session_kwargs: dict | None = None, endpoint_url: st
 
 def refresh_aws_catalog(region: str, *, session_kwargs: dict | None = None, endpoint_url: str | None = None,
                         pricing_endpoint_url: str | None = None, cache_dir: str | Path | None = None,
-                        ttl_s: float = 86400, fallback: Callable[[], Catalog] = embedded) -> Catalog:
+                        ttl_s: float = CATALOG_TTL_S, fallback: Callable[[], Catalog] = embedded) -> Catalog:
     """The live AWS catalog of `region` (cached for `ttl_s`); never raises for an AWS failure (see module doc)."""
     return refresh(region, session_kwargs=session_kwargs, endpoint_url=endpoint_url,
                    pricing_endpoint_url=pricing_endpoint_url, cache_dir=cache_dir, ttl_s=ttl_s,
@@ -487,10 +482,10 @@ def refresh_cli(region: str, out_path: str | Path, *, session_kwargs: dict | Non
     summary["out_path"] = str(out)
     summary["written"] = False
     if result.doc is not None:
-        raw = _encode(result.doc)
+        raw = dump_bytes(result.doc)
         if out.suffix != ".gz":
             raw = json.dumps(result.doc, separators=(",", ":"), sort_keys=True).encode()
-        _write_atomic(out, raw)
+        write_atomic(out, raw)
         summary["written"] = True
     return summary
 

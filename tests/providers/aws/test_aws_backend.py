@@ -6,77 +6,17 @@ botocore `before-send` hooks on the backend's own clients and the backend's beha
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-import botocore.exceptions
 import pytest
 
-from ray_nodeless.core.catalog import InstanceType, Offering
 from ray_nodeless.errors import BackendError, CapacityError, ConfigError, TransientBackendError
-from ray_nodeless.providers.aws.backend import TAG_REQUEST, AwsBackend, client_token
-from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec
-
-from ray_nodeless.testing.moto_server import (REGION, MotoServer, counter, ec2_error, forward, install, query_params, unique)
-
-CLUSTER = "c1"
-M5 = InstanceType(cloud="aws", name="m5.large", family="m5", vcpus=2, memory_gib=8, machine_type="m5.large")
-G4 = InstanceType(cloud="aws", name="g4dn.xlarge", family="g4dn", vcpus=4, memory_gib=16, gpu_model="T4",
-                  gpu_count=1, gpu_memory_gib=16, machine_type="g4dn.xlarge")
-
-
-def offering(t: InstanceType = M5, zone: str = "us-east-1a", capacity: str = "on-demand") -> Offering:
-    return Offering(instance_type=t, region=REGION, zone=zone, capacity=capacity, hourly_price=0.096)
-
-
-def make_backend(moto: MotoServer, cluster: str = CLUSTER, **extra: Any) -> AwsBackend:
-    cfg: dict[str, Any] = {
-        "region": REGION, "endpoint_url": moto.url, "image_id": moto.ami(),
-        "aws_credentials": {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
-        "aws_retry_base_delay_s": 0.0, "aws_max_attempts": 5,
-    }
-    cfg.update(extra)
-    return AwsBackend(cfg, cluster)
-
-
-def make_spec(off: Offering | None = None, count: int = 1, cluster: str = CLUSTER, node_config: dict | None = None,
-              token: str | None = None) -> LaunchSpec:
-    off = off or offering()
-    tags = {
-        TAG_CLUSTER: cluster, "ray-node-type": "worker", "ray-user-node-type": "cpu",
-        "ray-node-name": f"ray-{cluster}-worker", "ray-node-status": "uninitialized",
-        "nodeless-instance-type": off.instance_type.name, "nodeless-zone": off.zone,
-        "nodeless-capacity": off.capacity, "nodeless-hourly-price": str(off.hourly_price),
-    }
-    return LaunchSpec(cluster_name=cluster, node_type="cpu", offering=off, count=count, tags=tags,
-                      node_config=dict(node_config or {}), request_token=token or unique("tok"))
-
-
-def all_instances(moto: MotoServer, tag: tuple[str, str] | None = None, **filters: list[str]) -> list[dict]:
-    ec2 = moto.client()
-    f = [{"Name": k.replace("_", "-"), "Values": v} for k, v in filters.items()]
-    if tag:
-        f.append({"Name": f"tag:{tag[0]}", "Values": [tag[1]]})
-    out = []
-    for page in ec2.get_paginator("describe_instances").paginate(Filters=f):
-        for r in page["Reservations"]:
-            out.extend(r["Instances"])
-    return out
-
-
-def live(moto: MotoServer) -> list[dict]:
-    return all_instances(moto, instance_state_name=["pending", "running"])
-
-
-def tags_of(inst: dict) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
-
-
-def capture_params(backend: AwsBackend) -> list[dict]:
-    """RunInstances parameters as the backend built them (before serialisation)."""
-    seen: list[dict] = []
-    backend.ec2_launch.meta.events.register(
-        "provide-client-params.ec2.RunInstances", lambda params, **_: seen.append(dict(params)))
-    return seen
+from ray_nodeless.providers.aws.backend import AwsBackend
+from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, client_token
+from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER
+from ray_nodeless.testing.moto_server import REGION, MotoServer, counter, ec2_error, install, query_params
+from tests.providers.aws.helpers import (
+    CLUSTER, G4, M5, all_instances, capture_params, live, make_backend, make_spec, offering, tags_of,
+)
 
 
 # ----------------------------------------------------------------------------------------------------- round trip
@@ -221,6 +161,15 @@ def test_subnet_discovery_by_tag_and_default(moto: MotoServer) -> None:
     assert inst["SubnetId"] == default_c[0]["SubnetId"]
 
 
+def test_subnet_discovery_is_cached_across_launches(moto: MotoServer) -> None:
+    b = make_backend(moto)
+    describes = counter(b.ec2, "DescribeSubnets")
+    b.launch(make_spec(offering(M5, "us-east-1a")))
+    first = describes.calls
+    b.launch(make_spec(offering(M5, "us-east-1b")))
+    assert first == 2 and describes.calls == first      # tagged (none), then default-for-az; then the cache
+
+
 def test_provider_subnets_map(moto: MotoServer) -> None:
     ec2 = moto.client()
     sub = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]}
@@ -235,9 +184,10 @@ def test_provider_subnets_map(moto: MotoServer) -> None:
 def test_validate_node_config(moto: MotoServer) -> None:
     b = make_backend(moto)
     key = "available_node_types.cpu.node_config"
-    b.check_node_config(b.provider_config, "cpu", {"ImageId": "ami-1", "SubnetIds": ["s-1"], "IamInstanceProfile": {"Arn": "x"},
-                                   "MetadataOptions": {}, "EbsOptimized": True, "NetworkInterfaces": [],
-                                   "InstanceType": "m5.large", "gpus": ["T4"], "max_hourly_price": 1}, key)
+    b.check_node_config(b.provider_config, "cpu", {
+        "ImageId": "ami-1", "SubnetIds": ["s-1"], "IamInstanceProfile": {"Arn": "x"}, "MetadataOptions": {},
+        "EbsOptimized": True, "NetworkInterfaces": [], "InstanceType": "m5.large", "gpus": ["T4"],
+        "max_hourly_price": 1}, key)
     with pytest.raises(ConfigError) as e:
         b.check_node_config(b.provider_config, "cpu", {"ImageId": "ami-1", "SecurityGroupIDs": ["sg"]}, key)
     assert e.value.key == f"{key}.SecurityGroupIDs" and "SecurityGroupIds" in str(e.value)
@@ -352,149 +302,6 @@ def test_stopped_instances_are_not_listed_but_warned(moto: MotoServer, caplog: p
     assert all_instances(moto, instance_id=[c])[0]["State"]["Name"] in ("shutting-down", "terminated")
 
 
-# ---------------------------------------------------------------------------------------------- capacity errors
-
-
-def test_injected_capacity_error_for_one_type_and_zone(moto: MotoServer) -> None:
-    b = make_backend(moto)
-
-    def ice(request, n):
-        q = query_params(request)
-        if q.get("InstanceType") == "g4dn.xlarge" and q.get("Placement.AvailabilityZone") == "us-east-1a":
-            return ec2_error(request, "InsufficientInstanceCapacity",
-                             "We currently do not have sufficient g4dn.xlarge capacity in us-east-1a.", 500)
-        return None
-
-    hook = install(b.ec2_launch, "RunInstances", ice)
-    with pytest.raises(CapacityError) as e:
-        b.launch(make_spec(offering(G4, "us-east-1a"), count=2))
-    assert e.value.category == "InsufficientInstanceCapacity"
-    assert "g4dn.xlarge" in str(e.value)
-    assert hook.calls == 1                     # a capacity error is an answer: never retried (AWS sends it as 5xx)
-    assert all_instances(moto) == []           # nothing leaked
-    # The same type in another zone, and another type in that zone, still launch.
-    assert len(b.launch(make_spec(offering(G4, "us-east-1b")))) == 1
-    assert len(b.launch(make_spec(offering(M5, "us-east-1a")))) == 1
-
-
-@pytest.mark.parametrize("code", ["SpotMaxPriceTooLow", "VcpuLimitExceeded", "InsufficientFreeAddressesInSubnet",
-                                  "MaxSpotInstanceCountExceeded", "Unsupported"])
-def test_capacity_codes(moto: MotoServer, code: str) -> None:
-    b = make_backend(moto)
-    install(b.ec2_launch, "RunInstances", lambda r, n: ec2_error(r, code, "no", 400))
-    with pytest.raises(CapacityError) as e:
-        b.launch(make_spec(offering(M5, "us-east-1a", "spot")))
-    assert e.value.category == code
-
-
-def test_other_errors_are_backend_errors_naming_the_action(moto: MotoServer) -> None:
-    b = make_backend(moto)
-    install(b.ec2_launch, "RunInstances", lambda r, n: ec2_error(r, "InvalidParameterValue", "bad", 400))
-    with pytest.raises(BackendError) as e:
-        b.launch(make_spec())
-    assert not isinstance(e.value, (CapacityError, TransientBackendError))
-    assert e.value.category == "InvalidParameterValue"
-    ids = b2_ids = make_backend(moto).launch(make_spec())
-    install(b.ec2, "TerminateInstances", lambda r, n: ec2_error(
-        r, "UnauthorizedOperation", "You are not authorized to perform this operation. Encoded ...", 403))
-    with pytest.raises(BackendError) as e:
-        b.terminate(ids)
-    assert e.value.category == "UnauthorizedOperation" and "ec2:TerminateInstances" in str(e.value)
-    assert [i["InstanceId"] for i in live(moto)] == b2_ids
-
-
-# ------------------------------------------------------------------------------------ throttling and idempotency
-
-
-def test_throttling_storm_launches_exactly_count(moto: MotoServer) -> None:
-    b = make_backend(moto)
-    run = install(b.ec2_launch, "RunInstances",
-                  lambda r, n: ec2_error(r, "RequestLimitExceeded", "Request limit exceeded.", 503) if n <= 3 else None)
-    describes = counter(b.ec2, "DescribeInstances")
-    spec = make_spec(count=3)
-    ids = b.launch(spec)
-    assert len(ids) == 3 and run.calls == 4
-    assert describes.calls == 3                       # one token lookup before each re-issue
-    assert sorted(i["InstanceId"] for i in live(moto)) == sorted(ids)
-
-
-def test_throttling_that_outlasts_retries_is_transient(moto: MotoServer) -> None:
-    b = make_backend(moto, aws_max_attempts=3)
-    run = install(b.ec2_launch, "RunInstances", lambda r, n: ec2_error(r, "RequestLimitExceeded", "slow down", 503))
-    with pytest.raises(TransientBackendError) as e:
-        b.launch(make_spec())
-    assert e.value.category == "RequestLimitExceeded" and run.calls == 3
-    assert all_instances(moto) == []
-
-
-def test_ambiguous_5xx_after_launch_returns_the_launched_instances(moto: MotoServer) -> None:
-    """The request reaches moto and creates the instances, but the caller sees a 500."""
-    b = make_backend(moto)
-    created: list[str] = []
-
-    def lose_response(request, n):
-        if n == 1:
-            forward(request).raise_for_status()
-            created.extend(i["InstanceId"] for i in live(moto))
-            return ec2_error(request, "InternalError", "An internal error has occurred", 500)
-        return None
-
-    run = install(b.ec2_launch, "RunInstances", lose_response)
-    spec = make_spec(count=2)
-    ids = b.launch(spec)
-    assert len(created) == 2 and sorted(ids) == sorted(created)
-    assert run.calls == 1                                    # found by token, never re-issued
-    assert len(all_instances(moto, tag=(TAG_REQUEST, spec.request_token))) == 2
-    assert len(live(moto)) == 2
-
-
-def test_ambiguous_timeout_after_launch_returns_the_launched_instances(moto: MotoServer) -> None:
-    b = make_backend(moto)
-
-    def timeout(request, n):
-        if n == 1:
-            forward(request).raise_for_status()
-            raise botocore.exceptions.ReadTimeoutError(endpoint_url=request.url)
-        return None
-
-    install(b.ec2_launch, "RunInstances", timeout)
-    spec = make_spec(count=1)
-    ids = b.launch(spec)
-    assert [i["InstanceId"] for i in live(moto)] == ids
-
-
-def test_moto_itself_does_not_dedupe_client_token(moto: MotoServer) -> None:
-    """Control for the two tests above: the same trick through a plain retrying client creates duplicates."""
-    ec2 = moto.client()
-    install(ec2, "RunInstances", lambda r, n: (forward(r), ec2_error(r, "InternalError", "x", 500))[1]
-            if n == 1 else None)
-    ec2.run_instances(ImageId=moto.ami(), MinCount=1, MaxCount=1, ClientToken="same")
-    assert len(live(moto)) == 2
-
-
-def test_token_with_more_instances_than_count_keeps_count(moto: MotoServer) -> None:
-    spec = make_spec(count=1)
-    tags = [{"Key": TAG_CLUSTER, "Value": CLUSTER}, {"Key": TAG_REQUEST, "Value": spec.request_token}]
-    for _ in range(2):    # e.g. created by an endpoint that ignored ClientToken on an earlier retry
-        moto.client().run_instances(ImageId=moto.ami(), MinCount=1, MaxCount=1,
-                                    TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])
-    b = make_backend(moto)
-    install(b.ec2_launch, "RunInstances", lambda r, n: ec2_error(r, "ServiceUnavailable", "x", 503))
-    ids = b.launch(spec)
-    assert len(ids) == 1 and [i["InstanceId"] for i in live(moto)] == ids
-
-
-def test_token_lookup_failure_never_launches_again(moto: MotoServer) -> None:
-    b = make_backend(moto, aws_max_attempts=1)
-    b2 = make_backend(moto)      # a backend whose describe fails after an ambiguous launch
-    install(b2.ec2_launch, "RunInstances", lambda r, n: ec2_error(r, "InternalError", "x", 500) if n == 1 else None)
-    install(b2.ec2, "DescribeInstances", lambda r, n: ec2_error(r, "UnauthorizedOperation", "no", 403))
-    with pytest.raises(TransientBackendError):
-        b2.launch(make_spec())
-    assert all_instances(moto) == []
-    assert b.list_machines() == []
-
-
 # --------------------------------------------------------------------------------------------- listing
 
 
@@ -553,40 +360,6 @@ def test_endpoint_from_aws_endpoint_url_env(moto: MotoServer, monkeypatch: pytes
     assert [i["InstanceId"] for i in live(moto)] == ids
 
 
-# ------------------------------------------------------------------ disable_node_updaters: the worker boots itself
-
-def test_provider_gives_workers_a_boot_script_when_node_updaters_are_disabled(moto: MotoServer) -> None:
-    import base64
-
-    import boto3
-
-    from ray_nodeless.ray_adapter.provider import NodelessProvider
-
-    cfg = {"cluster_name": CLUSTER, "max_workers": 1, "head_node_type": "head",
-           "setup_commands": ["pip install ray-nodeless"], "worker_setup_commands": [],
-           "worker_start_ray_commands": ["ray start --address=$RAY_HEAD_IP:6379"],
-           "provider": {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "aws",
-                        "region": REGION, "endpoint_url": moto.url, "image_id": moto.ami(), "head_ip": "10.0.0.5",
-                        "disable_node_updaters": True,
-                        "aws_credentials": {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}},
-           "available_node_types": {"head": {"resources": {"CPU": 2}, "node_config": {}},
-                                    "gpu_worker": {"resources": {"CPU": 4, "GPU": 1}, "node_config": {}}}}
-    boot = NodelessProvider.bootstrap_config(cfg)
-    p = NodelessProvider(boot["provider"], CLUSTER)
-    p.create_node_with_resources_and_labels({}, {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker"}, 1,
-                                           {"CPU": 4, "GPU": 1}, {})
-    [iid] = p.non_terminated_nodes({})
-    ec2 = boto3.client("ec2", endpoint_url=moto.url, region_name=REGION, aws_access_key_id="testing",
-                       aws_secret_access_key="testing")
-    raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
-    script = base64.b64decode(raw).decode()
-    assert script.startswith("#!/bin/bash")
-    assert "latest/meta-data/instance-id" in script and "export RAY_CLOUD_INSTANCE_ID" in script
-    assert "export RAY_NODE_TYPE_NAME=gpu_worker" in script and "export RAY_HEAD_IP=10.0.0.5" in script
-    assert script.index("pip install ray-nodeless") < script.index("ray start --address=$RAY_HEAD_IP:6379")
-    assert '"GPU": 1.0' in script   # RAY_OVERRIDE_RESOURCES: the chosen instance's resources
-
-
 def test_without_disable_node_updaters_no_user_data_is_added(moto: MotoServer) -> None:
     b = make_backend(moto)
     [iid] = b.launch(make_spec())
@@ -594,75 +367,3 @@ def test_without_disable_node_updaters_no_user_data_is_added(moto: MotoServer) -
     ec2 = boto3.client("ec2", endpoint_url=moto.url, region_name=REGION, aws_access_key_id="testing",
                        aws_secret_access_key="testing")
     assert not ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"].get("Value")
-
-
-# ------------------------------------------------------------------ the provider's fallback, through real boto3
-
-def _provider(moto: MotoServer, **provider: Any):
-    from ray_nodeless.ray_adapter.provider import NodelessProvider
-
-    cfg = {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "aws", "region": REGION,
-           "endpoint_url": moto.url, "image_id": moto.ami(), "list_cache_s": 0, "aws_retry_base_delay_s": 0.0,
-           "aws_credentials": {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
-           "rules": [{"name": "gpu-spot-first", "match": {"GPU": ">=1"}, "capacity": ["spot", "on-demand"]}]}
-    cfg.update(provider)
-    return NodelessProvider(cfg, CLUSTER)
-
-
-GPU_TAGS = {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker", "ray-node-status": "uninitialized",
-            "ray-node-name": "w", "ray-launch-config": "x"}
-
-
-def _launched(p) -> list[tuple[str, str, str]]:
-    out = []
-    for iid in p.non_terminated_nodes({}):
-        t = p.node_tags(iid)
-        out.append((t["nodeless-instance-type"], t["nodeless-zone"], t["nodeless-capacity"]))
-    return sorted(out)
-
-
-def test_provider_capacity_error_on_the_cheapest_offering_launches_the_next_in_the_same_call(moto: MotoServer) -> None:
-    p = _provider(moto)
-    plan = p.planner.plan(p.resolver.request("gpu_worker", {"CPU": 4, "GPU": 1}, {}, False))
-    first, second = plan.top(2)
-
-    def ice(request, n):
-        q = query_params(request)
-        if (q.get("InstanceType"), q.get("Placement.AvailabilityZone")) == (first.instance_type.name, first.zone):
-            return ec2_error(request, "InsufficientInstanceCapacity", "no capacity", 500)
-        return None
-
-    hook = install(p.backend.ec2_launch, "RunInstances", ice)
-    p.create_node_with_resources_and_labels({}, dict(GPU_TAGS), 1, {"CPU": 4, "GPU": 1}, {})
-    assert hook.calls == 2                                    # the failed offering once, then the next one
-    assert _launched(p) == [(second.instance_type.name, second.zone, second.capacity)]
-    assert p.unavailable.reason(first) == "InsufficientInstanceCapacity"
-    assert len(live(moto)) == 1
-
-
-def test_provider_all_spot_failing_falls_back_to_on_demand(moto: MotoServer) -> None:
-    p = _provider(moto)
-
-    def no_spot(request, n):
-        if query_params(request).get("InstanceMarketOptions.MarketType") == "spot":
-            return ec2_error(request, "InsufficientInstanceCapacity", "no spot capacity", 500)
-        return None
-
-    hook = install(p.backend.ec2_launch, "RunInstances", no_spot)
-    p.create_node_with_resources_and_labels({}, dict(GPU_TAGS), 1, {"CPU": 4, "GPU": 1}, {})
-    plan = p.planner.plan(p.resolver.request("gpu_worker", {"CPU": 4, "GPU": 1}, {}, False))
-    n_spot = sum(1 for o in plan.candidates() if o.capacity == "spot")
-    assert hook.calls == n_spot + 1                           # every spot candidate once, then the first on-demand
-    [(itype, zone, cap)] = _launched(p)
-    first_od = next(o for o in plan.candidates() if o.capacity == "on-demand")
-    assert (itype, zone, cap) == (first_od.instance_type.name, first_od.zone, "on-demand")
-    [inst] = live(moto)
-    assert inst.get("InstanceLifecycle") != "spot"
-
-
-def test_provider_throttling_storm_launches_exactly_the_requested_number(moto: MotoServer) -> None:
-    p = _provider(moto)
-    install(p.backend.ec2_launch, "RunInstances",
-            lambda r, n: ec2_error(r, "RequestLimitExceeded", "Request limit exceeded.", 503) if n <= 3 else None)
-    p.create_node_with_resources_and_labels({}, dict(GPU_TAGS), 3, {"CPU": 4, "GPU": 1}, {})
-    assert len(p.non_terminated_nodes({})) == 3 and len(live(moto)) == 3

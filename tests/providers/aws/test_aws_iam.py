@@ -32,7 +32,7 @@ from ray_nodeless.providers.aws.backend import AwsBackend
 from ray_nodeless.providers.aws.catalog import refresh
 
 from ray_nodeless.testing.moto_server import REGION, MotoServer
-from tests.providers.aws.test_aws_backend import CLUSTER, make_spec, offering
+from tests.providers.aws.helpers import CLUSTER, make_spec, offering
 from tests import REPO_ROOT
 
 POLICY_PATH = REPO_ROOT / "cluster-configs" / "aws-iam-policy.json"

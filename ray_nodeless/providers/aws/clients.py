@@ -1,0 +1,75 @@
+"""The boto3 session and the botocore clients: the backend's two EC2 clients and the live catalog's clients.
+
+Retries are botocore's own (`Config(retries=...)`), except for RunInstances: its client has retries switched off
+and the backend re-issues it itself, after looking the request token up (see backend.py), because a botocore retry
+after a lost response would create a second set of machines wherever ClientToken is not honoured (moto, proxies).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.exceptions
+from botocore.client import BaseClient
+from botocore.config import Config
+
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers.aws.settings import AwsSettings
+
+# The Pricing API is served from us-east-1 (and ap-south-1, eu-central-1), whatever region is priced.
+PRICING_REGION = "us-east-1"
+# Live catalog calls: a few attempts and generous timeouts (large paginated reads); a failure falls back anyway.
+CATALOG_MAX_ATTEMPTS = 4
+CATALOG_CONNECT_TIMEOUT_S = 10
+CATALOG_READ_TIMEOUT_S = 60
+
+
+def session(session_kwargs: dict[str, Any] | None = None) -> boto3.session.Session:
+    """A boto3 session with these `boto3.session.Session` arguments (provider.aws_credentials)."""
+    try:
+        return boto3.session.Session(**(session_kwargs or {}))
+    except botocore.exceptions.ProfileNotFound as e:
+        raise ConfigError("provider.aws_credentials.profile_name", str(e)) from None
+
+
+@dataclass
+class Ec2Clients:
+    ec2: BaseClient         # every call but RunInstances: botocore retries throttling and 5xx (all are idempotent)
+    launch: BaseClient      # RunInstances only: one attempt per call; the backend's loop does the retrying
+
+    def close(self) -> None:
+        for c in (self.ec2, self.launch):
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+
+def ec2_clients(settings: AwsSettings) -> Ec2Clients:
+    s = session(settings.session_kwargs())
+    common: dict[str, Any] = {"region_name": settings.region}
+    if settings.endpoint_url:           # unset: botocore honours AWS_ENDPOINT_URL itself
+        common["endpoint_url"] = settings.endpoint_url
+
+    def client(attempts: int) -> BaseClient:
+        # `total_max_attempts` counts the first try; botocore's `max_attempts` key would count retries only.
+        retries = {"mode": settings.aws_retry_mode, "total_max_attempts": attempts}
+        return s.client("ec2", config=Config(retries=retries), **common)
+
+    return Ec2Clients(ec2=client(settings.aws_max_attempts), launch=client(1))
+
+
+def catalog_clients(region: str, session_kwargs: dict[str, Any] | None, endpoint_url: str | None,
+                    pricing_endpoint_url: str | None) -> tuple[BaseClient, BaseClient]:
+    """(EC2 client of `region`, Pricing client) for the live catalog refresh."""
+    s = session(session_kwargs)
+    cfg = Config(retries={"mode": "standard", "total_max_attempts": CATALOG_MAX_ATTEMPTS},
+                 connect_timeout=CATALOG_CONNECT_TIMEOUT_S, read_timeout=CATALOG_READ_TIMEOUT_S)
+    ec2_kw: dict[str, Any] = {"region_name": region, "config": cfg}
+    if endpoint_url:
+        ec2_kw["endpoint_url"] = endpoint_url
+    pricing_kw: dict[str, Any] = {"region_name": PRICING_REGION, "config": cfg}
+    if pricing_endpoint_url or endpoint_url:
+        pricing_kw["endpoint_url"] = pricing_endpoint_url or endpoint_url
+    return s.client("ec2", **ec2_kw), s.client("pricing", **pricing_kw)
