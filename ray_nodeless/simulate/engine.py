@@ -21,305 +21,18 @@ What is modelled, and how (the "why" is in docs/trace-format.md):
 """
 from __future__ import annotations
 
-import copy
 import heapq
-import json
 import logging
-import math
 import random
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-import click
-
-from ray_nodeless.core.catalog import Catalog
-from ray_nodeless.core.cluster_plan import load_catalog, load_cluster_yaml, plan_cluster
-from ray_nodeless.errors import ConfigError, NodelessError
-from ray_nodeless.core.requirements import GIB
-from ray_nodeless.trace.model import MS_PER_HOUR, JobSpec, TaskSpec, Trace, load_trace, stages_of
+from ray_nodeless.simulate.model import (
+    DEFAULT_LAUNCH_MINUTES, EPS, TICK_MS, JobRun, SimConfig, SimNode, SimulationError, TaskRun,
+)
+from ray_nodeless.simulate.results import SimResult
+from ray_nodeless.trace.model import MS_PER_HOUR, Trace, stages_of
 
 logger = logging.getLogger(__name__)
-
-TICK_MS = 5_000                      # Ray's AUTOSCALER_UPDATE_INTERVAL_S
-DEFAULT_LAUNCH_MINUTES = 3.0         # request -> Ray node ready (boot + `ray start`); see docs/trace-format.md
-_EPS = 1e-9
-
-
-class SimulationError(NodelessError):
-    """The trace cannot complete under a configuration (a task fits no node type, ...)."""
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Configurations
-
-
-@dataclass(frozen=True)
-class Offer:
-    """The instance a node type runs on, as decided by the planner (or fixed by a baseline)."""
-
-    instance_type: str
-    capacity: str
-    zone: str
-    hourly_price: float
-
-    @property
-    def key(self) -> str:
-        """Key of `node_hours`: the instance type, `:spot` appended for spot capacity."""
-        return self.instance_type if self.capacity == "on-demand" else f"{self.instance_type}:{self.capacity}"
-
-
-@dataclass
-class SimConfig:
-    label: str
-    kind: str                                  # "autoscaled" | "fixed"
-    schedule: str
-    head_node_type: str
-    node_types: dict[str, dict[str, Any]]      # Ray's `available_node_types` subset: resources/min/max_workers
-    offers: dict[str, Offer]                   # node type -> instance
-    max_workers: int
-    upscaling_speed: float
-    idle_timeout_ms: int
-    idle_cost_per_hour: float
-    fixed_count: int = 0                       # fixed baselines: this many nodes of the head type, always on
-    source: str = ""
-
-
-def _force_on_demand(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Every rule and node_config that names a capacity gets `[on-demand]` (the default for the rest)."""
-    cfg = copy.deepcopy(cfg)
-    prov = cfg.get("provider") or {}
-    for rule in prov.get("rules") or []:
-        if isinstance(rule, dict) and "capacity" in rule:
-            rule["capacity"] = ["on-demand"]
-    for nt in (cfg.get("available_node_types") or {}).values():
-        if isinstance(nt, dict) and isinstance(nt.get("node_config"), dict) and "capacity" in nt["node_config"]:
-            nt["node_config"]["capacity"] = ["on-demand"]
-    return cfg
-
-
-def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Catalog | None = None) -> SimConfig:
-    raw = load_cluster_yaml(path)
-    cfg = _force_on_demand(raw) if on_demand else raw
-    cp = plan_cluster(cfg, catalog=catalog)
-    node_types: dict[str, dict[str, Any]] = {}
-    offers: dict[str, Offer] = {}
-    for name, nt in cp.node_types.items():
-        is_head = name == cp.head_node_type
-        res = {k: float(v) for k, v in (nt.get("resources") or {}).items()}
-        node_types[name] = {"resources": res,
-                            "min_workers": 0 if is_head else int(nt.get("min_workers", 0)),
-                            "max_workers": 0 if is_head else int(nt.get("max_workers", cp.global_max_workers))}
-        o = cp.plans[name].chosen
-        offers[name] = Offer(instance_type=o.instance_type.name, capacity=o.capacity, zone=o.zone,
-                             hourly_price=float(o.hourly_price or 0.0))
-    idle_min = raw.get("idle_timeout_minutes")
-    if idle_min is None:
-        # Under v2 a missing idle_timeout_minutes means never; v1 would KeyError. Say so rather than guess.
-        logger.warning("%s has no idle_timeout_minutes: idle workers are never terminated in the replay", path)
-        idle_ms = -1
-    else:
-        idle_ms = int(round(float(idle_min) * 60_000))
-    label = Path(path).stem + (":on-demand" if on_demand else "")
-    return SimConfig(label=label, kind="autoscaled", schedule=schedule, head_node_type=cp.head_node_type,
-                     node_types=node_types, offers=offers, max_workers=cp.global_max_workers,
-                     upscaling_speed=float(raw.get("upscaling_speed", 1.0)), idle_timeout_ms=idle_ms,
-                     idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path))
-
-
-_FIXED = re.compile(r"^fixed:(\d+)x([A-Za-z0-9.\-_+]+?)(?:@([a-z0-9\-]+))?$")
-
-
-def config_from_fixed(spec: str, schedule: str, catalog: Catalog, cloud: str = "aws",
-                      default_region: str = "us-west-2") -> SimConfig:
-    """`fixed:3xg4dn.4xlarge[@region]`: N nodes always on, the first is the head, all run tasks; on-demand price."""
-    m = _FIXED.match(spec)
-    if not m:
-        raise ConfigError("--baseline", f"{spec!r} is not fixed:<N>x<instance type>[@region]")
-    n, itype, region = int(m.group(1)), m.group(2), m.group(3) or default_region
-    if n < 1:
-        raise ConfigError("--baseline", "needs at least one node")
-    rc = catalog.region(cloud, region)
-    prices = sorted((o.hourly_price, o.zone) for o in rc.offerings()
-                    if o.instance_type.name == itype and o.capacity == "on-demand" and o.hourly_price is not None)
-    if not prices:
-        raise ConfigError("--baseline", f"{itype} has no on-demand price in {cloud} {region} "
-                                        f"(catalog {catalog.catalog_id})")
-    price, zone = prices[0]
-    t = catalog.instance_type(cloud, itype)
-    assert t is not None
-    res = {"CPU": float(t.vcpus), "memory": float(t.memory_gib * GIB)}
-    if t.gpu_count:
-        res["GPU"] = float(t.gpu_count)
-    return SimConfig(label=spec, kind="fixed", schedule=schedule, head_node_type="fixed",
-                     node_types={"fixed": {"resources": res, "min_workers": 0, "max_workers": 0}},
-                     offers={"fixed": Offer(itype, "on-demand", zone, float(price))}, max_workers=0,
-                     upscaling_speed=1.0, idle_timeout_ms=-1, idle_cost_per_hour=n * float(price), fixed_count=n,
-                     source=spec)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Simulation state
-
-
-@dataclass
-class SimNode:
-    seq: int
-    node_type: str
-    is_head: bool
-    offer: Offer
-    total: dict[str, float]
-    available: dict[str, float]
-    launch_ms: int
-    ready_ms: int
-    end_ms: int | None = None
-    running: set[int] = field(default_factory=set)
-    idle_since_ms: int | None = None
-    interrupt_ms: int | None = None
-
-    @property
-    def node_id(self) -> str:
-        return f"sim-{self.seq}"
-
-    @property
-    def ip(self) -> str:
-        return f"10.{self.seq // 65536 % 256}.{self.seq // 256 % 256}.{self.seq % 256}"
-
-
-@dataclass
-class TaskRun:
-    seq: int
-    job: str
-    spec: TaskSpec
-    state: str = "waiting"          # waiting | pending | running | done | cut | cancelled
-    submit_ms: int = 0
-    node: int | None = None
-    ran_on: int | None = None       # the node of the last attempt (kept after the task ends)
-    start_ms: int = 0
-    useful_ms: int = 0              # work that counted (finished, or cut by the budget)
-    lost_ms: int = 0                # work lost to spot interruptions
-    attempts: int = 0
-
-
-@dataclass
-class JobRun:
-    spec: JobSpec
-    state: str = "waiting"          # waiting | before | tasks | after | done
-    phase_idx: int = 0
-    tasks: list[TaskRun] = field(default_factory=list)
-    next_task: int = 0
-    in_flight: int = 0
-    tasks_start_ms: int = 0
-    end_ms: int | None = None
-
-
-@dataclass
-class SimResult:
-    config: SimConfig
-    elapsed_ms: int
-    nodes: list[SimNode]
-    tasks: list[TaskRun]
-    head_phase_ms: int
-    interruptions: int
-    scheduler_calls: int
-
-    # -- figures ------------------------------------------------------------------------------------------
-    def node_ms(self, n: SimNode) -> int:
-        end = n.end_ms if n.end_ms is not None else self.elapsed_ms
-        return max(0, end - n.launch_ms)
-
-    @property
-    def elapsed_hours(self) -> float:
-        return self.elapsed_ms / MS_PER_HOUR
-
-    @property
-    def workload_cost(self) -> float:
-        return sum(n.offer.hourly_price * self.node_ms(n) for n in self.nodes) / MS_PER_HOUR
-
-    def node_hours(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for n in self.nodes:
-            out[n.offer.key] = out.get(n.offer.key, 0.0) + self.node_ms(n) / MS_PER_HOUR
-        return dict(sorted(out.items()))
-
-    @property
-    def useful_task_hours(self) -> float:
-        return sum(t.useful_ms for t in self.tasks) / MS_PER_HOUR
-
-    @property
-    def lost_task_hours(self) -> float:
-        return sum(t.lost_ms for t in self.tasks) / MS_PER_HOUR
-
-    @property
-    def gpu_utilisation(self) -> float | None:
-        provisioned = sum(n.total.get("GPU", 0.0) * self.node_ms(n) for n in self.nodes)
-        busy = sum(t.spec.resource_dict.get("GPU", 0.0) * (t.useful_ms + t.lost_ms) for t in self.tasks)
-        return None if provisioned <= 0 else busy / provisioned
-
-    def slot_price(self, shape: Mapping[str, float]) -> float | None:
-        """Cheapest $/h of one task of `shape`: per node type, the chosen offering's price over how many such tasks
-        one node holds. `None` if no node type fits the shape."""
-        best: float | None = None
-        for name, nt in self.config.node_types.items():
-            res = nt["resources"]
-            slots = math.inf
-            for k, v in shape.items():
-                slots = min(slots, math.floor(res.get(k, 0.0) / v + _EPS))
-            if not slots or slots == math.inf:
-                continue
-            p = self.config.offers[name].hourly_price / slots
-            best = p if best is None else min(best, p)
-        return best
-
-    def lower_bound(self) -> float:
-        """Every useful task-hour of this replay on the cheapest allowed offering for its shape: no launch latency,
-        no idle time, no head. (Head-only phases are left out: a GPU head may run trials at the same time, so
-        charging them too would not be a bound.)"""
-        total = 0.0
-        for t in self.tasks:
-            p = self.slot_price(t.spec.resource_dict)
-            if p is not None:
-                total += p * t.useful_ms / MS_PER_HOUR
-        return total
-
-    def to_dict(self) -> dict[str, Any]:
-        gpu = self.gpu_utilisation
-        return {
-            "kind": self.config.kind,
-            "source": self.config.source,
-            "schedule": self.config.schedule,
-            "instances": {name: {"instance_type": o.instance_type, "capacity": o.capacity, "zone": o.zone,
-                                 "hourly_price": o.hourly_price} for name, o in sorted(self.config.offers.items())},
-            "elapsed_hours": round(self.elapsed_hours, 6),
-            "workload_cost": round(self.workload_cost, 6),
-            "idle_cost_per_hour": round(self.config.idle_cost_per_hour, 6),
-            "node_hours": {k: round(v, 6) for k, v in self.node_hours().items()},
-            "gpu_utilisation": None if gpu is None else round(gpu, 6),
-            "lower_bound_cost": round(self.lower_bound(), 6),
-            "useful_task_hours": round(self.useful_task_hours, 6),
-            "lost_task_hours": round(self.lost_task_hours, 6),
-            "head_only_hours": round(self.head_phase_ms / MS_PER_HOUR, 6),
-            "launches": sum(1 for n in self.nodes if not n.is_head and self.config.kind == "autoscaled"),
-            "peak_nodes": self.peak_nodes(),
-            "spot_interruptions": self.interruptions,
-        }
-
-    def peak_nodes(self) -> int:
-        return max((c for _, c in self.node_count_series()), default=0)
-
-    def node_count_series(self) -> list[tuple[int, int]]:
-        """(time ms, nodes up) at every change, nodes counted from launch request to termination."""
-        deltas: dict[int, int] = {}
-        for n in self.nodes:
-            deltas[n.launch_ms] = deltas.get(n.launch_ms, 0) + 1
-            end = n.end_ms if n.end_ms is not None else self.elapsed_ms
-            deltas[end] = deltas.get(end, 0) - 1
-        out, c = [], 0
-        for t in sorted(deltas):
-            c += deltas[t]
-            out.append((t, c))
-        return out
 
 
 class _ProviderView:
@@ -339,7 +52,7 @@ class _ProviderView:
 
 
 def _fits(avail: Mapping[str, float], need: Mapping[str, float]) -> bool:
-    return all(avail.get(k, 0.0) + _EPS >= v for k, v in need.items())
+    return all(avail.get(k, 0.0) + EPS >= v for k, v in need.items())
 
 
 class Simulator:
@@ -440,7 +153,7 @@ class Simulator:
         if jr.state == "after":
             if self._next_head_phase(name, jr, spec.head_after):
                 return
-            jr.state, jr.end_ms = "done", self.now
+            jr.state = "done"
             if all(self.jobs[j].state == "done" for j in self.stages[self.stage_idx]):
                 self._start_stage()
 
@@ -507,7 +220,7 @@ class Simulator:
             node.idle_since_ms = None
             tr.state, tr.node, tr.ran_on, tr.start_ms = "running", node.seq, node.seq, self.now
             tr.attempts += 1
-            self._at(self.now + (tr.spec.duration_ms - 0), "task_done", (tr.seq, tr.attempts))
+            self._at(self.now + tr.spec.duration_ms, "task_done", (tr.seq, tr.attempts))
             self._dirty = True
         self.pending = still
 
@@ -626,10 +339,20 @@ class Simulator:
                 g += TICK_MS
             want.append(g)
         if self.cfg.idle_timeout_ms >= 0:
+            workers: dict[str, int] = {}
             for n in self.live.values():
-                if not n.is_head and not n.running and n.idle_since_ms is not None:
-                    due = max(n.idle_since_ms + self.cfg.idle_timeout_ms, self.now + (1 if ran_tick else 0))
-                    want.append(-(-due // TICK_MS) * TICK_MS)
+                if not n.is_head:
+                    workers[n.node_type] = workers.get(n.node_type, 0) + 1
+            for n in self.live.values():
+                if n.is_head or n.running or n.idle_since_ms is None:
+                    continue
+                # A type at its min_workers floor terminates nothing, so its idle workers need no tick: asking for
+                # one would ask again at every tick, forever once the workload has ended. When the type grows
+                # above its floor, that launch happens on a tick, and this runs again after it.
+                if workers[n.node_type] <= self.cfg.node_types[n.node_type]["min_workers"]:
+                    continue
+                due = max(n.idle_since_ms + self.cfg.idle_timeout_ms, self.now + (1 if ran_tick else 0))
+                want.append(-(-due // TICK_MS) * TICK_MS)
         for t in want:
             self._tick_at(t)
 
@@ -698,172 +421,3 @@ class Simulator:
 
 def simulate(trace: Trace, config: SimConfig, **kw: Any) -> SimResult:
     return Simulator(trace, config, **kw).run()
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Reports
-
-
-def report_dict(trace: Trace, results: list[SimResult], params: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "trace": trace.name,
-        "trace_task_hours_uncut": round(trace.task_hours(), 6),
-        "parameters": dict(params),
-        "configurations": {r.config.label: r.to_dict() for r in results},
-        "published": list(trace.meta.get("published") or []),
-    }
-
-
-def report_text(trace: Trace, results: list[SimResult], baseline: SimResult | None) -> str:
-    lines = [f"trace {trace.name}: {len(trace.jobs)} jobs, "
-             f"{sum(len(j.tasks) for j in trace.jobs.values())} tasks"]
-    hdr = (f"{'configuration':34} {'schedule':11} {'elapsed h':>9} {'cost $':>9} {'vs base':>8} {'idle $/h':>9} "
-           f"{'GPU util':>8} {'bound $':>8}")
-    lines.append(hdr)
-    for r in results:
-        vs = ""
-        if baseline is not None and baseline is not r and baseline.workload_cost > 0:
-            vs = f"{(r.workload_cost / baseline.workload_cost - 1) * 100:+.1f}%"
-        gpu = r.gpu_utilisation
-        lines.append(f"{r.config.label:34} {r.config.schedule:11} {r.elapsed_hours:9.3f} {r.workload_cost:9.2f} "
-                     f"{vs:>8} {r.config.idle_cost_per_hour:9.3f} "
-                     f"{'-' if gpu is None else f'{gpu * 100:.1f}%':>8} {r.lower_bound():8.2f}")
-    published = trace.meta.get("published") or []
-    if published:
-        lines.append("published reference (from the trace's meta.published):")
-        for p in published:
-            vs = p.get("vs_fixed_pct")
-            cost = p.get("workload_cost")
-            lines.append(f"  {str(p.get('configuration', '?')):32} {'':11} {p.get('elapsed_hours', float('nan')):9.3f} "
-                         f"{'-' if cost is None else f'{cost:.2f}':>9} {'-' if vs is None else f'{vs:+.1f}%':>8} "
-                         f"{p.get('idle_cost_per_hour', float('nan')):9.3f}")
-    lines.append("")
-    for r in results:
-        inst = ", ".join(f"{k}={o.instance_type} {o.capacity} ${o.hourly_price:.4f}/h"
-                         for k, o in sorted(r.config.offers.items()))
-        nh = ", ".join(f"{k}: {v:.2f}" for k, v in r.node_hours().items())
-        extra = ""
-        if r.interruptions:
-            extra = f"; {r.interruptions} spot interruptions, {r.lost_task_hours:.2f} task-hours lost and rerun"
-        lines.append(f"{r.config.label}: {inst}")
-        lines.append(f"    node-hours: {nh}; useful task-hours {r.useful_task_hours:.2f}; "
-                     f"head-only {r.head_phase_ms / MS_PER_HOUR:.2f} h{extra}")
-    lines.append("bound $ = lower bound: every useful task-hour on the cheapest allowed offering for its shape, no "
-                 "launch latency, no idle time, no head.")
-    return "\n".join(lines)
-
-
-def plot_results(results: list[SimResult], out: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(results), 1, figsize=(10, 2.4 * len(results) + 0.6), sharex=True, squeeze=False)
-    for ax, r in zip(axes[:, 0], results):
-        series = r.node_count_series()
-        xs = [t / MS_PER_HOUR for t, _ in series]
-        ys = [c for _, c in series]
-        ax.step(xs, ys, where="post", color="tab:blue", label="nodes up")
-        ax.set_ylabel("nodes")
-        ax.set_ylim(0, max(ys + [1]) + 1)
-        ax.set_title(f"{r.config.label} ({r.config.schedule}): {r.elapsed_hours:.2f} h, ${r.workload_cost:.2f}",
-                     fontsize=9)
-        # Cumulative cost: piecewise linear between the node-count change points.
-        times = sorted({0} | {t for t, _ in series} | {r.elapsed_ms})
-        cum, acc = [], 0.0
-        for i, t in enumerate(times):
-            if i:
-                t0 = times[i - 1]
-                mid = (t0 + t) / 2
-                rate = sum(n.offer.hourly_price for n in r.nodes
-                           if n.launch_ms <= mid < (n.end_ms if n.end_ms is not None else r.elapsed_ms))
-                acc += rate * (t - t0) / MS_PER_HOUR
-            cum.append(acc)
-        ax2 = ax.twinx()
-        ax2.plot([t / MS_PER_HOUR for t in times], cum, color="tab:red", label="cumulative cost")
-        ax2.set_ylabel("USD", color="tab:red")
-    axes[-1, 0].set_xlabel("hours")
-    fig.tight_layout()
-    fig.savefig(out, dpi=100, metadata={"Software": None})
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# CLI
-
-
-def _split_schedule(spec: str) -> tuple[str, str | None]:
-    if "#" in spec:
-        a, b = spec.rsplit("#", 1)
-        return a, b
-    return spec, None
-
-
-def build_configs(trace: Trace, configs: Iterable[str], baselines: Iterable[str], capacity: str,
-                  schedule: str | None, catalog: Catalog) -> list[SimConfig]:
-    out: list[SimConfig] = []
-    for spec in baselines:
-        s, sched = _split_schedule(spec)
-        out.append(config_from_fixed(s, sched or trace.baseline_schedule, catalog))
-    for spec in configs:
-        path, sched = _split_schedule(spec)
-        sched = sched or schedule or trace.default_schedule
-        variants = {"as-configured": [False], "on-demand": [True], "both": [True, False]}[capacity]
-        for od in variants:
-            out.append(config_from_cluster(path, sched, od, catalog=catalog))
-    labels = [c.label for c in out]
-    for c in out:
-        if labels.count(c.label) > 1:
-            c.label = f"{c.label}#{c.schedule}"
-    return out
-
-
-@click.command("simulate")
-@click.argument("trace_path", type=click.Path(exists=True, dir_okay=False))
-@click.option("--config", "configs", multiple=True,
-              help="Cluster YAML to replay under (repeatable). Append #SCHEDULE to pick the trace schedule.")
-@click.option("--baseline", "baselines", multiple=True,
-              help="Fixed cluster, e.g. fixed:3xg4dn.4xlarge or fixed:3xg4dn.4xlarge@us-east-1 (repeatable; "
-                   "#SCHEDULE as for --config; default schedule: the trace's baseline_schedule).")
-@click.option("--capacity", type=click.Choice(["as-configured", "on-demand", "both"]), default="as-configured",
-              show_default=True, help="on-demand: force capacity [on-demand] for every node type; both: report "
-                                      "each config both ways.")
-@click.option("--schedule", default=None, help="Trace schedule for --config (default: the trace's default_schedule).")
-@click.option("--launch-minutes", type=float, default=DEFAULT_LAUNCH_MINUTES, show_default=True,
-              help="Launch request -> node ready to run tasks.")
-@click.option("--spot-interruptions-per-hour", type=float, default=0.0, show_default=True,
-              help="Per spot node; lost work reruns.")
-@click.option("--seed", type=int, default=0, show_default=True, help="RNG seed (spot interruptions).")
-@click.option("--catalog", "catalog_spec", default="embedded", show_default=True,
-              help="Catalog pricing the fixed baselines ('embedded' or a file). Cluster configs use their own.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a timeline PNG.")
-def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple[str, ...], capacity: str,
-                     schedule: str | None, launch_minutes: float, spot_interruptions_per_hour: float, seed: int,
-                     catalog_spec: str, as_json: bool, plot_path: str | None) -> None:
-    """Replay TRACE under each --config and --baseline: elapsed time, cost, idle cost, node-hours."""
-    from ray_nodeless.cli.main import user_errors  # the CLI's one-line error convention
-
-    with user_errors():
-        if not configs and not baselines:
-            raise ConfigError("--config/--baseline", "give at least one configuration to replay under")
-        if launch_minutes < 0 or spot_interruptions_per_hour < 0:
-            raise ConfigError("--launch-minutes/--spot-interruptions-per-hour", "must be >= 0")
-        trace = load_trace(trace_path)
-        catalog = load_catalog(catalog_spec)
-        cfgs = build_configs(trace, configs, baselines, capacity, schedule, catalog)
-        kw = dict(launch_latency_ms=int(round(launch_minutes * 60_000)),
-                  spot_interruptions_per_hour=spot_interruptions_per_hour, seed=seed)
-        results = [simulate(trace, c, **kw) for c in cfgs]
-    baseline = next((r for r in results if r.config.kind == "fixed"), None)
-    params = {"launch_minutes": launch_minutes, "spot_interruptions_per_hour": spot_interruptions_per_hour,
-              "seed": seed, "capacity": capacity, "autoscaler": "ray v1 ResourceDemandScheduler.get_nodes_to_launch",
-              "tick_seconds": TICK_MS // 1000}
-    if plot_path:
-        plot_results(results, plot_path)
-    if as_json:
-        click.echo(json.dumps(report_dict(trace, results, params), indent=2, sort_keys=True))
-    else:
-        click.echo(report_text(trace, results, baseline))
-        if plot_path:
-            click.echo(f"plot: {plot_path}")

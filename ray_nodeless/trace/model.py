@@ -22,29 +22,22 @@ A trace is a YAML (or JSON) document, described in `docs/trace-format.md`:
 All durations are stored as whole milliseconds (`*_ms`), so that replays are exact integer arithmetic: the same
 trace gives byte-identical reports on every machine.
 
-`record_trace` builds a trace from a finished run on a live Ray cluster through Ray's state API
-(`ray.util.state.list_tasks` / `list_nodes`), which needs the dashboard's API server.
+`ray_nodeless.trace.record` builds a trace document from a finished run on a live Ray cluster.
 """
 from __future__ import annotations
 
 import json
-import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import click
 import yaml
 
 from ray_nodeless.errors import ConfigError
 
-logger = logging.getLogger(__name__)
-
 TRACE_VERSION = 1
 MS_PER_HOUR = 3_600_000
-# Resource names that pin a demand to a node rather than describe its size; the autoscaler ignores them too.
-_PINNING_PREFIXES = ("node:",)
 
 
 @dataclass(frozen=True)
@@ -217,181 +210,28 @@ def parse_trace(doc: Any, source: str = "trace") -> Trace:
                  meta=dict(doc.get("meta") or {}))
 
 
+def _is_json(path: str | Path) -> bool:
+    """A trace file is JSON if its name ends in `.json`, YAML otherwise (reading and writing alike)."""
+    return str(path).endswith(".json")
+
+
 def load_trace(path: str | Path) -> Trace:
     try:
         text = Path(path).read_text()
     except OSError as e:
         raise ConfigError(str(path), f"cannot read trace: {e}") from e
     try:
-        doc = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+        doc = json.loads(text) if _is_json(path) else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as e:
         raise ConfigError(str(path), f"not valid YAML/JSON: {e}") from e
     return parse_trace(doc, str(path))
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Recording from a live cluster
-
-
-@dataclass
-class RecordedNode:
-    node_id: str
-    is_head: bool
-    resources: dict[str, float]
-    start_ms: int
-    end_ms: int | None               # None: still alive when recorded
-
-
-@dataclass
-class Recording:
-    """What `record_trace` saw: the trace document plus the measured figures the replay is checked against."""
-
-    doc: dict[str, Any]
-    nodes: list[RecordedNode]
-    window_start_ms: int
-    window_end_ms: int
-
-    @property
-    def measured_node_hours(self) -> float:
-        """Σ over Ray nodes of the time each was alive inside the run window (first task demand to last task end).
-
-        Node lifetimes outside the window (the cluster sitting idle before the driver started or after it ended)
-        are not the workload's and are left out; a replay bills the same window (plus its own idle timeouts).
-        """
-        total = 0
-        for n in self.nodes:
-            lo = max(n.start_ms, self.window_start_ms)
-            hi = min(n.end_ms if n.end_ms else self.window_end_ms, self.window_end_ms)
-            total += max(0, hi - lo)
-        return total / MS_PER_HOUR
-
-
-def _sizing_resources(required: Mapping[str, float] | None) -> dict[str, float]:
-    return {k: float(v) for k, v in (required or {}).items()
-            if v and not any(k.startswith(p) for p in _PINNING_PREFIXES) and k != "object_store_memory"}
-
-
-def _demand_time_ms(t: Any) -> int:
-    """When the task became a resource demand: entering PENDING_NODE_ASSIGNMENT (its arguments were ready), else
-    its creation. Using the creation time would replay tasks that waited for other tasks' results too early."""
-    for e in getattr(t, "events", None) or []:
-        if e.get("state") == "PENDING_NODE_ASSIGNMENT" and e.get("created_ms"):
-            return int(e["created_ms"])
-    return int(t.creation_time_ms or t.start_time_ms)
-
-
-# The state API server refuses larger limits unless RAY_MAX_LIMIT_FROM_API_SERVER is raised on the cluster.
-STATE_API_LIMIT = 10_000
-
-
-def record_trace(address: str | None = "auto", name: str = "recorded", limit: int = STATE_API_LIMIT) -> Recording:
-    """Build a trace from the finished tasks and actors of a live Ray cluster.
-
-    - Normal tasks: one trace task each, shape = their required resources, duration = end - start, submitted at
-      the time they became a demand (see `_demand_time_ms`), relative to the job's first demand.
-    - Actors (e.g. Tune trials): one trace task each, shape = the creation task's resources, running from the
-      creation task's start to the end of the actor's last method call (Ray's state API has no actor death time).
-    - Jobs: one trace job per Ray job id, all in one stage, each delayed by its first demand's offset from the
-      run's first demand. No head-only phases are recorded (the state API does not say what ran on the head).
-    """
-    from ray.util.state import list_nodes, list_tasks  # imported here: the CLI must start without Ray's state deps
-
-    tasks = list_tasks(address=address, detail=True, limit=limit, raise_on_missing_output=False)
-    nodes = list_nodes(address=address, detail=True, limit=limit, raise_on_missing_output=False)
-    if len(tasks) >= limit:
-        # Ray also keeps only a bounded number of task events (RAY_task_events_max_num_task_in_gcs): a long run may
-        # be missing its oldest tasks either way. Say so; a partial trace under-counts.
-        logger.warning("the state API returned %d tasks, its limit: the trace may be missing tasks", len(tasks))
-    items: list[tuple[str, str, dict[str, float], int, int, int]] = []   # job, name, res, demand, start, end
-    actor_creation: dict[str, Any] = {}
-    actor_last_end: dict[str, int] = {}
-    for t in tasks:
-        if t.type == "ACTOR_CREATION_TASK" and t.actor_id:
-            actor_creation[t.actor_id] = t
-        if t.type in ("ACTOR_TASK", "ACTOR_CREATION_TASK") and t.actor_id and t.end_time_ms:
-            actor_last_end[t.actor_id] = max(actor_last_end.get(t.actor_id, 0), int(t.end_time_ms))
-    for t in tasks:
-        if t.type != "NORMAL_TASK" or t.state not in ("FINISHED", "FAILED"):
-            continue
-        if not t.start_time_ms or not t.end_time_ms:
-            continue
-        items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _demand_time_ms(t),
-                      int(t.start_time_ms), int(t.end_time_ms)))
-    for actor_id, t in actor_creation.items():
-        if not t.start_time_ms or actor_id not in actor_last_end:
-            continue
-        items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _demand_time_ms(t),
-                      int(t.start_time_ms), actor_last_end[actor_id]))
-    items = [i for i in items if i[2]]     # zero-resource tasks never drive scaling
-    if not items:
-        raise ConfigError("trace record", "the cluster has no finished tasks or actors with resources to record")
-    items.sort(key=lambda i: (i[3], i[4], i[0], i[1]))
-    t0 = items[0][3]
-    by_job: dict[str, list[tuple[str, str, dict[str, float], int, int, int]]] = {}
-    for it in items:
-        by_job.setdefault(it[0], []).append(it)
-    jobs_doc = []
-    for job_id, its in by_job.items():
-        j0 = its[0][3]
-        jobs_doc.append({
-            "name": f"job-{job_id}",
-            "delay_seconds": round((j0 - t0) / 1000, 3),
-            "tasks": [{"name": n, "resources": r, "seconds": round((e - s) / 1000, 3),
-                       "submit_at_seconds": round((d - j0) / 1000, 3)} for _, n, r, d, s, e in its],
-        })
-    window_end = max(i[5] for i in items)
-    rec_nodes = []
-    for n in nodes:
-        if not n.start_time_ms:
-            continue
-        rec_nodes.append(RecordedNode(node_id=n.node_id, is_head=bool(n.is_head_node),
-                                      resources=_sizing_resources(n.resources_total), start_ms=int(n.start_time_ms),
-                                      end_ms=int(n.end_time_ms) if n.end_time_ms else None))
-    rec = Recording(doc={}, nodes=rec_nodes, window_start_ms=t0, window_end_ms=window_end)
-    rec.doc = {
-        "version": TRACE_VERSION,
-        "name": name,
-        "description": "recorded from a live Ray cluster with `ray-nodeless trace record`",
-        "default_schedule": "recorded",
-        "jobs": jobs_doc,
-        "schedules": {"recorded": [[j["name"] for j in jobs_doc]]},
-        "meta": {
-            "recorded_nodes": [{"node_id": n.node_id, "is_head": n.is_head, "resources": n.resources,
-                                "start_ms": n.start_ms, "end_ms": n.end_ms} for n in rec_nodes],
-            "window_ms": [t0, window_end],
-            "measured_node_hours": round(rec.measured_node_hours, 6),
-        },
-    }
-    return rec
-
-
-@click.group("trace")
-def trace_command() -> None:
-    """Workload traces: record one from a live Ray cluster (replay it with `ray-nodeless simulate`)."""
-
-
-@trace_command.command("record")
-@click.option("--address", default="auto", show_default=True,
-              help="Ray cluster (GCS) address or dashboard URL (http://host:8265); the dashboard must be running.")
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="Trace file to write (.yaml/.json).")
-@click.option("--name", default="recorded", show_default=True, help="Trace name.")
-def record_command(address: str, out: str, name: str) -> None:
-    """Turn the finished tasks and actors of a live Ray cluster into a trace."""
-    from ray_nodeless.cli.main import user_errors  # the CLI's one-line error convention
-
-    # The state API raises several unrelated exception types when the dashboard is down: all exit 1.
-    with user_errors(other=Exception):
-        rec = record_trace(address=address, name=name)
-    text = (json.dumps(rec.doc, indent=2, sort_keys=True) if out.endswith(".json")
-            else yaml.safe_dump(rec.doc, sort_keys=False))
-    Path(out).write_text(text)
-    n_tasks = sum(len(j["tasks"]) for j in rec.doc["jobs"])
-    click.echo(f"wrote {out}: {len(rec.doc['jobs'])} job(s), {n_tasks} task(s); measured node-hours in the run "
-               f"window: {rec.measured_node_hours:.6f}")
-
-
-def dump_trace_doc(doc: Mapping[str, Any]) -> str:
-    return yaml.safe_dump(dict(doc), sort_keys=False)
+def write_trace(doc: Mapping[str, Any], path: str | Path) -> None:
+    """Write a trace document where `load_trace` reads it back: JSON (sorted keys) for `.json`, else YAML in the
+    document's own key order (a recorded trace reads top-down: version, name, jobs, schedules, meta)."""
+    text = json.dumps(doc, indent=2, sort_keys=True) if _is_json(path) else yaml.safe_dump(dict(doc), sort_keys=False)
+    Path(path).write_text(text)
 
 
 def stages_of(trace: Trace, schedule: str) -> Sequence[Sequence[str]]:

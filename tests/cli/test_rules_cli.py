@@ -4,12 +4,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from ray_nodeless.cli.main import main
+from ray_nodeless.cli import main
+from ray_nodeless.core.cluster_plan import load_catalog
 from ray_nodeless.core.settings import Resolver, parse_provider
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.errors import ConfigError
@@ -107,10 +107,13 @@ def test_must_show_command_picks_the_published_instance():
 def test_plan_json_keys():
     out = CliRunner().invoke(main, ["plan", "--cloud", "gcp", "--region", "us-central1", "--cpu", "4", "--gpu", "1",
                                     "--capacity", "spot", "--capacity", "on-demand", "--exclude-gpu", "K80", "--json"])
+    assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
     for k in ("instance_type", "zone", "capacity", "hourly_price", "rule", "catalog_id", "alternatives", "rejected"):
         assert k in doc
     assert doc["capacity"] == "spot" and doc["alternatives"][0].keys() >= {"instance_type", "zone", "hourly_price"}
+    assert doc["rule"] == "command-line" and doc["gpu_model"] != "K80" and doc["gpu_count"] >= 1
+    assert doc["catalog_id"] == load_catalog("embedded").catalog_id
 
 
 @pytest.mark.parametrize("name", ["aws-gpu-head.yaml", "aws-cpu-head.yaml", "gcp-gpu-head.yaml", "gcp-cpu-head.yaml",
@@ -149,8 +152,14 @@ def test_bad_input_exits_2_with_the_key():
 
 def test_catalog_list_json():
     out = CliRunner().invoke(main, ["catalog", "list", "--cloud", "aws", "--region", "us-east-1", "--json"])
+    assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
     o = doc["offerings"][0]
     assert set(o) >= {"instance_type", "family", "vcpus", "memory_gib", "gpu_model", "gpu_count", "arch", "burstable",
                       "region", "zone", "capacity", "hourly_price"}
     assert any(x["hourly_price"] is None for x in doc["offerings"])
+    # Every offering of the region, from the catalog, in its ranking order.
+    cat = load_catalog("embedded")
+    assert (doc["catalog_id"], doc["cloud"], doc["region"]) == (cat.catalog_id, "aws", "us-east-1")
+    assert doc["offerings"] == [o.to_dict() for o in cat.region("aws", "us-east-1").offerings()]
+    assert {x["region"] for x in doc["offerings"]} == {"us-east-1"}

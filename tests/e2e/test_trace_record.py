@@ -19,8 +19,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ray_nodeless.simulate.engine import config_from_cluster, simulate
-from ray_nodeless.trace.model import load_trace, trace_command
+from ray_nodeless.cli import main
+from ray_nodeless.simulate.config import config_from_cluster
+from ray_nodeless.simulate.engine import simulate
+from ray_nodeless.trace.model import load_trace
 
 pytestmark = pytest.mark.e2e
 
@@ -58,12 +60,13 @@ SCRIPT = textwrap.dedent("""
     ray.kill(trial)
     time.sleep(3.0)   # let the task events reach the GCS / dashboard
 
-    from ray_nodeless.trace.model import trace_command, record_trace
+    from ray_nodeless.cli import main
+    from ray_nodeless.trace.record import record_trace
     address = f"http://127.0.0.1:{port}"
-    res = CliRunner().invoke(trace_command, ["record", "--address", address, "--out", f"{out_dir}/trace.yaml"])
+    res = CliRunner().invoke(main, ["trace", "record", "--address", address, "--out", f"{out_dir}/trace.yaml"])
     print(res.output, file=sys.stderr)
     rec = record_trace(address=address)
-    json.dump({"exit_code": res.exit_code, "measured_node_hours": rec.measured_node_hours,
+    json.dump({"exit_code": res.exit_code, "output": res.output, "measured_node_hours": rec.measured_node_hours,
                "window_ms": [rec.window_start_ms, rec.window_end_ms], "nodes": len(rec.nodes)},
               open(f"{out_dir}/measured.json", "w"))
     ray.shutdown()
@@ -115,8 +118,12 @@ def _local_cluster(tmp_path: Path) -> str:
 
 def test_record_produces_a_trace(recorded):
     out, measured = recorded
-    assert measured["exit_code"] == 0
+    assert measured["exit_code"] == 0, measured["output"]
     trace = load_trace(out / "trace.yaml")
+    # One line saying what was written: 1 job (the driver's), 7 tasks, and the run's measured node-hours.
+    assert measured["output"].startswith(f"wrote {out}/trace.yaml: 1 job(s), 7 task(s); measured node-hours in "
+                                         f"the run window: ")
+    assert len(measured["output"].splitlines()) == 1
     tasks = [t for j in trace.jobs.values() for t in j.tasks]
     shapes = sorted(tuple(sorted(t.resource_dict.items())) for t in tasks)
     # 2 warm-up + 3 CPU tasks + 1 GPU task + 1 actor (Tune trials are actors).
@@ -137,9 +144,11 @@ def test_replay_matches_measured_node_hours(recorded, tmp_path):
     assert replayed == pytest.approx(measured["measured_node_hours"], rel=0.10)
 
 
-def test_record_without_dashboard_fails_cleanly():
-    # Nothing listens on this port: one error line, exit status 1, no traceback.
-    r = CliRunner().invoke(trace_command, ["record", "--address", f"http://127.0.0.1:{_free_port()}",
-                                           "--out", "/tmp/never-written.yaml"])
+def test_record_without_dashboard_fails_cleanly(tmp_path):
+    # Nothing listens on this port: one error line, exit status 1, no traceback, nothing written.
+    out = tmp_path / "never-written.yaml"
+    r = CliRunner().invoke(main, ["trace", "record", "--address", f"http://127.0.0.1:{_free_port()}",
+                                  "--out", str(out)])
     assert r.exit_code == 1
-    assert "ray-nodeless: error:" in r.output
+    assert r.output.startswith("ray-nodeless: error: ") and len(r.output.splitlines()) == 1
+    assert "Traceback" not in r.output and not out.exists()

@@ -2,20 +2,19 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-import click
 import pytest
 import yaml
 from click.testing import CliRunner
 
+from ray_nodeless.cli import main
 from ray_nodeless.core.cluster_plan import load_catalog, load_cluster_yaml, plan_cluster
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.simulate.engine import (
-    SimulationError, build_configs, config_from_cluster, config_from_fixed, simulate, simulate_command,
-)
-from ray_nodeless.trace.model import MS_PER_HOUR, load_trace, parse_trace
+from ray_nodeless.simulate.config import build_configs, config_from_cluster, config_from_fixed, force_on_demand
+from ray_nodeless.simulate.engine import Simulator, simulate
+from ray_nodeless.simulate.model import TICK_MS, SimulationError
+from ray_nodeless.trace.model import MS_PER_HOUR, load_trace, parse_trace, write_trace
 from tests import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -96,8 +95,7 @@ def test_configs_use_planner_choice_and_on_demand_override(published):
         r = published[label]
         cfg = load_cluster_yaml(GPU_HEAD)
         if od:
-            from ray_nodeless.simulate.engine import _force_on_demand
-            cfg = _force_on_demand(cfg)
+            cfg = force_on_demand(cfg)
         cp = plan_cluster(cfg)
         for name, offer in r.config.offers.items():
             chosen = cp.plans[name].chosen
@@ -137,12 +135,64 @@ def test_beats_published_and_respects_bounds(published):
     assert published["aws-gpu-head:on-demand"].config.idle_cost_per_hour == pytest.approx(1.204)
 
 
-def test_replay_is_fast(trace, catalog):
-    cfgs = build_configs(trace, [str(GPU_HEAD), str(CPU_HEAD)], ["fixed:3xg4dn.4xlarge"], "both", None, catalog)
-    t0 = time.perf_counter()
-    for c in cfgs:
-        simulate(trace, c)
-    assert time.perf_counter() - t0 < 15
+class _EveryTick(Simulator):
+    """The autoscaler evaluated on every tick of the 5-s grid while anything can still change: the brute-force
+    reference for the replay, which only evaluates ticks after a change."""
+
+    def _next_tick(self, ran_tick: bool) -> None:
+        # After the workload ends only idle terminations remain, down to each type's min_workers: stop there.
+        workers = [n.node_type for n in self.live.values() if not n.is_head]
+        if self.workload_end is None or any(workers.count(t) > self.cfg.node_types[t]["min_workers"]
+                                            for t in set(workers)):
+            grid = -(-self.now // TICK_MS) * TICK_MS          # the first tick at or after now ...
+            self._tick_at(grid + TICK_MS if ran_tick and grid == self.now else grid)   # ... that has not run
+
+
+def _staggered_cluster(tmp_path: Path) -> tuple:
+    """Bursts of GPU work with gaps longer than the idle timeout, a min_workers floor and a cap: workers launch,
+    idle out mid-run (never below the floor) and launch again."""
+    trace = parse_trace(_one_job([
+        {"name": "a", "resources": {"GPU": 1}, "minutes": 20, "count": 3},
+        {"name": "b", "resources": {"GPU": 1}, "minutes": 10, "count": 4, "submit_at_minutes": 45},
+        {"name": "c", "resources": {"CPU": 2}, "minutes": 7, "count": 5, "submit_at_minutes": 100},
+    ]))
+    path = _cluster_yaml(tmp_path, head_res={"CPU": 4}, worker_res={"CPU": 4, "GPU": 1}, max_workers=3,
+                         min_workers=1, idle_minutes=5)
+    return trace, config_from_cluster(path, "all-parallel", False)
+
+
+@pytest.mark.parametrize("case", ["gpu-head-spot-interrupted", "cpu-head-on-demand", "staggered-min-workers"])
+def test_evaluating_only_changed_ticks_equals_evaluating_every_tick(case, trace, catalog, tmp_path):
+    """The replay skips ticks where nothing changed, because the scheduler's answer is a function of the state.
+    That shortcut must not change any figure: same nodes, same times, byte-identical report, while the scheduler
+    is consulted far less often than the brute-force reference does."""
+    kw = {}
+    if case == "gpu-head-spot-interrupted":
+        cfg = build_configs(trace, [str(GPU_HEAD)], [], "as-configured", None, catalog)[0]
+        kw = {"spot_interruptions_per_hour": 0.5, "seed": 7}
+        tr = trace
+    elif case == "cpu-head-on-demand":
+        cfg = build_configs(trace, [str(CPU_HEAD)], [], "on-demand", None, catalog)[0]
+        tr = trace
+    else:
+        tr, cfg = _staggered_cluster(tmp_path)
+    fast = simulate(tr, cfg, **kw)
+    brute = _EveryTick(tr, cfg, **kw).run()
+    nodes = [(n.node_type, n.launch_ms, n.ready_ms, n.end_ms) for n in fast.nodes]
+    assert nodes == [(n.node_type, n.launch_ms, n.ready_ms, n.end_ms) for n in brute.nodes]
+    assert json.dumps(fast.to_dict(), sort_keys=True) == json.dumps(brute.to_dict(), sort_keys=True)
+    assert [(t.state, t.ran_on, t.useful_ms, t.lost_ms) for t in fast.tasks] == \
+        [(t.state, t.ran_on, t.useful_ms, t.lost_ms) for t in brute.tasks]
+    assert 0 < fast.scheduler_calls * 10 < brute.scheduler_calls
+    if case == "gpu-head-spot-interrupted":
+        assert fast.interruptions > 0
+    if case == "staggered-min-workers":
+        # Workers did idle out between bursts and relaunch, and the floor of one worker held throughout.
+        workers = [n for n in fast.nodes if not n.is_head]
+        assert any(n.end_ms < fast.elapsed_ms for n in workers)
+        assert any(n.launch_ms > 0 for n in workers)
+        for t in range(0, fast.elapsed_ms, TICK_MS):
+            assert sum(1 for n in workers if n.launch_ms <= t < n.end_ms) >= 1, t
 
 
 # -- mechanics on small traces -----------------------------------------------------------------------------------
@@ -164,6 +214,19 @@ def test_launch_latency_and_idle_timeout_exact(tmp_path):
     w_price = r.config.offers["worker"].hourly_price
     assert r.workload_cost == pytest.approx(head_price * 1.05 + w_price * (4_080_000 / MS_PER_HOUR))
     assert r.scheduler_calls >= 1
+
+
+@pytest.mark.timeout(60)
+def test_min_workers_floor_does_not_stall_the_replay(tmp_path):
+    """A worker kept by min_workers idles at the end of every workload. It can never be terminated, so it must not
+    keep asking for idle ticks: the replay used to loop forever on any cluster with min_workers >= 1."""
+    trace = parse_trace(_one_job([{"name": "g", "resources": {"GPU": 1}, "minutes": 20}]))
+    path = _cluster_yaml(tmp_path, head_res={"CPU": 4}, worker_res={"CPU": 4, "GPU": 1}, min_workers=1)
+    r = simulate(trace, config_from_cluster(path, "all-parallel", False))
+    (worker,) = [n for n in r.nodes if not n.is_head]
+    # The floor worker comes up with the cluster, runs the task at once, and is billed until the workload ends.
+    assert (worker.launch_ms, worker.ready_ms, worker.end_ms) == (0, 0, 20 * 60_000)
+    assert r.elapsed_ms == 20 * 60_000 and r.tasks[0].ran_on == worker.seq
 
 
 def test_max_workers_and_ray_scheduler_is_used(tmp_path, monkeypatch):
@@ -228,6 +291,17 @@ def test_spot_interruptions_rerun_lost_work_deterministically(trace, catalog):
     assert {t.state for t in a.tasks} <= {"done", "cut", "cancelled"}
 
 
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_written_trace_reads_back(suffix, trace, tmp_path):
+    """`trace record` writes with `write_trace`; whatever it writes, `load_trace` must read back unchanged."""
+    doc = yaml.safe_load(TRACE.read_text())
+    out = tmp_path / f"t{suffix}"
+    write_trace(doc, out)
+    if suffix == ".json":
+        assert json.loads(out.read_text()) == doc
+    assert load_trace(out) == trace
+
+
 def test_trace_validation_errors():
     with pytest.raises(ConfigError, match="unknown key"):
         parse_trace(_one_job([{"name": "g", "resources": {"GPU": 1}, "hours": 1}], bogus=1))
@@ -239,18 +313,12 @@ def test_trace_validation_errors():
 
 # -- the command ------------------------------------------------------------------------------------------------
 
-def _cmd() -> click.Group:
-    from ray_nodeless.cli.main import main
-    main.add_command(simulate_command)
-    return main
-
-
 def test_cli_json_is_deterministic_and_complete(tmp_path):
     args = ["simulate", str(TRACE), "--baseline", "fixed:3xg4dn.4xlarge", "--config", str(GPU_HEAD),
             "--config", str(CPU_HEAD), "--capacity", "both", "--json"]
     runner = CliRunner()
-    r1 = runner.invoke(_cmd(), args)
-    r2 = runner.invoke(_cmd(), args)
+    r1 = runner.invoke(main, args)
+    r2 = runner.invoke(main, args)
     assert r1.exit_code == 0, r1.output
     assert r1.output == r2.output
     doc = json.loads(r1.output)
@@ -263,19 +331,57 @@ def test_cli_json_is_deterministic_and_complete(tmp_path):
     assert confs["fixed:3xg4dn.4xlarge"]["elapsed_hours"] == 22.6
     assert round(confs["fixed:3xg4dn.4xlarge"]["workload_cost"], 2) == 81.63
     assert confs["fixed:3xg4dn.4xlarge"]["idle_cost_per_hour"] == 3.612
+    assert doc["trace"] == "automl-published" and doc["published"]
+    assert doc["parameters"] == {"launch_minutes": 3.0, "spot_interruptions_per_hour": 0.0, "seed": 0,
+                                 "capacity": "both", "tick_seconds": 5,
+                                 "autoscaler": "ray v1 ResourceDemandScheduler.get_nodes_to_launch"}
 
 
 def test_cli_text_plot_and_errors(tmp_path):
     png = tmp_path / "t.png"
-    r = CliRunner().invoke(_cmd(), ["simulate", str(TRACE), "--baseline", "fixed:3xg4dn.4xlarge",
-                                    "--config", f"{GPU_HEAD}#sequential", "--plot", str(png)])
+    r = CliRunner().invoke(main, ["simulate", str(TRACE), "--baseline", "fixed:3xg4dn.4xlarge",
+                                  "--config", f"{GPU_HEAD}#sequential", "--plot", str(png)])
     assert r.exit_code == 0, r.output
-    assert "fixed:3xg4dn.4xlarge" in r.output and "sequential" in r.output
+    lines = r.output.splitlines()
+    assert lines[0] == "trace automl-published: 9 jobs, 90 tasks"
+    base_row = next(line for line in lines if line.startswith("fixed:3xg4dn.4xlarge "))
+    assert base_row.split()[1:4] == ["sequential", "22.600", "81.63"]
+    # The config replays the sequential schedule too, so it is compared against the baseline in `vs base`.
+    row = next(line for line in lines if line.startswith("aws-gpu-head "))
+    assert row.split()[1] == "sequential" and row.split()[4].startswith("-") and row.split()[4].endswith("%")
+    assert lines[-1] == f"plot: {png}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    bad = CliRunner().invoke(_cmd(), ["simulate", str(TRACE), "--baseline", "fixed:3xnope.huge"])
-    assert bad.exit_code == 2 and "no on-demand price" in bad.output
-    none = CliRunner().invoke(_cmd(), ["simulate", str(TRACE)])
-    assert none.exit_code == 2
+
+
+@pytest.mark.parametrize("args,key", [
+    (["--baseline", "fixed:3xnope.huge"], "--baseline: nope.huge has no on-demand price in aws us-west-2"),
+    (["--baseline", "three g4dn"], "--baseline: 'three g4dn' is not fixed:<N>x<instance type>[@region]"),
+    ([], "--config/--baseline: give at least one configuration"),
+    (["--baseline", "fixed:1xg4dn.xlarge", "--launch-minutes", "-1"], "--launch-minutes/--spot-interruptions-per-hour"),
+    (["--config", str(GPU_HEAD), "--schedule", "nightly"], "'nightly' is not one of the trace's schedules"),
+])
+def test_cli_bad_input_exits_2_naming_the_key(args, key):
+    r = CliRunner().invoke(main, ["simulate", str(TRACE), *args])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("ray-nodeless: error: ") and key in r.output
+    assert len(r.output.splitlines()) == 1
+
+
+def test_cli_bad_trace_names_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_one_job([{"name": "g", "resources": {"GPU": 1}, "hours": -1}])))
+    r = CliRunner().invoke(main, ["simulate", str(bad), "--baseline", "fixed:1xg4dn.xlarge"])
+    assert r.exit_code == 2, r.output
+    assert f"ray-nodeless: error: {bad}.jobs[0].tasks[0].hours: must be a number >= 0" in r.output
+
+
+def test_cli_infeasible_workload_exits_1(tmp_path):
+    """A trace that cannot complete is not a bad option: the replay ran and failed, exit 1 with the reason."""
+    t = tmp_path / "big.yaml"
+    t.write_text(yaml.safe_dump(_one_job([{"name": "g", "resources": {"GPU": 8}, "hours": 1}])))
+    r = CliRunner().invoke(main, ["simulate", str(t), "--baseline", "fixed:1xg4dn.xlarge"])
+    assert r.exit_code == 1, r.output
+    assert "ray-nodeless: error: fixed:1xg4dn.xlarge: the workload cannot complete" in r.output
 
 
 def test_fixed_baseline_other_region(catalog):

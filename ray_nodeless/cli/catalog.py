@@ -1,0 +1,90 @@
+"""`ray-nodeless catalog`: list a region's offerings, show the embedded catalog, refresh one from a cloud's APIs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ray_nodeless.cli.errors import BAD_INPUT, fail, user_errors
+from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.cluster_plan import load_catalog
+from ray_nodeless.errors import ConfigError
+
+
+@click.group("catalog")
+def catalog_group() -> None:
+    """Inspect or refresh the instance catalog."""
+
+
+@catalog_group.command("list")
+@click.option("--cloud", type=click.Choice(["aws", "gcp"]), required=True)
+@click.option("--region", required=True)
+@click.option("--catalog", "catalog_spec", default="embedded", show_default=True,
+              help="'embedded' or a path to a catalog file.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def catalog_list(cloud: str, region: str, catalog_spec: str, as_json: bool) -> None:
+    """Every offering of a region, with its specs and price, in ranking order."""
+    with user_errors(other=()):
+        cat = load_catalog(catalog_spec)
+        rc = cat.region(cloud, region)
+    if as_json:
+        click.echo(json.dumps({"catalog_id": cat.catalog_id, "cloud": cloud, "region": region,
+                               "offerings": [o.to_dict() for o in rc.offerings()]}, indent=1))
+        return
+    click.echo(f"# catalog {cat.catalog_id}: {cloud} {region}, {len(rc)} offerings")
+    click.echo(f"{'instance_type':28} {'vcpus':>6} {'mem_gib':>8} {'gpu':>10} {'arch':7} {'zone':16} "
+               f"{'capacity':9} {'usd_per_hour':>12}")
+    for o in rc.offerings():
+        t = o.instance_type
+        gpu = f"{t.gpu_count}x{t.gpu_model}" if t.gpu_count else "-"
+        price = "unknown" if o.hourly_price is None else f"{o.hourly_price:.4f}"
+        click.echo(f"{t.name:28} {t.vcpus:>6g} {t.memory_gib:>8g} {gpu:>10} {t.arch:7} {o.zone:16} "
+                   f"{o.capacity:9} {price:>12}")
+
+
+@catalog_group.command("refresh")
+@click.option("--cloud", type=click.Choice(["aws", "gcp"]), required=True)
+@click.option("--region", required=True)
+@click.option("--out", type=click.Path(dir_okay=False), help="Where to write the catalog file "
+              "(default: catalog-<cloud>-<region>.json.gz); use it with `provider.catalog: <path>`.")
+@click.option("--endpoint-url", help="AWS: API endpoint (default: AWS_ENDPOINT_URL or the real one).")
+@click.option("--project-id", help="GCP: the project to read machine types from.")
+@click.option("--api-endpoint", help="GCP: Compute API endpoint.")
+@click.option("--json", "as_json", is_flag=True)
+def catalog_refresh(cloud: str, region: str, out: str | None, endpoint_url: str | None, project_id: str | None,
+                    api_endpoint: str | None, as_json: bool) -> None:
+    """Rebuild a region's catalog from the cloud's APIs (cached on disk); falls back to the last good one."""
+    out = out or f"catalog-{cloud}-{region}.json.gz"
+    if cloud == "aws":
+        from ray_nodeless.providers.aws.catalog import refresh_cli
+
+        summary = refresh_cli(region, out, endpoint_url=endpoint_url)
+    else:
+        from ray_nodeless.providers.gcp.catalog import refresh_gcp_catalog_with_summary
+
+        if not project_id:
+            fail(ConfigError("--project-id", "required for --cloud gcp"), BAD_INPUT)
+        cat, summary = refresh_gcp_catalog_with_summary(region, project_id, api_endpoint=api_endpoint)
+        Path(out).write_bytes(catalog_mod.dump_bytes(cat.doc))
+        summary = dict(summary, written=str(out))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    else:
+        for k in sorted(summary):
+            click.echo(f"{k}: {summary[k]}")
+
+
+@catalog_group.command("info")
+@click.option("--json", "as_json", is_flag=True)
+def catalog_info(as_json: bool) -> None:
+    """The embedded catalog's id, sha256 and coverage."""
+    cat = catalog_mod.embedded()
+    info = {"catalog_id": cat.catalog_id, "sha256": cat.sha256, "built": cat.built,
+            "regions": {c: cat.regions(c) for c in cat.clouds}}
+    if as_json:
+        click.echo(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        click.echo(f"{cat.catalog_id} (sha256 {cat.sha256}), data of {cat.built}")
+        for c in cat.clouds:
+            click.echo(f"  {c}: {', '.join(cat.regions(c))}")

@@ -1,0 +1,111 @@
+"""`ray-nodeless plan`: the instance each node type of a cluster YAML gets, and why, or one ad-hoc shape's.
+
+It never launches anything: it is the cost preview.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from ray_nodeless.cli.errors import user_errors
+from ray_nodeless.cli.formatting import price
+from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.cluster_plan import ClusterPlan, load_cluster_yaml, plan_cluster, planner_for
+from ray_nodeless.core.planner import Plan
+from ray_nodeless.core.requirements import GIB, Request, Shape, parse_requirements
+from ray_nodeless.errors import ConfigError
+
+
+def _plan_lines(name: str | None, plan: Plan, alternatives: int = 3) -> list[str]:
+    o = plan.chosen
+    t = o.instance_type
+    gpu = f", {t.gpu_count}x{t.gpu_model}" if t.gpu_count else ""
+    head = f"{name}: " if name else ""
+    lines = [
+        f"{head}{plan.request.shape.describe()} -> {t.name} ({t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}) "
+        f"{o.zone} {o.capacity} {price(o.hourly_price)}",
+        f"    rule: {plan.request.rule}; {len(plan)} candidates of {plan.considered} offerings; "
+        f"rejected: " + (", ".join(f"{k}={v}" for k, v in plan.rejected.items()) or "none"),
+    ]
+    for alt in plan.top(alternatives + 1)[1:]:
+        lines.append(f"    alternative: {alt.instance_type.name} {alt.zone} {alt.capacity} {price(alt.hourly_price)}")
+    return lines
+
+
+@click.command("plan")
+@click.argument("cluster_yaml", required=False, type=click.Path(dir_okay=False))
+@click.option("--cloud", type=click.Choice(["aws", "gcp"]), help="Ad-hoc shape: the cloud.")
+@click.option("--region", help="Ad-hoc shape: the region.")
+@click.option("--cpu", type=float, default=0, show_default=True, help="Ad-hoc shape: vCPUs.")
+@click.option("--gpu", type=int, default=0, show_default=True, help="Ad-hoc shape: GPUs.")
+@click.option("--memory", type=float, default=0, show_default=True, help="Ad-hoc shape: memory in GiB.")
+@click.option("--family", "families", multiple=True, help="Allowed family (repeatable).")
+@click.option("--exclude-family", "exclude_families", multiple=True, help="Excluded family (repeatable).")
+@click.option("--instance-type", "instance_types", multiple=True, help="Allowed instance type glob (repeatable).")
+@click.option("--gpu-model", "gpus", multiple=True, help="Allowed GPU model (repeatable).")
+@click.option("--exclude-gpu", "exclude_gpus", multiple=True, help="Excluded GPU model (repeatable).")
+@click.option("--capacity", multiple=True, type=click.Choice(list(catalog_mod.CAPACITY_TYPES)),
+              help="Capacity types in order of preference (repeatable). Default: on-demand.")
+@click.option("--arch", type=click.Choice(["x86_64", "arm64", "any"]), help="CPU architecture (default x86_64).")
+@click.option("--zone", "zones", multiple=True, help="Allowed zone (repeatable).")
+@click.option("--max-price", type=float, help="Maximum USD per hour.")
+@click.option("--alternatives", type=int, default=3, show_default=True, help="Alternatives to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None, cpu: float, gpu: int, memory: float,
+         families, exclude_families, instance_types, gpus, exclude_gpus, capacity, arch, zones, max_price,
+         alternatives: int, as_json: bool) -> None:
+    """Show the instance each node type of CLUSTER_YAML gets, and why; or plan one ad-hoc shape."""
+    with user_errors():
+        if cluster_yaml:
+            if cloud or region:
+                raise ConfigError("--cloud/--region", "give either CLUSTER_YAML or an ad-hoc shape, not both")
+            _plan_cluster(cluster_yaml, alternatives, as_json)
+            return
+        if not cloud or not region:
+            raise ConfigError("--cloud/--region", "an ad-hoc shape needs --cloud and --region (or give CLUSTER_YAML)")
+        data: dict[str, Any] = {}
+        for key, val in (("families", families), ("exclude_families", exclude_families),
+                         ("instance_types", instance_types), ("gpus", gpus), ("exclude_gpus", exclude_gpus),
+                         ("capacity", capacity), ("zones", zones)):
+            if val:
+                data[key] = list(val)
+        if arch:
+            data["arch"] = arch
+        if max_price is not None:
+            data["max_hourly_price"] = max_price
+        req = parse_requirements(data, "options")
+        shape = Shape.from_resources({"CPU": cpu, "GPU": gpu, "memory": memory * GIB}, "options")
+        p = planner_for(catalog_mod.embedded()).plan(
+            Request(cloud=cloud, region=region, shape=shape, requirements=req, rule="command-line"))
+        if as_json:
+            click.echo(json.dumps(p.explain(alternatives), indent=2, sort_keys=True))
+        else:
+            click.echo("\n".join(_plan_lines(None, p, alternatives)))
+            click.echo(f"catalog: {p.catalog_id}")
+
+
+def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
+    cfg = load_cluster_yaml(path)
+    cp: ClusterPlan = plan_cluster(cfg)
+    if as_json:
+        click.echo(json.dumps(cp.to_dict(), indent=2, sort_keys=True))
+        return
+    s = cp.settings
+    where = f"{s.cloud} {s.region}" + (f" (priced as {s.price_cloud})" if s.cloud == "local" else "")
+    click.echo(f"cluster {cfg.get('cluster_name', '?')}: {where}, catalog {cp.catalog_id}")
+    # The head first, then worker types by name.
+    for name in sorted(cp.plans, key=lambda n: (n != cp.head_node_type, n)):
+        p = cp.plans[name]
+        nt = cp.node_types[name]
+        if name == cp.head_node_type:
+            role = "head"
+        else:
+            role = f"workers {int(nt.get('min_workers', 0))}..{int(nt.get('max_workers', cp.global_max_workers))}"
+        lines = _plan_lines(name, p, alternatives)
+        lines[0] = f"[{role}] " + lines[0]
+        click.echo("\n".join(lines))
+    c = cp.cost
+    click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "
+               f"ceiling: ${c.ceiling_cost_per_hour:.4f}/h (at max_workers)")

@@ -1,0 +1,66 @@
+"""`ray-nodeless simulate`: replay a workload trace under cluster configurations and fixed baselines.
+
+The replay itself is `ray_nodeless.simulate`; this module only reads the options and prints the report.
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+from ray_nodeless.cli.errors import user_errors
+from ray_nodeless.core.cluster_plan import load_catalog
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.simulate.config import CAPACITY_VARIANTS, build_configs
+from ray_nodeless.simulate.engine import simulate
+from ray_nodeless.simulate.model import DEFAULT_LAUNCH_MINUTES
+from ray_nodeless.simulate.plot import plot_results
+from ray_nodeless.simulate.report import report_dict, report_params, report_text
+from ray_nodeless.trace.model import load_trace
+
+
+@click.command("simulate")
+@click.argument("trace_path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--config", "configs", multiple=True,
+              help="Cluster YAML to replay under (repeatable). Append #SCHEDULE to pick the trace schedule.")
+@click.option("--baseline", "baselines", multiple=True,
+              help="Fixed cluster, e.g. fixed:3xg4dn.4xlarge or fixed:3xg4dn.4xlarge@us-east-1 (repeatable; "
+                   "#SCHEDULE as for --config; default schedule: the trace's baseline_schedule).")
+@click.option("--capacity", type=click.Choice(list(CAPACITY_VARIANTS)), default="as-configured",
+              show_default=True, help="on-demand: force capacity [on-demand] for every node type; both: report "
+                                      "each config both ways.")
+@click.option("--schedule", default=None, help="Trace schedule for --config (default: the trace's default_schedule).")
+@click.option("--launch-minutes", type=float, default=DEFAULT_LAUNCH_MINUTES, show_default=True,
+              help="Launch request -> node ready to run tasks.")
+@click.option("--spot-interruptions-per-hour", type=float, default=0.0, show_default=True,
+              help="Per spot node; lost work reruns.")
+@click.option("--seed", type=int, default=0, show_default=True, help="RNG seed (spot interruptions).")
+@click.option("--catalog", "catalog_spec", default="embedded", show_default=True,
+              help="Catalog pricing the fixed baselines ('embedded' or a file). Cluster configs use their own.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a timeline PNG.")
+def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple[str, ...], capacity: str,
+                     schedule: str | None, launch_minutes: float, spot_interruptions_per_hour: float, seed: int,
+                     catalog_spec: str, as_json: bool, plot_path: str | None) -> None:
+    """Replay TRACE under each --config and --baseline: elapsed time, cost, idle cost, node-hours."""
+    with user_errors():
+        if not configs and not baselines:
+            raise ConfigError("--config/--baseline", "give at least one configuration to replay under")
+        if launch_minutes < 0 or spot_interruptions_per_hour < 0:
+            raise ConfigError("--launch-minutes/--spot-interruptions-per-hour", "must be >= 0")
+        trace = load_trace(trace_path)
+        catalog = load_catalog(catalog_spec)
+        cfgs = build_configs(trace, configs, baselines, capacity, schedule, catalog)
+        results = [simulate(trace, c, launch_latency_ms=int(round(launch_minutes * 60_000)),
+                            spot_interruptions_per_hour=spot_interruptions_per_hour, seed=seed) for c in cfgs]
+    baseline = next((r for r in results if r.config.kind == "fixed"), None)
+    if plot_path:
+        plot_results(results, plot_path)
+    if as_json:
+        params = report_params(launch_minutes=launch_minutes, spot_interruptions_per_hour=spot_interruptions_per_hour,
+                               seed=seed, capacity=capacity)
+        click.echo(json.dumps(report_dict(trace, results, params), indent=2, sort_keys=True))
+    else:
+        click.echo(report_text(trace, results, baseline))
+        if plot_path:
+            click.echo(f"plot: {plot_path}")

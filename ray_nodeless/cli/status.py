@@ -1,0 +1,31 @@
+"""`ray-nodeless status`: the live machines of a cluster, read from its backend's listing."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from ray_nodeless.cli.errors import user_errors
+from ray_nodeless.cli.formatting import price
+from ray_nodeless.core.cluster_plan import load_cluster_yaml
+
+
+@click.command("status")
+@click.argument("cluster_yaml", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def status_command(cluster_yaml: str, as_json: bool) -> None:
+    """The live machines of a cluster: node type, instance, zone, capacity, price, uptime, cost so far."""
+    # Imported here: only `status` lists machines; the other commands start without the launch layer.
+    from ray_nodeless.launch.status import status_document
+
+    with user_errors():
+        doc = status_document(load_cluster_yaml(cluster_yaml))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    click.echo(f"cluster {doc['cluster_name']}: {len(doc['nodes'])} machine(s), ${doc['hourly_cost']:.4f}/h, "
+               f"${doc['accumulated_cost']:.4f} so far")
+    for n in doc["nodes"]:
+        click.echo(f"  {n['node_id']:24} {n['kind']:6} {n['node_type']:14} {n['instance_type']:18} {n['zone']:14} "
+                   f"{n['capacity']:9} {price(n['hourly_price']):>14} up {n['uptime_s']:>8.0f}s "
+                   f"${(n['cost'] or 0):.4f}  rule {n['rule']}")

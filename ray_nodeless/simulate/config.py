@@ -1,0 +1,124 @@
+"""The configurations a trace is replayed under: a cluster YAML (planned by the provider's own planner) or a fixed
+baseline (`fixed:3xg4dn.4xlarge`), each with the trace schedule it replays.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from ray_nodeless.core.catalog import Catalog
+from ray_nodeless.core.cluster_plan import load_cluster_yaml, plan_cluster
+from ray_nodeless.core.requirements import GIB
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.simulate.model import Offer, SimConfig
+from ray_nodeless.trace.model import Trace
+
+logger = logging.getLogger(__name__)
+
+# `--capacity` -> which variants of each cluster config to replay (True: every capacity forced to on-demand).
+CAPACITY_VARIANTS: dict[str, tuple[bool, ...]] = {
+    "as-configured": (False,),
+    "on-demand": (True,),
+    "both": (True, False),
+}
+
+
+def force_on_demand(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Every rule and node_config that names a capacity gets `[on-demand]` (the default for the rest)."""
+    cfg = copy.deepcopy(cfg)
+    prov = cfg.get("provider") or {}
+    for rule in prov.get("rules") or []:
+        if isinstance(rule, dict) and "capacity" in rule:
+            rule["capacity"] = ["on-demand"]
+    for nt in (cfg.get("available_node_types") or {}).values():
+        if isinstance(nt, dict) and isinstance(nt.get("node_config"), dict) and "capacity" in nt["node_config"]:
+            nt["node_config"]["capacity"] = ["on-demand"]
+    return cfg
+
+
+def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Catalog | None = None) -> SimConfig:
+    raw = load_cluster_yaml(path)
+    cfg = force_on_demand(raw) if on_demand else raw
+    cp = plan_cluster(cfg, catalog=catalog)
+    node_types: dict[str, dict[str, Any]] = {}
+    offers: dict[str, Offer] = {}
+    for name, nt in cp.node_types.items():
+        is_head = name == cp.head_node_type
+        res = {k: float(v) for k, v in (nt.get("resources") or {}).items()}
+        node_types[name] = {"resources": res,
+                            "min_workers": 0 if is_head else int(nt.get("min_workers", 0)),
+                            "max_workers": 0 if is_head else int(nt.get("max_workers", cp.global_max_workers))}
+        o = cp.plans[name].chosen
+        offers[name] = Offer(instance_type=o.instance_type.name, capacity=o.capacity, zone=o.zone,
+                             hourly_price=float(o.hourly_price or 0.0))
+    idle_min = raw.get("idle_timeout_minutes")
+    if idle_min is None:
+        # Under v2 a missing idle_timeout_minutes means never; v1 would KeyError. Say so rather than guess.
+        logger.warning("%s has no idle_timeout_minutes: idle workers are never terminated in the replay", path)
+        idle_ms = -1
+    else:
+        idle_ms = int(round(float(idle_min) * 60_000))
+    label = Path(path).stem + (":on-demand" if on_demand else "")
+    return SimConfig(label=label, kind="autoscaled", schedule=schedule, head_node_type=cp.head_node_type,
+                     node_types=node_types, offers=offers, max_workers=cp.global_max_workers,
+                     upscaling_speed=float(raw.get("upscaling_speed", 1.0)), idle_timeout_ms=idle_ms,
+                     idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path))
+
+
+_FIXED = re.compile(r"^fixed:(\d+)x([A-Za-z0-9.\-_+]+?)(?:@([a-z0-9\-]+))?$")
+
+
+def config_from_fixed(spec: str, schedule: str, catalog: Catalog, cloud: str = "aws",
+                      default_region: str = "us-west-2") -> SimConfig:
+    """`fixed:3xg4dn.4xlarge[@region]`: N nodes always on, the first is the head, all run tasks; on-demand price."""
+    m = _FIXED.match(spec)
+    if not m:
+        raise ConfigError("--baseline", f"{spec!r} is not fixed:<N>x<instance type>[@region]")
+    n, itype, region = int(m.group(1)), m.group(2), m.group(3) or default_region
+    if n < 1:
+        raise ConfigError("--baseline", "needs at least one node")
+    rc = catalog.region(cloud, region)
+    prices = sorted((o.hourly_price, o.zone) for o in rc.offerings()
+                    if o.instance_type.name == itype and o.capacity == "on-demand" and o.hourly_price is not None)
+    if not prices:
+        raise ConfigError("--baseline", f"{itype} has no on-demand price in {cloud} {region} "
+                                        f"(catalog {catalog.catalog_id})")
+    price, zone = prices[0]
+    t = catalog.instance_type(cloud, itype)
+    assert t is not None
+    res = {"CPU": float(t.vcpus), "memory": float(t.memory_gib * GIB)}
+    if t.gpu_count:
+        res["GPU"] = float(t.gpu_count)
+    return SimConfig(label=spec, kind="fixed", schedule=schedule, head_node_type="fixed",
+                     node_types={"fixed": {"resources": res, "min_workers": 0, "max_workers": 0}},
+                     offers={"fixed": Offer(itype, "on-demand", zone, float(price))}, max_workers=0,
+                     upscaling_speed=1.0, idle_timeout_ms=-1, idle_cost_per_hour=n * float(price), fixed_count=n,
+                     source=spec)
+
+
+def _split_schedule(spec: str) -> tuple[str, str | None]:
+    if "#" in spec:
+        a, b = spec.rsplit("#", 1)
+        return a, b
+    return spec, None
+
+
+def build_configs(trace: Trace, configs: Iterable[str], baselines: Iterable[str], capacity: str,
+                  schedule: str | None, catalog: Catalog) -> list[SimConfig]:
+    out: list[SimConfig] = []
+    for spec in baselines:
+        s, sched = _split_schedule(spec)
+        out.append(config_from_fixed(s, sched or trace.baseline_schedule, catalog))
+    for spec in configs:
+        path, sched = _split_schedule(spec)
+        sched = sched or schedule or trace.default_schedule
+        for od in CAPACITY_VARIANTS[capacity]:
+            out.append(config_from_cluster(path, sched, od, catalog=catalog))
+    labels = [c.label for c in out]
+    for c in out:
+        if labels.count(c.label) > 1:
+            c.label = f"{c.label}#{c.schedule}"
+    return out

@@ -1,0 +1,108 @@
+"""What a replay works on: the configurations it replays under, and the state of nodes, tasks and jobs in a run.
+
+Time is whole milliseconds throughout (see `ray_nodeless.trace.model`), so a replay is exact integer arithmetic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_nodeless.errors import NodelessError
+from ray_nodeless.trace.model import JobSpec, TaskSpec
+
+TICK_MS = 5_000                      # Ray's AUTOSCALER_UPDATE_INTERVAL_S
+DEFAULT_LAUNCH_MINUTES = 3.0         # request -> Ray node ready (boot + `ray start`); see docs/trace-format.md
+EPS = 1e-9                           # resource amounts are floats: 0.1 + 0.2 must still fit in 0.3
+
+
+class SimulationError(NodelessError):
+    """The trace cannot complete under a configuration (a task fits no node type, ...)."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Configurations
+
+
+@dataclass(frozen=True)
+class Offer:
+    """The instance a node type runs on, as decided by the planner (or fixed by a baseline)."""
+
+    instance_type: str
+    capacity: str
+    zone: str
+    hourly_price: float
+
+    @property
+    def key(self) -> str:
+        """Key of `node_hours`: the instance type, `:spot` appended for spot capacity."""
+        return self.instance_type if self.capacity == "on-demand" else f"{self.instance_type}:{self.capacity}"
+
+
+@dataclass
+class SimConfig:
+    label: str
+    kind: str                                  # "autoscaled" | "fixed"
+    schedule: str
+    head_node_type: str
+    node_types: dict[str, dict[str, Any]]      # Ray's `available_node_types` subset: resources/min/max_workers
+    offers: dict[str, Offer]                   # node type -> instance
+    max_workers: int
+    upscaling_speed: float
+    idle_timeout_ms: int
+    idle_cost_per_hour: float
+    fixed_count: int = 0                       # fixed baselines: this many nodes of the head type, always on
+    source: str = ""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Run state
+
+
+@dataclass
+class SimNode:
+    seq: int
+    node_type: str
+    is_head: bool
+    offer: Offer
+    total: dict[str, float]
+    available: dict[str, float]
+    launch_ms: int
+    ready_ms: int
+    end_ms: int | None = None
+    running: set[int] = field(default_factory=set)
+    idle_since_ms: int | None = None
+    interrupt_ms: int | None = None
+
+    @property
+    def node_id(self) -> str:
+        return f"sim-{self.seq}"
+
+    @property
+    def ip(self) -> str:
+        return f"10.{self.seq // 65536 % 256}.{self.seq // 256 % 256}.{self.seq % 256}"
+
+
+@dataclass
+class TaskRun:
+    seq: int
+    job: str
+    spec: TaskSpec
+    state: str = "waiting"          # waiting | pending | running | done | cut | cancelled
+    submit_ms: int = 0
+    node: int | None = None
+    ran_on: int | None = None       # the node of the last attempt (kept after the task ends)
+    start_ms: int = 0
+    useful_ms: int = 0              # work that counted (finished, or cut by the budget)
+    lost_ms: int = 0                # work lost to spot interruptions
+    attempts: int = 0
+
+
+@dataclass
+class JobRun:
+    spec: JobSpec
+    state: str = "waiting"          # waiting | before | tasks | after | done
+    phase_idx: int = 0
+    tasks: list[TaskRun] = field(default_factory=list)
+    next_task: int = 0
+    in_flight: int = 0
+    tasks_start_ms: int = 0

@@ -1,0 +1,117 @@
+"""The outcome of one replay, and the figures the report is made of (cost, node-hours, utilisation, bound)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ray_nodeless.simulate.model import EPS, SimConfig, SimNode, TaskRun
+from ray_nodeless.trace.model import MS_PER_HOUR
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    elapsed_ms: int
+    nodes: list[SimNode]
+    tasks: list[TaskRun]
+    head_phase_ms: int
+    interruptions: int
+    scheduler_calls: int
+
+    # -- figures ------------------------------------------------------------------------------------------
+    def node_ms(self, n: SimNode) -> int:
+        end = n.end_ms if n.end_ms is not None else self.elapsed_ms
+        return max(0, end - n.launch_ms)
+
+    @property
+    def elapsed_hours(self) -> float:
+        return self.elapsed_ms / MS_PER_HOUR
+
+    @property
+    def workload_cost(self) -> float:
+        return sum(n.offer.hourly_price * self.node_ms(n) for n in self.nodes) / MS_PER_HOUR
+
+    def node_hours(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for n in self.nodes:
+            out[n.offer.key] = out.get(n.offer.key, 0.0) + self.node_ms(n) / MS_PER_HOUR
+        return dict(sorted(out.items()))
+
+    @property
+    def useful_task_hours(self) -> float:
+        return sum(t.useful_ms for t in self.tasks) / MS_PER_HOUR
+
+    @property
+    def lost_task_hours(self) -> float:
+        return sum(t.lost_ms for t in self.tasks) / MS_PER_HOUR
+
+    @property
+    def gpu_utilisation(self) -> float | None:
+        provisioned = sum(n.total.get("GPU", 0.0) * self.node_ms(n) for n in self.nodes)
+        busy = sum(t.spec.resource_dict.get("GPU", 0.0) * (t.useful_ms + t.lost_ms) for t in self.tasks)
+        return None if provisioned <= 0 else busy / provisioned
+
+    def slot_price(self, shape: Mapping[str, float]) -> float | None:
+        """Cheapest $/h of one task of `shape`: per node type, the chosen offering's price over how many such tasks
+        one node holds. `None` if no node type fits the shape."""
+        best: float | None = None
+        for name, nt in self.config.node_types.items():
+            res = nt["resources"]
+            slots = math.inf
+            for k, v in shape.items():
+                slots = min(slots, math.floor(res.get(k, 0.0) / v + EPS))
+            if not slots or slots == math.inf:
+                continue
+            p = self.config.offers[name].hourly_price / slots
+            best = p if best is None else min(best, p)
+        return best
+
+    def lower_bound(self) -> float:
+        """Every useful task-hour of this replay on the cheapest allowed offering for its shape: no launch latency,
+        no idle time, no head. (Head-only phases are left out: a GPU head may run trials at the same time, so
+        charging them too would not be a bound.)"""
+        total = 0.0
+        for t in self.tasks:
+            p = self.slot_price(t.spec.resource_dict)
+            if p is not None:
+                total += p * t.useful_ms / MS_PER_HOUR
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        gpu = self.gpu_utilisation
+        return {
+            "kind": self.config.kind,
+            "source": self.config.source,
+            "schedule": self.config.schedule,
+            "instances": {name: {"instance_type": o.instance_type, "capacity": o.capacity, "zone": o.zone,
+                                 "hourly_price": o.hourly_price} for name, o in sorted(self.config.offers.items())},
+            "elapsed_hours": round(self.elapsed_hours, 6),
+            "workload_cost": round(self.workload_cost, 6),
+            "idle_cost_per_hour": round(self.config.idle_cost_per_hour, 6),
+            "node_hours": {k: round(v, 6) for k, v in self.node_hours().items()},
+            "gpu_utilisation": None if gpu is None else round(gpu, 6),
+            "lower_bound_cost": round(self.lower_bound(), 6),
+            "useful_task_hours": round(self.useful_task_hours, 6),
+            "lost_task_hours": round(self.lost_task_hours, 6),
+            "head_only_hours": round(self.head_phase_ms / MS_PER_HOUR, 6),
+            "launches": sum(1 for n in self.nodes if not n.is_head and self.config.kind == "autoscaled"),
+            "peak_nodes": self.peak_nodes(),
+            "spot_interruptions": self.interruptions,
+        }
+
+    def peak_nodes(self) -> int:
+        return max((c for _, c in self.node_count_series()), default=0)
+
+    def node_count_series(self) -> list[tuple[int, int]]:
+        """(time ms, nodes up) at every change, nodes counted from launch request to termination."""
+        deltas: dict[int, int] = {}
+        for n in self.nodes:
+            deltas[n.launch_ms] = deltas.get(n.launch_ms, 0) + 1
+            end = n.end_ms if n.end_ms is not None else self.elapsed_ms
+            deltas[end] = deltas.get(end, 0) - 1
+        out, c = [], 0
+        for t in sorted(deltas):
+            c += deltas[t]
+            out.append((t, c))
+        return out
