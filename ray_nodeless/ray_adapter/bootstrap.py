@@ -7,7 +7,8 @@ import logging
 from typing import Any
 
 from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.errors import CatalogError, NoFeasibleOffering
+from ray_nodeless.core.cluster_plan import ClusterPlan
+from ray_nodeless.errors import CatalogError, ConfigError, NoFeasibleOffering
 from ray_nodeless.launch.config import check_cluster, check_node_types, load_provider
 from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.registrations.vm_boot import BOOT_KEY
@@ -45,6 +46,26 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     provider[NODE_TYPE_RESOURCES_KEY] = {
         name: dict(nt.get("resources") or {}) for name, nt in sorted(config["available_node_types"].items())}
     return config
+
+
+def plan_like_ray_up(cluster_config: dict[str, Any]) -> ClusterPlan:
+    """What `ray up` would launch, by the same path: Ray's own config preparation (defaults, setup-command merge,
+    node type min/max workers), then our checks and plan. `ray-nodeless plan` uses this, so the preview and the
+    launch cannot disagree, and a YAML `ray up` refuses is refused here too, naming the key."""
+    from ray.autoscaler._private.util import prepare_config
+
+    if not isinstance(cluster_config, dict):
+        raise ConfigError("cluster", "a cluster YAML must be a mapping")
+    check_cluster(cluster_config)    # our checks first: they name the key where Ray's preparation would crash
+    try:
+        prepared = prepare_config(copy.deepcopy(cluster_config))
+    except KeyError as e:
+        key = str(e.args[0]) if e.args else "?"
+        raise ConfigError(key, "missing: `ray up` needs this top-level key for `type: external` providers (Ray "
+                               "fills it only for its own clouds); `ray-nodeless convert` writes a complete YAML") from e
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ConfigError("cluster", f"Ray's config preparation refused it: {e}") from e
+    return check_cluster(prepared)
 
 
 def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
