@@ -53,7 +53,8 @@ from ray_nodeless.core.cluster_plan import plan_cluster  # noqa: E402
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.ray_adapter.provider import NodelessProvider  # noqa: E402
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
-from ray_nodeless.providers.local.processes import MARKER_ENV, stop_marked_processes  # noqa: E402
+from ray_nodeless.providers.local.ray_start import MARKER_ENV  # noqa: E402
+from ray_nodeless.providers.local.scoped_stop import stop_marked_processes  # noqa: E402
 
 BIN = Path(sys.executable).parent
 BASE_ENV = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}")

@@ -27,7 +27,7 @@ from ray_nodeless.core.catalog import embedded  # noqa: E402
 from ray_nodeless.core.cluster_plan import load_cluster_yaml, plan_cluster  # noqa: E402
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE  # noqa: E402
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
-from ray_nodeless.providers.local.processes import stop_marked_processes  # noqa: E402
+from ray_nodeless.providers.local.scoped_stop import stop_marked_processes  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ENV = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}")

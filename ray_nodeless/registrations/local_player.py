@@ -11,40 +11,40 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
+from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.base import LaunchSpec, Machine
+from ray_nodeless.providers.local.processes import LocalNodeProcesses
+from ray_nodeless.providers.local.ray_start import instance_env
+from ray_nodeless.providers.local.runner import LocalCommandRunner, runner_marker
+from ray_nodeless.providers.local.settings import LocalPlayerSettings, default_state_dir
+from ray_nodeless.providers.local.slots import default_head_ip
 from ray_nodeless.registrations.base import Registration
-from ray_nodeless.providers.local.backend import (
-    LocalCommandRunner, default_head_ip, default_state_dir, launch_env, node_processes_from_config, runner_marker,
-)
 
 logger = logging.getLogger(__name__)
 
-# A player younger than this is never reaped: the listing the caller reaps against may predate its machine.
-DEFAULT_REAP_GRACE_S = 60.0
-
 
 class LocalPlayer(Registration):
-    """Provider config keys: player_state_dir (default <tmp>/ray_nodeless/<cluster>-player), gcs_address, head_ip,
-    and the local_* tuning keys of LocalBackend."""
+    """Plays every worker machine with a local Ray node; its provider-block keys are `LocalPlayerSettings`."""
 
     name = "local-player"
+    settings_model = LocalPlayerSettings
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str):
         self.provider_config = provider_config
         self.cluster_name = cluster_name
-        self.state_dir = Path(provider_config.get("player_state_dir") or default_state_dir(cluster_name, "-player"))
-        self.nodes = node_processes_from_config(provider_config, self.state_dir)
+        self.settings = parse_section(LocalPlayerSettings, provider_config, "provider")
+        self.state_dir = Path(self.settings.player_state_dir or default_state_dir(cluster_name, "-player"))
+        self.nodes = LocalNodeProcesses.from_settings(self.settings, self.state_dir)
         self.home = self.state_dir / "home"
         self.home.mkdir(parents=True, exist_ok=True)
         self.runner_marker = runner_marker(self.home)   # see LocalBackend.runner_marker
-        self.head_ip = str(provider_config.get("head_ip") or default_head_ip())
+        self.head_ip = self.settings.head_ip or default_head_ip()
         # machine id -> player IP. A player's IP never changes while it lives, so a hit never goes stale; entries go
         # when the player is stopped. Misses read one record file (cheap enough for describe()).
         self._ips: dict[str, str] = {}
@@ -60,7 +60,7 @@ class LocalPlayer(Registration):
             if self.nodes.get(mid) is not None:
                 continue   # a retried hook: that machine already has its player
             try:
-                rec = self.nodes.start(mid, spec.node_type, spec.resources, spec.labels, extra_env=launch_env(spec),
+                rec = self.nodes.start(mid, spec.node_type, spec.resources, spec.labels, extra_env=instance_env(spec),
                                        tags=dict(spec.tags), request_token=spec.request_token)
             except BackendError as e:
                 logger.error("local player for %s failed: %s", mid, e)
@@ -96,19 +96,7 @@ class LocalPlayer(Registration):
         return dataclasses.replace(machine, internal_ip=ip, external_ip=ip)
 
     def after_terminate(self, machine_ids: list[str]) -> None:
-        self._stop(machine_ids)
-
-    def reap(self, alive_ids: "set[str] | list[str]", grace_s: float = DEFAULT_REAP_GRACE_S) -> list[str]:
-        """Stop players whose cloud machine is gone (preempted or deleted out of band). Returns the reaped ids."""
-        alive = set(alive_ids)
-        now = time.time()
-        gone = [r.id for r in self.nodes.list() if r.id not in alive and now - r.started_at > grace_s]
-        if gone:
-            logger.info("local player: machines %s are gone from the cloud; stopping their players", gone)
-            self._stop(gone)
-        return gone
-
-    def _stop(self, machine_ids: list[str]) -> None:
+        """Stop the players of these machines (terminated, or vanished from the cloud). Unknown ids are ignored."""
         self.nodes.stop(list(machine_ids))
         with self._lock:
             for mid in machine_ids:

@@ -16,11 +16,47 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
-import psutil
+from ray_nodeless.providers.local.pids import live_processes
+from ray_nodeless.providers.local.processes import LocalNodeProcesses
+from ray_nodeless.providers.local.ray_start import READY_MARKER, ray_executable
 
-from ray_nodeless.providers.local.processes import READY_MARKER, LocalNodeProcesses, ray_executable
+T = TypeVar("T")
+
+# How often wait_for and poll_until look at their condition: fast next to the seconds a Ray process takes to start
+# or stop, slow enough not to load a 2-core machine.
+POLL_S = 0.2
+# A SIGTERMed test head exits within a few seconds (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 skips the drain).
+KILL_GRACE_S = 5.0
+# After SIGKILL the kernel takes the group away at once; this only bounds a stuck reap.
+KILL_WAIT_S = 10.0
+# A head's `ray start` takes a few seconds here; 90 s covers a host loaded by concurrent Ray test runs.
+HEAD_START_TIMEOUT_S = 90.0
+# How long a test waits for its nodes' stop in stop_everything (SIGKILL after).
+STOP_TIMEOUT_S = 10.0
+# Bytes of a failed head's log shown in the error.
+LOG_TAIL_CHARS = 3000
+
+
+def poll_until(pred: Callable[[], T], timeout: float) -> T | None:
+    """`pred()`'s first truthy value, polled until `timeout` passes; None if it never was."""
+    end = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > end:
+            return None
+        time.sleep(POLL_S)
+
+
+def wait_for(pred: Callable[[], T], timeout: float, what: str) -> T:
+    """`pred()`'s first truthy value; AssertionError naming `what` if none comes within `timeout` seconds."""
+    value = poll_until(pred, timeout)
+    if not value:
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return value
 
 
 def free_port() -> int:
@@ -29,32 +65,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
     """Is any live (non-zombie) process still in process group `pgid`?"""
-    for p in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
+    return any(info.pgid == pgid for info in live_processes())
 
 
-def kill_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+def kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
     """SIGTERM the group, then SIGKILL it; reap the leader. Never touches anything outside the group."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    end = time.monotonic() + grace_s
-    while time.monotonic() < end and _group_alive(proc.pid):
-        proc.poll()
-        time.sleep(0.2)
+    poll_until(lambda: proc.poll() is not None and not group_alive(proc.pid), grace_s)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-    end = time.monotonic() + 10
-    while time.monotonic() < end and _group_alive(proc.pid):
-        time.sleep(0.2)
+        proc.wait(timeout=KILL_WAIT_S)
+    poll_until(lambda: not group_alive(proc.pid), KILL_WAIT_S)
 
 
 @contextlib.contextmanager
@@ -71,11 +96,11 @@ def head_process(env: dict[str, str], port: int, temp_dir: str,
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while READY_MARKER not in log_path.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("test head failed to start:\n" + log_path.read_text(errors="replace")[-3000:])
-            time.sleep(0.2)
+        poll_until(lambda: READY_MARKER in log_path.read_text(errors="replace") or proc.poll() is not None,
+                   HEAD_START_TIMEOUT_S)
+        text = log_path.read_text(errors="replace")
+        if READY_MARKER not in text:
+            raise RuntimeError("test head failed to start:\n" + text[-LOG_TAIL_CHARS:])
         yield proc
     finally:
         kill_group(proc)
@@ -110,18 +135,8 @@ def alive_nodes_by_instance(gcs_address: str) -> dict[str, object]:
     return {n.instance_id: n for n in gcs_nodes(gcs_address) if n.state == 0 and n.instance_id}
 
 
-def wait_for(pred, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.3)
-
-
 def stop_everything(nodes: LocalNodeProcesses) -> None:
-    ids = [r.id for r in nodes._all_records()]
+    """Stop every node that has a record in `nodes`' state dir, alive or not."""
+    ids = [r.id for r in nodes.records.all()]
     if ids:
-        nodes.stop(ids, timeout=10)
+        nodes.stop(ids, timeout=STOP_TIMEOUT_S)

@@ -23,7 +23,7 @@ import yaml
 from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.providers.local.backend import LocalBackend
-from ray_nodeless.providers.local.processes import stop_marked_processes
+from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
 from tests import REPO_ROOT
 
 pytestmark = pytest.mark.e2e

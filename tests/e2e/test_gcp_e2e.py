@@ -26,9 +26,8 @@ from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.providers.gcp.labels import cluster_label_value
 from ray_nodeless.registrations.local_player import LocalPlayer
-from ray_nodeless.providers.local.processes import (
-    READY_MARKER, marked_pids, ray_executable, stop_marked_processes,
-)
+from ray_nodeless.providers.local.ray_start import READY_MARKER, ray_executable
+from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
 
 from ray_nodeless.testing.ray_processes import free_port, gcs_nodes, kill_group, stop_everything, wait_for
 

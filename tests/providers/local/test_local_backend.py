@@ -22,10 +22,14 @@ from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 from ray_nodeless.core.catalog import InstanceType, Offering
 from ray_nodeless.errors import CapacityError
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine
-from ray_nodeless.providers.local.backend import LocalBackend, LocalCommandRunner
+from ray_nodeless.providers.local.backend import LocalBackend
+from ray_nodeless.providers.local.pids import proc_info
+from ray_nodeless.providers.local.runner import LocalCommandRunner
+from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
 from ray_nodeless.registrations.local_player import LocalPlayer
-
-from ray_nodeless.testing.ray_processes import alive_nodes_by_instance, ray_head, stop_everything, wait_for
+from ray_nodeless.testing.ray_processes import (
+    alive_nodes_by_instance, free_port, gcs_nodes, ray_head, stop_everything, wait_for,
+)
 
 CLUSTER = "t-local"
 
@@ -109,6 +113,20 @@ def test_faults_file_is_reread_and_spent(backend_config: dict) -> None:
         assert len(be.launch(spec(is_head=True, token="d", off=offering("p3.2xlarge")))) == 1  # on-demand: ok
 
 
+def test_config_faults_are_spent_in_this_process_and_bad_file_entries_skipped(backend_config: dict) -> None:
+    backend_config["local_faults"] = [{"node_type": "cpu", "code": "VcpuLimitExceeded", "message": "quota",
+                                       "times": 2}]
+    with _backend(backend_config) as be:
+        for _ in range(2):
+            with pytest.raises(CapacityError, match="quota") as ei:
+                be.launch(spec(is_head=True, token="a"))
+            assert ei.value.category == "VcpuLimitExceeded"
+        # A misspelled match field must not turn into a wildcard that fails every launch: the entry is skipped.
+        (be.state_dir / "faults.json").write_text(json.dumps([{"zon": "local-a"}, "junk"]))
+        assert len(be.launch(spec(is_head=True, token="a"))) == 1
+        assert len(be.launch(spec(is_head=True, token="b", node_type="gpu"))) == 1
+
+
 # ------------------------------------------------------------------ LocalBackend with a real worker
 
 @pytest.mark.e2e
@@ -158,9 +176,8 @@ def test_player_plays_cloud_machines(tmp_path: Path, gcs_address: str) -> None:
         # A fresh player (restarted monitor) maps the id to the same IP.
         again = LocalPlayer({"gcs_address": gcs_address, "player_state_dir": str(tmp_path / "player")}, CLUSTER)
         assert again.describe(cloud).internal_ip == played.internal_ip
-        # Still in the cloud: kept. Young players are kept even when missing from the listing (grace).
-        assert player.reap({"i-0abc000000000001"}) == [] and player.reap(set()) == []
-        assert player.reap(set(), grace_s=0) == ["i-0abc000000000001"]   # preempted out of band
+        # The machine vanished from the cloud (preempted out of band): the provider calls after_terminate.
+        player.after_terminate(["i-0abc000000000001"])
         assert player.nodes.list() == [] and player.describe(cloud).internal_ip == "10.0.0.5"
         wait_for(lambda: "i-0abc000000000001" not in alive_nodes_by_instance(gcs_address), 20, "player gone")
         player.after_terminate(["i-0abc000000000001"])   # already gone: no error
@@ -222,13 +239,12 @@ def test_runner_rsync_maps_home(runner: LocalCommandRunner, tmp_path: Path) -> N
 
 
 def test_runner_ray_stop_is_scoped_to_the_cluster(runner: LocalCommandRunner) -> None:
-    from ray_nodeless.providers.local.processes import _read_stat, marked_pids
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)   # e.g. another cluster's Ray
     try:
         out = runner.run("nohup sleep 300 >/dev/null 2>&1 & echo $!", with_output=True)
         daemon = int(out.decode().split()[-1])
         assert marked_pids(runner.marker) == [daemon]
-        assert _read_stat(daemon).pgrp != os.getpgrp()   # not in pytest's process group
+        assert proc_info(daemon).pgid != os.getpgrp()   # not in pytest's process group
         assert b"ray, version" in runner.run("ray --version", with_output=True)   # other subcommands untouched
         runner.run("ray stop")
         wait_for(lambda: not marked_pids(runner.marker), 5, "runner-started daemon stopped")
@@ -242,8 +258,6 @@ def test_runner_ray_stop_is_scoped_to_the_cluster(runner: LocalCommandRunner) ->
 def test_head_started_through_runner_like_ray_up_then_scoped_ray_stop(backend_config: dict) -> None:
     """What `ray up` does with the local backend: launch the head record, run the head start command through the
     runner (with RAY_OVERRIDE_RESOURCES as env var), then `ray down`'s `ray stop`, which must stop only this head."""
-    from ray_nodeless.testing.ray_processes import free_port, gcs_nodes
-    from ray_nodeless.providers.local.processes import marked_pids, stop_marked_processes
     port = free_port()
     backend_config["gcs_address"] = f"127.0.0.1:{port}"
     with _backend(backend_config) as be:
@@ -254,7 +268,8 @@ def test_head_started_through_runner_like_ray_up_then_scoped_ray_stop(backend_co
             runner.run(
                 # `ray up` prefixes these to the head start command itself (environment_variables would JSON-quote
                 # string values: RAY_CLOUD_INSTANCE_ID would become "\"local-...\"").
-                f"RAY_AUTH_MODE=disabled RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 RAY_CLOUD_INSTANCE_ID={head_id} RAY_NODE_TYPE_NAME=head ray start --head --port={port} --num-cpus=0 --include-dashboard=false "
+                f"RAY_AUTH_MODE=disabled RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 RAY_CLOUD_INSTANCE_ID={head_id} "
+                f"RAY_NODE_TYPE_NAME=head ray start --head --port={port} --num-cpus=0 --include-dashboard=false "
                 f"--disable-usage-stats --dashboard-port={free_port()} --ray-client-server-port={free_port()} "
                 f"--object-store-memory=83886080 --temp-dir=/tmp/rnl-h{port}",
                 environment_variables={"RAY_OVERRIDE_RESOURCES": {"CPU": 0, "head_only": 1}},

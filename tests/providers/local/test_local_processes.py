@@ -7,26 +7,26 @@ only. Every node a test starts is stopped by a fixture finalizer, also when the 
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from ray_nodeless.providers.local.processes import (
-    READY_MARKER, LocalNodeProcesses, NodeRecord, _read_stat, ray_executable,
-)
+from ray_nodeless.errors import BackendError, CapacityError
+from ray_nodeless.providers.local import pids
+from ray_nodeless.providers.local.processes import LocalNodeProcesses
+from ray_nodeless.providers.local.records import NodeRecord
+from ray_nodeless.providers.local.slots import NUM_SLOTS, PORT_STRIDE, allocate_slot
 from ray_nodeless.testing.ray_processes import (
-    alive_nodes_by_instance, free_port, gcs_nodes, kill_group, ray_head, stop_everything, wait_for,
+    alive_nodes_by_instance, free_port, group_alive, ray_head, stop_everything, wait_for,
 )
+
 
 @pytest.fixture(scope="module")
 def gcs_address() -> Iterator[str]:
@@ -80,7 +80,7 @@ def test_start_list_restart_stop_and_preemption(nodes: LocalNodeProcesses, gcs_a
     t3 = time.monotonic()
     nodes.stop([a.id, "local-unknown"])
     print(f"stop took {time.monotonic() - t3:.1f} s")
-    assert not _group_alive(a.pid)
+    assert not group_alive(a.pid)
     assert [r.id for r in nodes.list()] == [b.id]
     wait_for(lambda: a.id not in alive_nodes_by_instance(gcs_address), 20, "stopped node marked dead in GCS")
 
@@ -88,35 +88,38 @@ def test_start_list_restart_stop_and_preemption(nodes: LocalNodeProcesses, gcs_a
     os.killpg(b.pid, signal.SIGKILL)
     wait_for(lambda: not fresh.list(), 10, "killed node dropped by a non-parent instance")
     assert nodes.list() == [] and nodes.get(b.id) is None
-    wait_for(lambda: not _group_alive(b.pid), 10, "killed group gone")
+    wait_for(lambda: not group_alive(b.pid), 10, "killed group gone")
 
 
 def test_reused_pid_is_not_alive_and_is_never_signalled(tmp_path: Path) -> None:
     lnp = LocalNodeProcesses(tmp_path / "state", "127.0.0.1:1")
     victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        st = _read_stat(victim.pid)
-        assert st is not None
+        started = pids.start_of(victim.pid)
+        assert started is not None
+        # The record's process started one clock tick (10 ms) before the process now holding its pid.
         forged = NodeRecord(id="local-f0f0f0f0", node_type="x", ip="127.0.0.9", slot=7, pid=victim.pid,
-                            start_ticks=st.start_ticks - 1, started_at=time.time())
-        lnp._write_record(forged)
+                            started_s=started - 0.01, started_at=time.time())
+        lnp.records.write(forged)
         assert not lnp.alive(forged)
         assert lnp.list() == [] and lnp.get(forged.id) is None
-        lnp._write_record(forged)
+        lnp.records.write(forged)
         lnp.stop([forged.id], timeout=1)
-        time.sleep(0.2)
-        assert victim.poll() is None, "an unrelated process with a recycled pid was signalled"
+        assert lnp.get(forged.id) is None
+        # Any signal would have been sent before stop() returned; give it time to act, and it must not have.
+        with pytest.raises(subprocess.TimeoutExpired):
+            victim.wait(timeout=0.5)
         # The same pid with the right start time is alive.
-        assert lnp.alive(NodeRecord(id="x", node_type="x", ip="", pid=victim.pid, start_ticks=st.start_ticks))
+        assert lnp.alive(NodeRecord(id="x", node_type="x", ip="", pid=victim.pid, started_s=started))
     finally:
         victim.kill()
         victim.wait()
 
 
-def test_slot_allocation_skips_ports_in_use(tmp_path: Path) -> None:
-    base = 20000 + 50 * 200   # a block far from what other tests use
-    lnp = LocalNodeProcesses(tmp_path / "state", "127.0.0.1:1", port_base=base)
-    (lnp.state_dir / "counter.json").write_text('{"next": 0}')
+def test_slot_allocation_skips_used_slots_and_ports_in_use(tmp_path: Path) -> None:
+    base = 20000 + PORT_STRIDE * 200   # a block far from what other tests use
+    counter = tmp_path / "counter.json"
+    counter.write_text('{"next": 0}')
     blocker = socket.socket()
     blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -125,16 +128,26 @@ def test_slot_allocation_skips_ports_in_use(tmp_path: Path) -> None:
             blocker.listen()
         except OSError:
             pytest.skip("port in use by someone else")
-        slot = lnp._allocate_slot()
+        slot = allocate_slot(counter, set(), base)
         assert slot >= 1
-        assert lnp._allocate_slot() == slot + 1   # the counter is persisted
+        assert allocate_slot(counter, set(), base) == slot + 1   # the counter is persisted
+        assert allocate_slot(counter, {slot + 2}, base) == slot + 3   # slots of live nodes are skipped
+        with pytest.raises(CapacityError) as ei:
+            allocate_slot(counter, set(range(NUM_SLOTS)), base)
+        assert ei.value.category == "LocalSlotsExhausted"
     finally:
         blocker.close()
 
 
+def test_damaged_counter_starts_over(tmp_path: Path) -> None:
+    counter = tmp_path / "counter.json"
+    counter.write_text("{not json")
+    base = 20000 + PORT_STRIDE * 220
+    assert allocate_slot(counter, set(range(5)), base) >= 5
+
+
 @pytest.mark.e2e
 def test_failed_start_raises_with_log_tail_and_leaves_nothing(tmp_path: Path) -> None:
-    from ray_nodeless.errors import BackendError
     # Nothing listens on this GCS address: `ray start` gives up; we bound the wait to keep the test short.
     lnp = LocalNodeProcesses(tmp_path / "state", f"127.0.0.1:{free_port()}", start_timeout_s=5)
     try:

@@ -1,0 +1,102 @@
+"""The provider-block keys of the local backend and of the local-player registration, declared once (see
+core/schema.py).
+
+    provider:
+      cloud: local
+      gcs_address: 127.0.0.1:6379        # the head's GCS: every node started here joins it
+      head_ip: 192.168.1.5               # the address the head's raylet reports (default: Ray's own resolution)
+      state_dir: /tmp/ray_nodeless/<cluster>                   # local backend: records, logs, faults.json
+      player_state_dir: /tmp/ray_nodeless/<cluster>-player     # local-player registration: the same, its own
+      local_faults:                      # injected launch errors (also read from <state_dir>/faults.json)
+        - {instance_type: p3.2xlarge, zone: us-west-2a, capacity: spot, node_type: gpu,
+           code: InsufficientInstanceCapacity, message: "...", times: 1}
+      local_object_store_memory: 83886080   # bytes per node
+      local_port_base: 20000             # first port of the first node's port block
+      local_start_timeout_s: 90          # how long one node may take to report "Ray runtime started"
+      local_min_free_memory_mb: 800      # below this much available host memory a launch is a capacity error
+      local_ray_start_args: []           # extra `ray start` arguments for every node
+      local_prewarm: true                # keep a Python with Ray's CLI imported, ready for the next start
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from ray_nodeless.core.schema import Section
+from ray_nodeless.providers.local.slots import DEFAULT_PORT_BASE, MAX_PORT_BASE, MIN_PORT_BASE
+
+# Ray's default head port: what `ray start --head` listens on without --port.
+DEFAULT_GCS_ADDRESS = "127.0.0.1:6379"
+# Ray refuses an object store below 75 MiB.
+MIN_OBJECT_STORE_MEMORY = 75 * 1024 * 1024
+# Just above Ray's minimum: keeps each node's /dev/shm footprint small (nodes here emulate VMs, not store data).
+DEFAULT_OBJECT_STORE_MEMORY = 80 * 1024 * 1024
+# A worker's `ray start` takes a few seconds; starts are serialised machine-wide, so on a loaded 2-core host one
+# may wait behind others. A node that has not started by then is killed and reported with its log tail.
+DEFAULT_START_TIMEOUT_S = 90.0
+# Below this much available memory a new node (~500 MB resident when idle) would push the host towards the OOM
+# killer: refuse it as a capacity shortage instead, exactly like a cloud without capacity.
+DEFAULT_MIN_FREE_MEMORY_MB = 800
+# The error an injected fault raises when it names no code: EC2's stockout code, which the launcher treats as a
+# capacity miss of one offering.
+DEFAULT_FAULT_CODE = "InsufficientInstanceCapacity"
+
+_MAX_PORT = 65535
+
+
+def default_state_dir(cluster_name: str, suffix: str = "") -> Path:
+    return Path(tempfile.gettempdir()) / "ray_nodeless" / f"{cluster_name}{suffix}"
+
+
+class FaultSpec(Section):
+    """One injected launch error. Omitted match fields are wildcards; `times` omitted (or null) fails every
+    matching launch, otherwise that many launches, after which the fault is spent."""
+
+    # A misspelled match field would silently become a wildcard and fail every launch: unknown keys are errors.
+    model_config = ConfigDict(extra="forbid")
+
+    instance_type: str | None = None
+    zone: str | None = None
+    capacity: Literal["spot", "on-demand"] | None = None
+    node_type: str | None = None
+    code: str | None = None             # the CapacityError category; None: DEFAULT_FAULT_CODE
+    message: str | None = None
+    times: int | None = Field(None, ge=0)
+
+
+class NodeProcessSettings(Section):
+    """What every local Ray node process is started with (the local backend's workers and the local player's)."""
+
+    gcs_address: str = DEFAULT_GCS_ADDRESS
+    head_ip: str | None = Field(None, min_length=1)
+    local_object_store_memory: int = Field(DEFAULT_OBJECT_STORE_MEMORY, ge=MIN_OBJECT_STORE_MEMORY)
+    local_port_base: int = Field(DEFAULT_PORT_BASE, ge=MIN_PORT_BASE, le=MAX_PORT_BASE)
+    local_start_timeout_s: float = Field(DEFAULT_START_TIMEOUT_S, gt=0)
+    local_min_free_memory_mb: int = Field(DEFAULT_MIN_FREE_MEMORY_MB, ge=0)
+    local_ray_start_args: list[str] = Field(default_factory=list)
+    local_prewarm: bool = True
+
+    @field_validator("gcs_address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host.strip() or not port.isdigit() or not 0 < int(port) <= _MAX_PORT:
+            raise PydanticCustomError("host_port", f'must be "host:port" with a port in 1-{_MAX_PORT}')
+        return value
+
+
+class LocalSettings(NodeProcessSettings):
+    """The local backend's provider-block keys."""
+
+    state_dir: str | None = Field(None, min_length=1)        # None: default_state_dir(cluster_name)
+    local_faults: list[FaultSpec] = Field(default_factory=list)
+
+
+class LocalPlayerSettings(NodeProcessSettings):
+    """The local-player registration's provider-block keys."""
+
+    player_state_dir: str | None = Field(None, min_length=1)  # None: default_state_dir(cluster_name, "-player")
