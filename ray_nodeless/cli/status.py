@@ -28,4 +28,12 @@ def status_command(cluster_yaml: str, as_json: bool) -> None:
     for n in doc["nodes"]:
         click.echo(f"  {n['node_id']:24} {n['kind']:6} {n['node_type']:14} {n['instance_type']:18} {n['zone']:14} "
                    f"{n['capacity']:9} {price(n['hourly_price']):>14} up {n['uptime_s']:>8.0f}s "
-                   f"${(n['cost'] or 0):.4f}  rule {n['rule']}")
+                   f"${(n['cost'] or 0):.4f}  rule {n['rule']}" + _k8s(n))
+
+
+def _k8s(n: dict) -> str:
+    """The Kubernetes columns, for clusters with `registration: kubernetes`."""
+    if "k8s_node" not in n:
+        return ""
+    ready = {True: "Ready", False: "NotReady", None: "-"}[n["k8s_ready"]]
+    return f"  node {n['k8s_node'] or '-'} {ready}  pod {n['pod'] or '-'} {n['pod_phase'] or '-'}"

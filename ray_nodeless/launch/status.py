@@ -6,7 +6,7 @@ what is billed: every machine tagged with the cluster's name.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ray_nodeless.launch.config import load_provider
@@ -25,6 +25,7 @@ class NodeStatus:
     rule: str
     uptime_s: float
     cost: float | None
+    registration: dict = field(default_factory=dict)    # e.g. k8s_node, k8s_ready, pod, pod_phase
 
 
 def _price(tags: dict[str, str]) -> float | None:
@@ -42,6 +43,11 @@ def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> 
     finally:
         backend.close()
     now = time.time() if now is None else now
+    extra: dict[str, dict] = {}
+    provider = cluster_config["provider"]
+    if provider.get("registration") == "kubernetes":
+        from ray_nodeless.registrations.kubernetes.status import machine_status
+        extra = machine_status(provider, cluster_config["cluster_name"], [m.id for m in machines])
     out = []
     for m in sorted(machines, key=lambda m: (m.tags.get("ray-node-type") != "head", m.launched_at, m.id)):
         price = _price(m.tags)
@@ -50,7 +56,8 @@ def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> 
             node_id=m.id, node_type=m.tags.get("ray-user-node-type", ""), kind=m.tags.get("ray-node-type", ""),
             instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""), zone=m.tags.get(TAG_ZONE, ""),
             capacity=m.tags.get(TAG_CAPACITY, ""), hourly_price=price, rule=m.tags.get(TAG_RULE, ""),
-            uptime_s=round(uptime, 1), cost=None if price is None else round(price * uptime / 3600, 6)))
+            uptime_s=round(uptime, 1), cost=None if price is None else round(price * uptime / 3600, 6),
+            registration=extra.get(m.id, {})))
     return out
 
 
@@ -58,7 +65,14 @@ def status_document(cluster_config: dict[str, Any]) -> dict:
     nodes = cluster_status(cluster_config)
     return {
         "cluster_name": cluster_config.get("cluster_name"),
-        "nodes": [asdict(n) for n in nodes],
+        "nodes": [_flat(n) for n in nodes],
         "hourly_cost": round(sum(n.hourly_price or 0.0 for n in nodes), 6),
         "accumulated_cost": round(sum(n.cost or 0.0 for n in nodes), 6),
     }
+
+
+def _flat(n: NodeStatus) -> dict:
+    """A node's JSON record: its fields, with the registration's (k8s_node, pod, ...) beside them."""
+    d = asdict(n)
+    d.update(d.pop("registration"))
+    return d

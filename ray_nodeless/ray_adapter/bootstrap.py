@@ -8,9 +8,10 @@ from typing import Any
 
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.cluster_plan import ClusterPlan
-from ray_nodeless.errors import CatalogError, ConfigError, NoFeasibleOffering
+from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
 from ray_nodeless.launch.config import check_cluster, check_node_types, load_provider
 from ray_nodeless.ray_adapter.compat import in_teardown
+from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
 from ray_nodeless.registrations.vm_boot import BOOT_KEY
 
 logger = logging.getLogger(__name__)
@@ -19,33 +20,85 @@ NODE_TYPE_RESOURCES_KEY = "node_type_resources"   # read by the provider objects
 
 
 def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
-    """Validate every key and plan every node type, so a bad key or an infeasible shape fails `ray up` before
-    anything launches; record what later provider objects need in the provider block."""
+    """Everything `ray up` needs before any machine exists, checked and filled here:
+
+    1. the top-level keys Ray reads after the head launches, from Ray's defaults of the cloud when missing
+       (`ray_defaults.fill_ray_defaults`);
+    2. every key validated and every node type planned, so a bad key or an infeasible shape fails first;
+    3. the cloud's bootstrap as Ray's own provider does it (AWS: default AMI, head IAM instance profile, key pair,
+       subnets of the allowed zones, security group, by Ray's own functions: `providers/aws/bootstrap.py`; GCP:
+       `providers/gcp/bootstrap.py`), then planned again on the zones that can actually be launched into;
+    4. what later provider objects need, recorded in the provider block.
+
+    A missing AMI (no ImageId, no provider.image_id and no Ray default for the region) or `project_id: null` fails
+    in step 2 or 3, before anything is created. Under `ray down` planning and cloud-bootstrap failures are
+    warnings: teardown must terminate the machines whatever the config says now."""
     config = copy.deepcopy(cluster_config)
+    fill_ray_defaults(config)
+    teardown = in_teardown()
+    settings, cls = load_provider(config.get("provider"))
+    provider = config["provider"]
     try:
+        _settle_images(config, settings.cloud)
         cp = check_cluster(config)
-    except (NoFeasibleOffering, CatalogError) as e:
-        if not in_teardown():
+        allowed = {name: p.request.requirements.zones for name, p in cp.plans.items()}
+        if _cloud_bootstrap(config, settings.cloud, settings.registration, allowed):
+            cp = check_cluster(config)          # on the zones the filled subnets allow
+    except (NoFeasibleOffering, CatalogError, BackendError, ConfigError) as e:
+        if not teardown:
             raise
         # `ray down` ends every machine of the cluster whatever the rules say now: keys are still checked (the
-        # backend must be built), the plan is not.
+        # backend must be built), the plan and the cloud's bootstrap are not.
         logger.warning("ray down: not planning (%s); terminating the cluster's machines anyway", e)
-        settings, cls = load_provider(config.get("provider"))
-        check_node_types(config, config["provider"], cls)
+        check_node_types(config, provider, cls)
     else:
         for name, p in cp.plans.items():
             o = p.chosen
             logger.info("%s: %s in %s (%s) at $%.4f/h by rule %r", name, o.instance_type.name, o.zone,
                         o.capacity, o.hourly_price or 0.0, p.request.rule)
-    provider = config["provider"]
-    # Workers that start Ray from their own boot script (registrations/vm.py) run these commands.
-    provider[BOOT_KEY] = {"setup": list(config.get("setup_commands") or []) +
-                          list(config.get("worker_setup_commands") or []),
+    # Workers that start Ray from their own boot script (registrations/vm.py) run these commands. Ray's
+    # prepare_config has already prepended setup_commands to worker_setup_commands; do not run them twice.
+    setup = list(config.get("setup_commands") or [])
+    worker_setup = list(config.get("worker_setup_commands") or [])
+    if setup and worker_setup[:len(setup)] == setup:
+        setup = []
+    provider[BOOT_KEY] = {"setup": setup + worker_setup,
                           "start": list(config.get("worker_start_ray_commands") or [])}
     # The head is created by `create_node`, which gets no resources: it is planned on the recorded shape.
     provider[NODE_TYPE_RESOURCES_KEY] = {
         name: dict(nt.get("resources") or {}) for name, nt in sorted(config["available_node_types"].items())}
     return config
+
+
+def _settle_images(config: dict[str, Any], cloud: str) -> None:
+    """Static, before planning: a node type's image as Ray would default it (AWS: Ray's default AMI per region)."""
+    if cloud == "aws":
+        from ray_nodeless.core.schema import parse_section
+        from ray_nodeless.providers.aws.bootstrap import fill_default_images
+        from ray_nodeless.providers.aws.settings import AwsSettings
+
+        fill_default_images(config, parse_section(AwsSettings, config["provider"], "provider"))
+
+
+def _cloud_bootstrap(config: dict[str, Any], cloud: str, registration: str,
+                     allowed_zones: dict[str, Any]) -> bool:
+    """The cloud's own bootstrap steps (API calls); True when they ran and may have narrowed zones."""
+    from ray_nodeless.core.schema import parse_section
+
+    if cloud == "aws":
+        from ray_nodeless.providers.aws.bootstrap import bootstrap_aws_resources
+        from ray_nodeless.providers.aws.settings import AwsSettings
+
+        bootstrap_aws_resources(config, parse_section(AwsSettings, config["provider"], "provider"), registration,
+                                allowed_zones)
+        return True
+    if cloud == "gcp":
+        from ray_nodeless.providers.gcp.bootstrap import bootstrap_gcp_resources
+        from ray_nodeless.providers.gcp.settings import GcpSettings
+
+        return bootstrap_gcp_resources(config, parse_section(GcpSettings, config["provider"], "provider"),
+                                       registration)
+    return False
 
 
 def plan_like_ray_up(cluster_config: dict[str, Any]) -> ClusterPlan:
@@ -69,17 +122,48 @@ def plan_like_ray_up(cluster_config: dict[str, Any]) -> ClusterPlan:
 
 
 def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
-    """Fill CPU/GPU/memory of node types that state only requirements, from the instance they would get."""
+    """Fill in node types' resources from the one instance type each is pinned to, as Ray's own providers do.
+
+    A node type is pinned when every offering its plan can launch is of one instance type (an `InstanceType` /
+    `machineType`, or an `instance_types` allow-list of one). Ray's AWS rule (`AWSNodeProvider.
+    fillout_available_node_types_resources`): CPU, GPU / neuron_cores and `accelerator_type:<name>`, memory for
+    worker types only, then the declared resources on top (core/node_resources.py). Ray's GCP provider fills
+    nothing for VM node types, so on GCP a pinned node type that declares CPU or GPU is left as Ray leaves it; one
+    that declares neither gets the AWS rule (otherwise the autoscaler could never scale it for demand).
+    A node type that is not pinned is never filled: the instance it gets depends on its shape, so a shape cannot
+    be invented from it (Ray's AWS provider needs an InstanceType too). Launch keys (ImageId, ...) are not checked
+    here: `bootstrap_config` does that after Ray has called this.
+    """
+    from ray_nodeless.core.cluster_plan import plan_cluster
+    from ray_nodeless.core.node_resources import ray_filled_resources
+    from ray_nodeless.launch.config import catalog_for
+
     config = copy.deepcopy(cluster_config)
     types = config.get("available_node_types") or {}
-    missing = {n for n, t in types.items() if not {"CPU", "GPU"} & set((t or {}).get("resources") or {})}
-    if not missing:
+    if not types:
         return config
-    cp = check_cluster(config)
-    for name in sorted(missing):
-        declared = types[name].get("resources") or {}
-        filled = instance_resources(cp.plans[name].chosen.instance_type, declared)
-        out = {k: int(v) for k, v in filled.items() if not k.startswith("accelerator_type:")}
-        out.update(declared)
-        types[name]["resources"] = out
+    provider = config.get("provider")
+    settings, cls = load_provider(provider)
+    cp = plan_cluster(config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
+                      catalog=catalog_for(settings), settings=settings)
+    for name, plan in cp.plans.items():
+        declared = dict(types[name].get("resources") or {})
+        pinned: dict[str, Any] = {}
+        for o in plan.candidates():
+            pinned[o.instance_type.name] = o.instance_type
+            if len(pinned) > 1:
+                break
+        if len(pinned) != 1:
+            if not {"CPU", "GPU"} & set(declared):
+                logger.warning("%s: resources state no CPU or GPU and the node type is not pinned to one instance "
+                               "type; Ray's autoscaler can then start it only for min_workers (state its "
+                               "resources, or pin an instance type)", name)
+            continue
+        if settings.price_cloud == "gcp" and {"CPU", "GPU"} & set(declared):
+            continue
+        [t] = pinned.values()
+        filled = ray_filled_resources(t, declared, is_head=name == cp.head_node_type)
+        if filled != declared:
+            logger.info("%s: resources %s filled from %s: %s", name, declared, t.name, filled)
+            types[name]["resources"] = filled
     return config

@@ -72,6 +72,13 @@ class NodelessProvider(NodeProvider):
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         machines = self.view.refresh()
+        self.registration.observe_listing(set(machines))
+        doomed = {mid: why for mid, why in self.registration.machines_to_end().items() if mid in machines}
+        if doomed:   # e.g. never joined Kubernetes within join_timeout_s, or its Ray pod failed for good
+            for mid, why in sorted(doomed.items()):
+                logger.error("terminating %s: %s", mid, why)
+            self.terminate_nodes(sorted(doomed))
+            machines = {mid: m for mid, m in machines.items() if mid not in doomed}
         return sorted(mid for mid, m in machines.items()
                       if all(m.tags.get(k) == v for k, v in tag_filters.items()))
 

@@ -34,5 +34,19 @@ class Registration(abc.ABC):
     def after_terminate(self, machine_ids: list[str]) -> None:
         """Called after the backend has terminated the machines."""
 
+    def observe_listing(self, machine_ids: set[str]) -> None:
+        """The full listing of the cluster's machines, after every refresh (to judge what it keeps against)."""
+
+    def machines_to_end(self) -> dict[str, str]:
+        """Machines that will never join and should be terminated (machine id -> reason), e.g. a join timeout."""
+        return {}
+
+    def status(self, machine_id: str) -> dict:
+        """Extra per-machine fields for `ray-nodeless status` (e.g. the Kubernetes Node and pod)."""
+        return {}
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until status() can answer (a registration that watches an API fills its cache first)."""
+
     def close(self) -> None:
         """Release what the registration holds."""

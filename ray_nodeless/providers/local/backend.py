@@ -63,8 +63,10 @@ class LocalBackend(MachineBackend):
         try:
             for _ in range(spec.count - len(done)):
                 machine_id = f"local-{uuid.uuid4().hex[:8]}"
-                if spec.is_head:
-                    # No process: `ray up` starts Ray on it with head_start_ray_commands via LocalCommandRunner.
+                if spec.is_head or spec.boot_script:
+                    # No process: `ray up` starts Ray on the head with head_start_ray_commands via
+                    # LocalCommandRunner; a machine with a boot script (a Kubernetes join) gets Ray from its
+                    # registration (the kubelet player runs the Ray pod), not from us.
                     self.nodes.add_placeholder(machine_id, spec.node_type, self.head_ip, tags,
                                                resources=spec.resources, request_token=spec.request_token)
                 else:

@@ -1,0 +1,627 @@
+"""`registration: kubernetes`: every machine joins a Kubernetes cluster as a Node, and Ray runs in a pod bound to it.
+
+- `prepare(spec)` writes the machine's join user data (`join.py`: eks / kubeadm / k3s) into `spec.boot_script`,
+  which the cloud backends pass as EC2 UserData / GCE startup-script.
+- `after_launch` returns at once: Ray's update loop never waits for a join. One watch thread (a `watch.Watch` on
+  the Nodes labelled `ray-nodeless.io/cluster=<cluster>`, resumed from its resourceVersion, re-listed after a 410
+  or an API server outage) sees each Node; when it is Ready, the Ray pod is created (`pods.py`). A second watch
+  follows this cluster's pods (phase, podIP) in the namespace.
+- `describe(machine)` gives Ray the pod's IP once known, and keeps the machine pending until its pod runs.
+- `after_terminate` deletes the pod (grace `pod_grace_s`), cordons the Node, and, from a background reaper, deletes
+  the Node once the pod is gone (at most `pod_grace_s` + REAP_SLACK_S later).
+- Orphans: a Node of this cluster whose machine is not listed any more (for `orphan_grace_s`) is deleted; a machine
+  whose Node is not Ready within `join_timeout_s` is reported by `overdue_machines()`; a pod failed for good by
+  `machines_to_end()`. State is rebuilt after a restart from the listing (describe) and Node / pod labels.
+- `kubernetes.played: true` (tests): a `KubeletPlayer` (testing/kubelet_player.py) plays the kubelet of every
+  machine, in this process, from the user data written here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from ray_nodeless.core.schema import parse_section
+from ray_nodeless.providers.base import (
+    MACHINE_PENDING, TAG_INSTANCE_TYPE, LaunchSpec, Machine,
+)
+from ray_nodeless.registrations.base import Registration
+from ray_nodeless.registrations.kubernetes import labels as L
+from ray_nodeless.registrations.kubernetes.client import api_client
+from ray_nodeless.registrations.kubernetes.join import check_join, user_data
+from ray_nodeless.registrations.kubernetes.pods import pod_name, ray_pod
+from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
+
+logger = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_S = 30          # server-side watch timeout: the watch is re-opened from its resourceVersion
+RETRY_S = 1.0                 # after a failed list/watch (API server down), before listing again
+HOUSEKEEPING_S = 5.0          # orphan / overdue checks
+REAP_SLACK_S = 10.0
+LISTING_FRESH_S = 60.0        # a listing (or describe round) older than this says nothing about orphans           # after pod_grace_s, how long the reaper waits for the pod before deleting the Node
+NODE_KIND_TAG = "ray-node-kind"
+NODE_TYPE_TAG = "ray-user-node-type"
+DEFAULT_GCS_PORT = 6379
+
+
+@dataclass
+class Tracked:
+    """What the registration knows of one machine."""
+
+    machine_id: str
+    node_type: str = ""
+    is_head: bool = False
+    launched_at: float = field(default_factory=time.time)
+    instance_type: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+    resources: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    node: str | None = None
+    node_ready: bool = False
+    ready_at: float | None = None
+    allocatable: dict[str, str] = field(default_factory=dict)
+    pod: str | None = None
+    pod_phase: str | None = None
+    pod_ip: str | None = None
+    pod_failed: str | None = None
+    terminating: bool = False
+    overdue_logged: bool = False
+    last_seen: float = 0.0
+
+
+class KubernetesRegistration(Registration):
+    name = "kubernetes"
+    settings_model = KubernetesSettings
+
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str, *, start: bool = True,
+                 api: client.ApiClient | None = None):
+        self.provider_config = provider_config
+        self.cluster_name = cluster_name
+        self.settings = parse_section(KubernetesSettings, provider_config, "provider")
+        self.k = self.settings.kubernetes
+        check_join(self.k.join)
+        self.cloud = provider_config.get("cloud", "local")
+        self.region = provider_config.get("region", "")
+        self.namespace = self.k.namespace
+        self.selector = L.cluster_selector(cluster_name)
+        self.api = api or api_client(self.k)
+        self.core = client.CoreV1Api(self.api)
+        self.machines: dict[str, Tracked] = {}
+        self.nodes: dict[str, Any] = {}            # Node name -> V1Node (this cluster's)
+        self.pods: dict[str, Any] = {}             # pod name -> V1Pod (this cluster's)
+        self.terminated: dict[str, float] = {}     # machine id -> when we ended it
+        self._listing: tuple[float, set[str]] | None = None
+        self._last_describe = 0.0
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._watches: list[watch.Watch] = []
+        self._threads: list[threading.Thread] = []
+        self.synced = {"nodes": threading.Event(), "pods": threading.Event()}
+        self.player = None
+        if self.k.played:
+            self.player = self._make_player()
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._threads:
+            return
+        self._threads = [
+            threading.Thread(target=self._watch_loop, args=("nodes", self._list_nodes, self._on_node),
+                             name=f"k8s-nodes-{self.cluster_name}", daemon=True),
+            threading.Thread(target=self._watch_loop, args=("pods", self._list_pods, self._on_pod),
+                             name=f"k8s-pods-{self.cluster_name}", daemon=True),
+            threading.Thread(target=self._housekeeping_loop, name=f"k8s-housekeeping-{self.cluster_name}",
+                             daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        for w in list(self._watches):
+            w.stop()
+        for t in self._threads:
+            t.join(timeout=2.0)    # a watch blocked in a read ends at its server timeout (daemon thread)
+        if self.player is not None:
+            self.player.close(stop_processes=False)
+
+    def _make_player(self):
+        import os
+
+        from ray_nodeless.providers.local.processes import LocalNodeProcesses
+        from ray_nodeless.providers.local.settings import default_state_dir
+        from ray_nodeless.testing.kubelet_player import KubeletPlayer
+        kubeconfig = os.environ.get("RAY_NODELESS_PLAYER_KUBECONFIG")   # the kubelet's identity, not ours
+        api = api_client(self.k, kubeconfig) if kubeconfig else self.api
+        s = self.settings
+        procs = LocalNodeProcesses(Path(default_state_dir(self.cluster_name, "-kubelet")), s.gcs_address or
+                                   f"{self._head_ip()}:{DEFAULT_GCS_PORT}", **_local_kwargs(self.provider_config))
+        return KubeletPlayer(api, self.namespace, procs)
+
+    # ------------------------------------------------------------------------------------------------ hooks
+
+    def prepare(self, spec: LaunchSpec) -> LaunchSpec:
+        if not spec.is_head:
+            spec.boot_script = user_data(self.k.join, spec, self.cluster_name, self.cloud)
+        return spec
+
+    def after_launch(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
+        if spec.is_head:
+            return
+        now = time.time()
+        with self._lock:
+            for mid in machine_ids:
+                t = self.machines.setdefault(mid, Tracked(mid))
+                t.node_type, t.is_head, t.launched_at = spec.node_type, False, now
+                t.instance_type = spec.offering.instance_type.name
+                t.tags, t.resources, t.labels = dict(spec.tags), dict(spec.resources), dict(spec.labels)
+                t.last_seen = now
+            ready = [mid for mid in machine_ids if self.machines[mid].node_ready]
+        if self.player is not None:
+            for mid in machine_ids:
+                if self.player.node_name(mid) is None:
+                    self.player.play(mid, spec.boot_script, spec.offering)
+        for mid in ready:    # a retried hook for a machine that already joined
+            self._ensure_pod(mid)
+
+    def describe(self, machine: Machine) -> Machine:
+        now = time.time()
+        with self._lock:
+            self._last_describe = now
+            t = self.machines.get(machine.id)
+            if t is None:   # after a restart: rebuilt from the listing's tags and the Node / pod caches
+                t = self.machines[machine.id] = Tracked(
+                    machine.id, node_type=machine.tags.get(NODE_TYPE_TAG, ""),
+                    is_head=machine.tags.get(NODE_KIND_TAG) == "head",
+                    launched_at=machine.launched_at or now, instance_type=machine.tags.get(TAG_INSTANCE_TYPE, ""))
+            t.tags = {**t.tags, **machine.tags}
+            t.last_seen = now
+            is_head, ip, phase = t.is_head, t.pod_ip, t.pod_phase
+        if is_head:
+            if self.player is not None:   # played: the head's Ray runs on this host via the command runner
+                machine = dataclasses.replace(machine, internal_ip=self._head_ip(), external_ip=self._head_ip())
+            return machine
+        if ip:
+            machine = dataclasses.replace(machine, internal_ip=ip, external_ip=ip)
+        if phase != "Running":
+            machine = dataclasses.replace(machine, state=MACHINE_PENDING)
+        return machine
+
+    def observe_listing(self, machine_ids: set[str] | list[str]) -> None:
+        """The full listing of this cluster's machines (what orphan Nodes are judged against)."""
+        with self._lock:
+            self._listing = (time.time(), set(machine_ids))
+
+    def after_terminate(self, machine_ids: list[str]) -> None:
+        now = time.time()
+        for mid in machine_ids:
+            with self._lock:
+                t = self.machines.get(mid)
+                if t is not None and t.is_head:
+                    self.machines.pop(mid, None)
+                    continue
+                self.terminated[mid] = now
+                if t is not None:
+                    t.terminating = True
+                pods = [n for n, p in self.pods.items() if _label(p, L.MACHINE_ID) == L.label_value(mid)]
+                nodes = [n for n, nd in self.nodes.items() if L.machine_id_of_node(nd) == mid]
+                if t is not None and t.node and t.node not in nodes:
+                    nodes.append(t.node)
+            pods = pods or [pod_name(self.cluster_name, mid)]
+            for p in pods:
+                self._delete_pod(p, self.k.pod_grace_s)
+            for n in nodes:
+                self._cordon(n)
+            threading.Thread(target=self._reap, args=(mid, pods, nodes), name=f"k8s-reap-{mid}",
+                             daemon=True).start()
+            if self.player is not None:
+                # The machine is gone: its kubelet stops heartbeating (its pod's Ray process stops when the pod
+                # is deleted; stop it here too in case the pod never got there).
+                threading.Thread(target=self.player.forget, args=(mid,), daemon=True).start()
+            logger.info("kubernetes: machine %s terminated: deleting pod(s) %s (grace %d s), Node(s) %s", mid,
+                        pods, self.k.pod_grace_s, nodes)
+
+    def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
+                       process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):
+        if self.player is None:
+            return None
+        from ray_nodeless.providers.local.runner import LocalCommandRunner
+        home = Path(default_home(cluster_name))
+        home.mkdir(parents=True, exist_ok=True)
+        return LocalCommandRunner(log_prefix, node_id, home, process_runner=process_runner)
+
+    # ------------------------------------------------------------------------------------------------ reports
+
+    def overdue_machines(self, now: float | None = None) -> dict[str, str]:
+        """Machines whose Node is not Ready `join_timeout_s` after launch: machine id -> reason (names the join
+        method). Logged once per machine; the caller terminates them."""
+        now = now or time.time()
+        out = {}
+        if not self.synced["nodes"].is_set():
+            return out      # the Node cache is not filled yet (a restart): cannot tell who joined
+        with self._lock:
+            for mid, t in self.machines.items():
+                if t.is_head or t.terminating or t.ready_at is not None:
+                    continue
+                age = now - t.launched_at
+                if age > self.k.join_timeout_s:
+                    out[mid] = (f"machine {mid} did not join Kubernetes (join method {self.k.join.method}) within "
+                                f"join_timeout_s={self.k.join_timeout_s:.0f} s ({age:.0f} s since launch)")
+                    if not t.overdue_logged:
+                        t.overdue_logged = True
+                        logger.error("kubernetes: %s", out[mid])
+        return out
+
+    def failed_machines(self) -> dict[str, str]:
+        with self._lock:
+            return {mid: t.pod_failed for mid, t in self.machines.items() if t.pod_failed and not t.terminating}
+
+    def machines_to_end(self) -> dict[str, str]:
+        """Every machine the caller should terminate: overdue joins and pods failed for good."""
+        return {**self.overdue_machines(), **self.failed_machines()}
+
+    def status(self, machine_id: str) -> dict[str, Any]:
+        """For `ray-nodeless status`: k8s_node, k8s_ready, pod, pod_phase."""
+        with self._lock:
+            t = self.machines.get(machine_id)
+            if t is None:
+                return {"k8s_node": None, "k8s_ready": None, "pod": None, "pod_phase": None}
+            return {"k8s_node": t.node, "k8s_ready": t.node_ready if t.node else None, "pod": t.pod,
+                    "pod_phase": t.pod_phase}
+
+    # ------------------------------------------------------------------------------------------------ watches
+
+    def _list_nodes(self, **kw):
+        return self.core.list_node(label_selector=self.selector, **kw)
+
+    def _list_pods(self, **kw):
+        return self.core.list_namespaced_pod(self.namespace, label_selector=self.selector, **kw)
+
+    def _watch_loop(self, kind: str, list_fn: Callable, handler: Callable[[str, Any], None]) -> None:
+        """List, then watch from the list's resourceVersion; a 410 (too old) or any failure (the API server
+        restarting) re-lists after RETRY_S, replaying what changed meanwhile as synthetic events."""
+        rv = ""
+        while not self._stop.is_set():
+            try:
+                if not rv:
+                    lst = list_fn()
+                    rv = lst.metadata.resource_version
+                    self._resync(kind, lst.items, handler)
+                    self.synced[kind].set()
+                w = watch.Watch()
+                self._watches.append(w)
+                try:
+                    for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=WATCH_TIMEOUT_S,
+                                       _request_timeout=WATCH_TIMEOUT_S + 10):
+                        if ev["type"] == "ERROR":
+                            rv = ""
+                            break
+                        obj = ev["object"]
+                        if isinstance(obj, dict):    # not deserialisable (a Status): start over from a list
+                            logger.debug("kubernetes: %s watch event %s: %s", kind, ev["type"], obj)
+                            rv = ""
+                            break
+                        rv = obj.metadata.resource_version or rv
+                        try:
+                            handler(ev["type"], obj)
+                        except Exception:
+                            logger.exception("kubernetes: handling %s %s failed", kind, ev["type"])
+                        if self._stop.is_set():
+                            break
+                finally:
+                    self._watches.remove(w)
+            except ApiException as e:
+                rv = ""
+                if e.status != 410:
+                    logger.warning("kubernetes: %s watch failed (%s %s); listing again in %.0f s", kind, e.status,
+                                   e.reason, RETRY_S)
+                    self._stop.wait(RETRY_S)
+            except Exception as e:
+                rv = ""
+                logger.warning("kubernetes: %s watch failed (%s); listing again in %.0f s", kind, e, RETRY_S)
+                self._stop.wait(RETRY_S)
+
+    def _resync(self, kind: str, items: list, handler: Callable[[str, Any], None]) -> None:
+        cache = self.nodes if kind == "nodes" else self.pods
+        names = {o.metadata.name for o in items}
+        with self._lock:
+            gone = [o for n, o in cache.items() if n not in names]
+        for o in gone:
+            handler("DELETED", o)
+        for o in items:
+            handler("MODIFIED", o)
+
+    # ------------------------------------------------------------------------------------------------ nodes
+
+    def _on_node(self, kind: str, node) -> None:
+        name = node.metadata.name
+        mid = L.machine_id_of_node(node)
+        if kind == "DELETED":
+            with self._lock:
+                self.nodes.pop(name, None)
+                t = self.machines.get(mid) if mid else None
+                if t is not None and t.node == name:
+                    t.node, t.node_ready, t.allocatable = None, False, {}
+            return
+        with self._lock:
+            self.nodes[name] = node
+        if mid is None:
+            return
+        labels = node.metadata.labels or {}
+        with self._lock:
+            t = self.machines.get(mid)
+            if t is None and mid not in self.terminated:
+                # Seen before the listing names it (a restart): track it; the listing decides if it is an orphan.
+                t = self.machines[mid] = Tracked(mid, node_type=labels.get(L.NODE_TYPE, ""),
+                                                 launched_at=_created(node), instance_type=labels.get(L.INSTANCE_TYPE, ""))
+            if t is None:
+                return
+            ready = _node_ready(node)
+            first_ready = ready and t.ready_at is None
+            t.node, t.node_ready, t.allocatable = name, ready, dict(node.status.allocatable or {}) if node.status else {}
+            if first_ready:
+                t.ready_at = time.time()
+                logger.info("kubernetes: machine %s joined as Node %s, Ready %.1f s after launch", mid, name,
+                            t.ready_at - t.launched_at)
+            tags, terminating = dict(t.tags), t.terminating
+        if terminating:
+            return
+        patch: dict[str, Any] = {}
+        if labels.get(L.MACHINE_ID) != L.label_value(mid):   # eks: the NodeConfig could not carry the machine id
+            patch.setdefault("metadata", {})["labels"] = {L.MACHINE_ID: L.label_value(mid)}
+        want = L.node_annotations(tags)
+        have = node.metadata.annotations or {}
+        if any(have.get(k) != v for k, v in want.items()):
+            patch.setdefault("metadata", {})["annotations"] = want
+        if patch:
+            try:
+                self.core.patch_node(name, patch)
+            except ApiException as e:
+                logger.warning("kubernetes: cannot label Node %s: %s %s", name, e.status, e.reason)
+                return
+            if "labels" in patch.get("metadata", {}):
+                return   # the pod's nodeSelector needs the label: the MODIFIED event comes back here
+        if ready:
+            self._ensure_pod(mid)
+
+    def _cordon(self, node: str) -> None:
+        try:
+            self.core.patch_node(node, {"spec": {"unschedulable": True}})
+        except ApiException as e:
+            if e.status != 404:
+                logger.warning("kubernetes: cannot cordon Node %s: %s %s", node, e.status, e.reason)
+        except Exception as e:
+            logger.warning("kubernetes: cannot cordon Node %s: %s", node, e)
+
+    def _delete_node(self, node: str) -> bool:
+        try:
+            self.core.delete_node(node)
+            logger.info("kubernetes: deleted Node %s", node)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            logger.warning("kubernetes: cannot delete Node %s: %s %s", node, e.status, e.reason)
+        except Exception as e:
+            logger.warning("kubernetes: cannot delete Node %s: %s", node, e)
+        return False
+
+    # ------------------------------------------------------------------------------------------------ pods
+
+    def _ensure_pod(self, mid: str) -> None:
+        with self._lock:
+            t = self.machines.get(mid)
+            if t is None or t.is_head or t.terminating or not t.node_ready:
+                return
+            name = pod_name(self.cluster_name, mid)
+            if t.pod is not None or name in self.pods:
+                return
+            t.pod = name
+            resources = t.resources or self._resources_from(t)
+            manifest = ray_pod(self.k.pod_template, cluster=self.cluster_name, namespace=self.namespace,
+                               machine_id=mid, node_type=t.node_type, is_head=False, instance_type=t.instance_type,
+                               allocatable=t.allocatable, reserve_cpu=self.k.pod_reserve.cpu,
+                               reserve_memory=self.k.pod_reserve.memory, grace_s=self.k.pod_grace_s,
+                               gcs_address=self._gcs_address(), ray_resources=resources, ray_labels=t.labels)
+        try:
+            self.core.create_namespaced_pod(self.namespace, manifest)
+            logger.info("kubernetes: created Ray pod %s for machine %s on Node %s", name, mid, t.node)
+        except ApiException as e:
+            if e.status == 409:
+                return
+            with self._lock:
+                t.pod = None      # retried at the next Node event / housekeeping
+            logger.warning("kubernetes: cannot create pod %s: %s %s", name, e.status, e.reason)
+        except Exception as e:
+            with self._lock:
+                t.pod = None
+            logger.warning("kubernetes: cannot create pod %s: %s", name, e)
+
+    def _resources_from(self, t: Tracked) -> dict[str, float]:
+        """After a restart the launch spec is gone: the node type's declared resources, else the Node's size."""
+        declared = (self.provider_config.get("node_type_resources") or {}).get(t.node_type)
+        if declared:
+            return {k: float(v) for k, v in declared.items()}
+        from kubernetes.utils import parse_quantity
+        a = t.allocatable
+        out = {"CPU": float(int(parse_quantity(a.get("cpu", "1"))))}
+        if a.get(L.GPU_RESOURCE):
+            out["GPU"] = float(int(parse_quantity(a[L.GPU_RESOURCE])))
+        return out
+
+    def _on_pod(self, kind: str, pod) -> None:
+        name = pod.metadata.name
+        mid = _label(pod, L.MACHINE_ID)
+        with self._lock:
+            if kind == "DELETED":
+                self.pods.pop(name, None)
+            else:
+                self.pods[name] = pod
+            t = self._by_label(mid)
+            if t is None:
+                return
+            if kind == "DELETED":
+                if t.pod == name:
+                    t.pod_phase, t.pod_ip = None, None
+                    if not t.terminating:
+                        t.pod_failed = f"pod {name} was deleted"
+                return
+            t.pod = name
+            t.pod_phase = pod.status.phase if pod.status else None
+            t.pod_ip = pod.status.pod_ip if pod.status else None
+            if t.pod_phase == "Failed" and not t.pod_failed and not t.terminating:
+                t.pod_failed = f"pod {name} failed: {(pod.status.reason or '')} {(pod.status.message or '')}".strip()
+                logger.error("kubernetes: %s; machine %s is to end", t.pod_failed, t.machine_id)
+
+    def _by_label(self, value: str | None) -> Tracked | None:
+        if not value:
+            return None
+        t = self.machines.get(value)
+        if t is not None:
+            return t
+        return next((t for m, t in self.machines.items() if L.label_value(m) == value), None)
+
+    def _delete_pod(self, name: str, grace: int) -> bool:
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            logger.warning("kubernetes: cannot delete pod %s: %s %s", name, e.status, e.reason)
+        except Exception as e:
+            logger.warning("kubernetes: cannot delete pod %s: %s", name, e)
+        return False
+
+    # ------------------------------------------------------------------------------------------------ background
+
+    def _reap(self, mid: str, pods: list[str], nodes: list[str]) -> None:
+        """After a terminate: wait for the pods to go (their kubelet confirms), then delete the Node(s); a pod still
+        there after the grace is force-deleted (its kubelet is gone with the machine)."""
+        deadline = time.time() + self.k.pod_grace_s + REAP_SLACK_S
+        while time.time() < deadline and not self._stop.is_set():
+            with self._lock:
+                left = [p for p in pods if p in self.pods]
+            if not left:
+                break
+            self._stop.wait(0.5)
+        with self._lock:
+            left = [p for p in pods if p in self.pods]
+        for p in left:
+            self._delete_pod(p, 0)
+        for n in nodes:
+            self._delete_node(n)
+        with self._lock:
+            self.machines.pop(mid, None)
+
+    def _housekeeping_loop(self) -> None:
+        while not self._stop.wait(HOUSEKEEPING_S):
+            try:
+                self.housekeeping()
+            except Exception:
+                logger.exception("kubernetes: housekeeping failed")
+
+    def housekeeping(self, now: float | None = None) -> None:
+        """Collect orphan Nodes, retry pods that could not be created, report overdue joins."""
+        now = now or time.time()
+        for name in self.orphan_nodes(now):
+            logger.warning("kubernetes: Node %s belongs to no machine of cluster %s any more; deleting it", name,
+                           self.cluster_name)
+            self._cordon(name)
+            if self._delete_node(name):
+                with self._lock:
+                    self.nodes.pop(name, None)
+        with self._lock:
+            retry = [m for m, t in self.machines.items() if t.node_ready and t.pod is None and not t.terminating]
+        for mid in retry:
+            self._ensure_pod(mid)
+        self.overdue_machines(now)
+        with self._lock:    # forget old terminations
+            for mid, at in list(self.terminated.items()):
+                if now - at > 3600:
+                    del self.terminated[mid]
+
+    def orphan_nodes(self, now: float | None = None) -> list[str]:
+        """Nodes of this cluster whose machine is gone: ended by us, or absent from the listing for orphan_grace_s.
+        Nothing is judged before this object has seen a listing (describe / observe_listing)."""
+        now = now or time.time()
+        grace = self.k.orphan_grace_s
+        out = []
+        with self._lock:
+            listing = self._listing
+            for name, node in self.nodes.items():
+                mid = L.machine_id_of_node(node)
+                if mid is None:
+                    continue
+                if mid in self.terminated:
+                    if now - self.terminated[mid] > self.k.pod_grace_s + REAP_SLACK_S + 5:
+                        out.append(name)
+                    continue
+                if now - _created(node) < grace:
+                    continue
+                t = self.machines.get(mid)
+                if t is not None and now - t.launched_at < grace:
+                    continue   # just launched: the cloud's listing may lag
+                recent = max(grace, LISTING_FRESH_S)
+                if listing is not None and now - listing[0] < recent:
+                    alive = mid in listing[1]
+                elif self._last_describe and now - self._last_describe < recent:
+                    alive = t is not None and now - t.last_seen < grace
+                else:
+                    continue   # no recent listing: cannot tell
+                if not alive:
+                    out.append(name)
+        return out
+
+    # ------------------------------------------------------------------------------------------------ helpers
+
+    def _head_ip(self) -> str:
+        if self.settings.head_ip:
+            return self.settings.head_ip
+        from ray_nodeless.providers.local.slots import default_head_ip
+        return default_head_ip()
+
+    def _gcs_address(self) -> str:
+        return self.settings.gcs_address or f"{self._head_ip()}:{DEFAULT_GCS_PORT}"
+
+
+def default_home(cluster_name: str) -> str:
+    from ray_nodeless.providers.local.settings import default_state_dir
+    return str(default_state_dir(cluster_name, "-kubelet") / "home")
+
+
+def _local_kwargs(provider_config: dict[str, Any]) -> dict[str, Any]:
+    from ray_nodeless.providers.local.settings import NodeProcessSettings
+    s = parse_section(NodeProcessSettings, provider_config, "provider")
+    return dict(object_store_memory=s.local_object_store_memory, port_base=s.local_port_base,
+                start_timeout_s=s.local_start_timeout_s, min_free_memory_mb=s.local_min_free_memory_mb,
+                extra_ray_start_args=s.local_ray_start_args, prewarm=False)
+
+
+def _label(obj, key: str) -> str | None:
+    return (obj.metadata.labels or {}).get(key) if obj.metadata else None
+
+
+def _node_ready(node) -> bool:
+    for c in (node.status.conditions or []) if node.status else []:
+        if c.type == "Ready":
+            return c.status == "True"
+    return False
+
+
+def _created(obj) -> float:
+    ts = obj.metadata.creation_timestamp if obj.metadata else None
+    return ts.timestamp() if ts is not None else time.time()
+
+
+__all__ = ["KubernetesRegistration"]

@@ -1,0 +1,87 @@
+"""The `kubernetes:` block of the provider (registration: kubernetes), declared once (see core/schema.py).
+
+    provider:
+      registration: kubernetes
+      kubernetes:
+        kubeconfig: ~/.kube/config     # default: in-cluster when running in a pod, else ~/.kube/config
+        context: my-context            # default: the kubeconfig's current context
+        namespace: ray                 # where the Ray pods live
+        join:                          # how a machine joins the cluster (its boot script / user data)
+          method: eks                  # eks (nodeadm NodeConfig) | kubeadm | k3s
+          cluster: my-eks              # eks: the EKS cluster name
+          endpoint: https://...        # the API server URL the kubelet talks to
+          ca: <base64 PEM>             # eks / kubeadm: the cluster CA (kubeadm: or ca_cert_hash)
+          cidr: 10.100.0.0/16          # eks: the service CIDR
+          token: abcdef.0123456789abcdef   # kubeadm bootstrap token / k3s node token
+          ca_cert_hash: sha256:...     # kubeadm discovery-token-ca-cert-hash
+        pod_template: {...}            # the Ray pod, like a KubeRay group's `template` (metadata + spec)
+        join_timeout_s: 600            # a machine whose Node is not Ready by then is reported overdue
+        pod_grace_s: 30                # terminationGracePeriod of the Ray pod on terminate
+        pod_reserve: {cpu: 250m, memory: 256Mi}   # left to DaemonSets when sizing the Ray pod's requests
+        played: false                  # tests: a kubelet player (testing/kubelet_player.py) plays each machine
+      gcs_address: 10.0.0.5:6379       # the head's GCS, for the Ray pods (default: <head_ip>:6379)
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from ray_nodeless.core.schema import Section
+from ray_nodeless.providers.local.settings import NodeProcessSettings
+
+JOIN_METHODS = ("eks", "kubeadm", "k3s")
+IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+DEFAULT_KUBECONFIG = "~/.kube/config"
+
+
+class _Strict(Section):
+    # A misspelled key inside the block would silently fall back to a default: unknown keys are errors.
+    model_config = ConfigDict(strict=True, frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class JoinSettings(_Strict):
+    method: Literal["eks", "kubeadm", "k3s"]
+    cluster: str | None = Field(None, min_length=1)
+    endpoint: str | None = Field(None, min_length=1)
+    token: str | None = Field(None, min_length=1)
+    ca: str | None = Field(None, min_length=1)
+    ca_cert_hash: str | None = Field(None, min_length=1)
+    cidr: str | None = Field(None, min_length=1)
+    k3s_version: str | None = Field(None, min_length=1)
+    kubelet_flags: list[str] = Field(default_factory=list)   # extra kubelet flags, every method
+
+
+class PodReserve(_Strict):
+    cpu: str = "250m"
+    memory: str = "256Mi"
+
+
+class KubernetesBlock(_Strict):
+    kubeconfig: str | None = Field(None, min_length=1)
+    context: str | None = Field(None, min_length=1)
+    namespace: str = Field("ray", min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    join: JoinSettings
+    pod_template: dict[str, Any] = Field(default_factory=dict)
+    join_timeout_s: float = Field(600.0, gt=0)
+    pod_grace_s: int = Field(30, ge=0)
+    pod_reserve: PodReserve = Field(default_factory=PodReserve)
+    played: bool = False
+    # How long a Node of this cluster may exist without its machine in the listing before it is collected.
+    orphan_grace_s: float = Field(60.0, ge=0)
+
+
+class KubernetesSettings(NodeProcessSettings):
+    """The provider-block keys of `registration: kubernetes`. The local node-process keys (`local_*`) size the Ray
+    processes of played pods (`kubernetes.played: true`)."""
+
+    kubernetes: KubernetesBlock
+    gcs_address: str | None = Field(None, pattern=r"^[^:\s]*:\d{1,5}$")   # default: <head_ip>:6379
+
+
+def default_kubeconfig() -> str | None:
+    """None = in-cluster (a pod with a ServiceAccount token), else ~/.kube/config."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(IN_CLUSTER_TOKEN):
+        return None
+    return os.path.expanduser(DEFAULT_KUBECONFIG)

@@ -1,0 +1,138 @@
+"""`registration: kubernetes` end to end: `ray up` with the real Ray autoscaler, the AWS backend under moto (eks join
+user data), a REAL Kubernetes control plane (API server, scheduler, controller-manager, RBAC on; the provider runs
+as the ServiceAccount of cluster-configs/kubernetes-rbac.yaml), and every machine's kubelet played
+(`kubernetes.played: true`): a {GPU: 1} task brings up the planned instance, its Node registers Ready with the labels
+and taint, the scheduler binds the Ray pod there, the task runs in it (RAY_CLOUD_INSTANCE_ID = the EC2 id), the idle
+node goes (pod, Node, instance, process), and `ray down` leaves no Node, pod or process.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from ray_nodeless.providers.local.runner import runner_marker
+from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
+from ray_nodeless.registrations.kubernetes import labels as L
+from ray_nodeless.registrations.kubernetes.registration import default_home
+from ray_nodeless.testing.moto_server import MotoServer
+from tests import REPO_ROOT
+from tests.registrations.kubernetes.conftest import cp, wait_for  # noqa: F401  (module-scoped control plane)
+
+pytestmark = pytest.mark.e2e
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_processes_of(machine_id: str) -> list[int]:
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read()
+        except OSError:
+            continue
+        if f"RAY_CLOUD_INSTANCE_ID={machine_id}".encode() in env:
+            out.append(int(pid))
+    return out
+
+
+def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp, tmp_path: Path) -> None:  # noqa: F811
+    port = _free_port()
+    cluster = f"k8s-{uuid.uuid4().hex[:6]}"
+    cfg = yaml.safe_load((REPO_ROOT / "cluster-configs" / "local-k8s-cpu-head.yaml").read_text())
+    cfg["cluster_name"] = cluster
+    cfg["idle_timeout_minutes"] = 0.2
+    p = cfg["provider"]
+    p.pop("simulate_cloud")
+    p.update(cloud="aws", region="us-east-1", endpoint_url=moto.url, image_id=moto.ami(),
+             aws_credentials={"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
+             gcs_address=f"127.0.0.1:{port}")
+    k = p["kubernetes"]
+    k.update(kubeconfig=str(cp.sa_kubeconfig), pod_grace_s=5,
+             join={"method": "eks", "cluster": "test-eks", "endpoint": cp.server, "ca": "Y2E=",
+                   "cidr": "10.100.0.0/16"})
+    cfg["head_start_ray_commands"] = [
+        f"RAY_AUTH_MODE=disabled AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing "
+        f"RAY_NODELESS_PLAYER_KUBECONFIG={cp.admin_kubeconfig} "
+        f"AUTOSCALER_UPDATE_INTERVAL_S=1 ray start --head --port={port} --node-ip-address=127.0.0.1 "
+        f"--include-dashboard=false --object-store-memory=100000000 --autoscaling-config=~/ray_bootstrap_config.yaml"]
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    ec2 = moto.client()
+    core = client.CoreV1Api(cp.api_client())
+    sel = L.cluster_selector(cluster)
+    marker = runner_marker(Path(default_home(cluster)))
+
+    def instances() -> dict[str, str]:
+        r = ec2.describe_instances(Filters=[{"Name": "tag:ray-cluster-name", "Values": [cluster]}])
+        return {i["InstanceId"]: i["State"]["Name"] for res in r["Reservations"] for i in res["Instances"]}
+
+    worker = None
+    try:
+        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=env, capture_output=True, text=True,
+                            timeout=300)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        t0 = time.time()
+        driver = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+            import os, ray
+            ray.init(address="127.0.0.1:{port}", logging_level="ERROR", log_to_driver=False)
+            @ray.remote(num_gpus=1)
+            def f():
+                return os.environ["RAY_CLOUD_INSTANCE_ID"]
+            print("RESULT", ray.get(f.remote()))
+        """)], env=env, capture_output=True, text=True, timeout=300)
+        task_s = time.time() - t0
+        assert driver.returncode == 0, driver.stderr[-3000:]
+        worker = next(line.split()[1] for line in driver.stdout.splitlines() if line.startswith("RESULT "))
+        assert instances()[worker] == "running"
+        [node] = core.list_node(label_selector=f"{L.MACHINE_ID}={worker}").items
+        labels = node.metadata.labels
+        assert labels[L.CLUSTER] == cluster and labels[L.NODE_TYPE] == "gpu_worker"
+        assert labels[L.CAPACITY_TYPE] in ("spot", "on-demand") and labels[L.INSTANCE_TYPE]
+        assert any(t.key == L.TAINT_KEY and t.value == cluster for t in node.spec.taints)
+        [pod] = core.list_namespaced_pod("ray", label_selector=f"{L.MACHINE_ID}={worker}").items
+        assert pod.spec.node_name == node.metadata.name and pod.status.phase == "Running"
+        print(f"\nFIGURES e2e: pending GPU task -> result {task_s:.1f} s")
+        # idle scale-down: pod, Node, instance and Ray process all go
+        wait_for(lambda: not core.list_namespaced_pod("ray", label_selector=sel).items
+                 and not core.list_node(label_selector=sel).items, 180, "idle worker's pod and Node gone", poll=1)
+        wait_for(lambda: instances()[worker] in ("terminated", "shutting-down"), 60, "instance terminated", poll=1)
+        wait_for(lambda: not _ray_processes_of(worker), 30, "worker Ray process gone", poll=1)
+
+        down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=env, capture_output=True, text=True,
+                              timeout=180)
+        assert down.returncode == 0, down.stderr[-2000:]
+        assert set(instances().values()) <= {"terminated", "shutting-down"}
+        assert not core.list_node(label_selector=sel).items
+        assert not core.list_namespaced_pod("ray", label_selector=sel).items
+        assert stop_marked_processes(marker) == 0, "ray down left the head's processes behind"
+    finally:
+        ids = [i for i, s in instances().items() if s not in ("terminated", "shutting-down")]
+        if ids:
+            ec2.terminate_instances(InstanceIds=ids)
+        for pid in _ray_processes_of(worker) if worker else []:
+            try:
+                os.killpg(pid, 9)
+            except OSError:
+                pass
+        stop_marked_processes(marker, force=True)
+        for n in core.list_node(label_selector=sel).items:
+            core.delete_node(n.metadata.name)
+        core.delete_collection_namespaced_pod("ray", label_selector=sel, grace_period_seconds=0)

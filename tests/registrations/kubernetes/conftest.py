@@ -1,0 +1,90 @@
+"""A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) for the module,
+started and stopped around it, with the `ray` namespace and the ServiceAccount / roles of
+cluster-configs/kubernetes-rbac.yaml applied."""
+from __future__ import annotations
+
+import time
+import types
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+import yaml
+from kubernetes import client, utils
+
+from tests import REPO_ROOT
+
+RBAC = REPO_ROOT / "cluster-configs" / "kubernetes-rbac.yaml"
+SA = ("ray", "ray-nodeless")
+
+
+def wait_for(pred: Callable[[], object], timeout: float = 30.0, what: str = "condition", poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+
+
+def apply_rbac(api: client.ApiClient) -> None:
+    for doc in yaml.safe_load_all(RBAC.read_text()):
+        try:
+            utils.create_from_dict(api, doc)
+        except utils.FailToCreateError as e:
+            if not all(getattr(x, "status", None) == 409 for x in e.api_exceptions):
+                raise
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory) -> Iterator[object]:
+    from ray_nodeless.testing.k8s_control_plane import ControlPlane
+    plane = ControlPlane(tmp_path_factory.mktemp("k8s"))
+    plane.start()
+    try:
+        with plane.api_client() as api:
+            apply_rbac(api)
+        plane.service_account_token("ray", "default")      # pods can be created in `ray` from now on
+        token = plane.service_account_token(*SA)
+        plane.sa_kubeconfig = plane.write_kubeconfig(Path(plane.workdir) / "sa.kubeconfig", token)
+        yield plane
+    finally:
+        plane.stop()
+
+
+class StubProcesses:
+    """Stands in for LocalNodeProcesses in the kubelet player when a test needs no real Ray: a pod "runs" at once."""
+
+    def __init__(self, fail: bool = False):
+        self.recs: dict[str, types.SimpleNamespace] = {}
+        self.n = 0
+        self.fail = fail
+        self.started: list[dict] = []
+
+    def get(self, mid):
+        return self.recs.get(mid)
+
+    def start(self, mid, node_type, resources, labels, extra_env=None, tags=None, request_token=""):
+        from ray_nodeless.errors import BackendError
+        if self.fail:
+            raise BackendError(f"local node {mid} failed to start (`ray start` exited with code 1)")
+        self.n += 1
+        rec = types.SimpleNamespace(id=mid, ip=f"127.0.0.{100 + self.n}", resources=dict(resources))
+        self.recs[mid] = rec
+        self.started.append({"id": mid, "node_type": node_type, "resources": dict(resources), "env": extra_env})
+        return rec
+
+    def stop(self, ids):
+        for i in ids:
+            self.recs.pop(i, None)
+
+    def list(self):
+        return list(self.recs.values())
+
+    def _all_records(self):
+        return list(self.recs.values())
+
+    def close(self):
+        pass
