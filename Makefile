@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench catalog clean
+.PHONY: demo test install bench catalog clean k8s
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,14 +19,20 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
-test: $(STAMP)
+# A real kube-apiserver, scheduler, controller-manager and etcd for the Kubernetes tests, built from Debian's sources
+# once and cached in ~/.cache/ray-nodeless/k8s (the first build takes 5-20 minutes on 2 cores; then it is instant).
+k8s:
+	bash scripts/k8s/build.sh
+
+test: $(STAMP) k8s
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python benches/bench_plan.py
 
+# Rebuilds ray_nodeless/data/catalog/ (index.json + one file per cloud region) from the reference CSVs.
 catalog: $(STAMP)
-	$(BIN)/python scripts/build_catalog.py --source ../shared/catalog
+	$(BIN)/python scripts/build_catalog.py --source ../shared/catalog --out ray_nodeless/data/catalog
 
 clean:
 	rm -rf $(VENV) build *.egg-info
