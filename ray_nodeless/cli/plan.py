@@ -87,10 +87,11 @@ def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None
 
 
 def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
-    from ray_nodeless.ray_adapter.bootstrap import plan_like_ray_up   # imports Ray: only for a cluster YAML
+    from ray_nodeless.launch.config import check_cluster, prepare_like_ray_up
 
     cfg = load_cluster_yaml(path)
-    cp: ClusterPlan = plan_like_ray_up(cfg)
+    check_cluster(cfg)    # names the key where a malformed YAML would otherwise fail inside the preparation
+    cp: ClusterPlan = check_cluster(prepare_like_ray_up(cfg))
     if as_json:
         click.echo(json.dumps(cp.to_dict(), indent=2, sort_keys=True))
         return

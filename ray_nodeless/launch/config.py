@@ -4,6 +4,7 @@ registration's declared keys, each node type's node_config checks. One path for 
 """
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Mapping
 
@@ -45,6 +46,37 @@ def check_node_types(cluster_config: Mapping[str, Any], provider: Mapping[str, A
             raise ConfigError(f"available_node_types.{name}.node_config", "must be a mapping")
         _, backend_keys = split_node_config(node_config)
         cls.check_node_config(provider, name, backend_keys, f"available_node_types.{name}.node_config")
+
+
+# What Ray's `prepare_config` requires of a `type: external` YAML (it fills nothing for external providers) and
+# raises KeyError / AssertionError for, before any provider code runs.
+RAY_REQUIRED_KEYS = ("setup_commands", "head_setup_commands", "worker_setup_commands", "max_workers")
+RAY_EXTERNAL_HEAD_TYPE = "ray.head.default"     # Ray's MINIMAL_EXTERNAL_CONFIG head_node_type
+
+
+def prepare_like_ray_up(cluster_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The node-type view `ray up` plans from, without importing Ray (a cold `plan` stays fast): Ray's
+    `prepare_config` for `type: external` merges nothing but its minimal defaults, requires the setup-command lists
+    and `max_workers`, and fills each node type's `min_workers` (0) and `max_workers` (0 for the head, else the
+    global value). tests/launch/test_prepare.py checks this equals Ray's own preparation on every shipped YAML."""
+    if not isinstance(cluster_config, Mapping):
+        raise ConfigError("cluster", "a cluster YAML must be a mapping")
+    provider = cluster_config.get("provider")
+    if isinstance(provider, Mapping) and provider.get("type", "external") != "external":
+        raise ConfigError("provider.type", f"{provider.get('type')!r}: ray_nodeless runs as `type: external`; "
+                                           "`ray-nodeless convert` turns a Ray AWS/GCP YAML into one")
+    for key in RAY_REQUIRED_KEYS:
+        if key not in cluster_config:
+            raise ConfigError(key, "missing: `ray up` needs this top-level key for `type: external` providers (Ray "
+                                   "fills it only for its own clouds); `ray-nodeless convert` writes a complete YAML")
+    config = copy.deepcopy(dict(cluster_config))
+    config.setdefault("head_node_type", RAY_EXTERNAL_HEAD_TYPE)
+    types = node_types_of(config)     # checks each node type's shape first
+    for name, nt in types.items():
+        nt.setdefault("min_workers", 0)
+        nt.setdefault("max_workers", 0 if name == config["head_node_type"] else config["max_workers"])
+    config["available_node_types"] = types
+    return config
 
 
 def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalog | None = None) -> ClusterPlan:
