@@ -31,5 +31,7 @@ def moto(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[M
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    # Ray's AWS bootstrap attaches AWS managed policies to the head's role; moto loads them only when asked.
+    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
     moto_server.reset()
     yield moto_server

@@ -88,10 +88,13 @@ def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None
 
 def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
     from ray_nodeless.launch.config import check_cluster, prepare_like_ray_up
+    from ray_nodeless.ray_adapter.bootstrap import settle_images
 
-    cfg = load_cluster_yaml(path)
-    check_cluster(cfg)    # names the key where a malformed YAML would otherwise fail inside the preparation
-    cp: ClusterPlan = check_cluster(prepare_like_ray_up(cfg))
+    cfg = prepare_like_ray_up(load_cluster_yaml(path))
+    provider = cfg.get("provider")
+    if isinstance(provider, dict):
+        settle_images(cfg, provider.get("cloud", "local"))    # Ray's default image, as bootstrap_config sets it
+    cp: ClusterPlan = check_cluster(cfg)
     if as_json:
         click.echo(json.dumps(cp.to_dict(), indent=2, sort_keys=True))
         return

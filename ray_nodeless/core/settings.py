@@ -39,7 +39,7 @@ RAY_PROVIDER_KEYS = frozenset({
     "disable_launch_config_check", "foreground_node_launch", "worker_liveness_check", "use_node_id_as_ip",
     "head_ip", "worker_ips", "availability_zone", "autoscaler_role", "autoscaler_role_binding",
     "autoscaler_service_account", "cloudwatch", "gcp_credentials", "location", "msi_identity_id",
-    "msi_identity_principal_id", "namespace", "resource_group", "subnet_id", "subscription_id", "tags",
+    "msi_identity_principal_id", "namespace", "resource_group", "subnet_id", "subscription_id", "tags", "key_pair",
 })
 
 

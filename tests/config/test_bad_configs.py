@@ -175,7 +175,8 @@ PER_BACKEND: dict[str, list[tuple[str, Callable[[dict], None], str]]] = {
         ("aws-endpoint-typo", setp(endpoint_ur="http://127.0.0.1:5000"), "provider.endpoint_ur"),
         ("aws-subnets-typo", setp(subnet={"us-west-2a": "subnet-1"}), "provider.subnet"),
         ("aws-subnets-list", setp(subnets=["subnet-1"]), "provider.subnets"),
-        ("aws-no-ami", lambda c: (c["provider"].pop("image_id", None),
+        # eu-north-1: a region with no Ray default AMI (elsewhere bootstrap fills Ray's default, as Ray does)
+        ("aws-no-ami", lambda c: (c["provider"].pop("image_id", None), c["provider"].update(region="eu-north-1"),
                                   [nt.get("node_config", {}).pop("ImageId", None)
                                    for nt in c["available_node_types"].values()]), "ImageId"),
         ("aws-node-config-typo", node_config(SecurityGroupIDs=["sg-1"]),

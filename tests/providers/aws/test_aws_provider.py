@@ -2,6 +2,8 @@
 and the launcher's fallback across offerings when EC2 answers with capacity errors or throttling."""
 from __future__ import annotations
 
+import pytest
+
 from typing import Any
 
 from ray_nodeless.testing.moto_server import REGION, MotoServer, ec2_error, install, query_params
@@ -10,8 +12,11 @@ from tests.providers.aws.helpers import CLUSTER, live
 
 # ------------------------------------------------------------------ disable_node_updaters: the worker boots itself
 
-def test_provider_gives_workers_a_boot_script_when_node_updaters_are_disabled(moto: MotoServer) -> None:
+def test_provider_gives_workers_a_boot_script_when_node_updaters_are_disabled(
+        moto: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     import base64
+
+    monkeypatch.setenv("HOME", str(tmp_path))     # Ray's key-pair step writes ~/.ssh/ray-autoscaler_*.pem
 
     import boto3
 

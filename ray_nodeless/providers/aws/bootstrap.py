@@ -1,0 +1,307 @@
+"""What Ray's own AWS bootstrap (`ray.autoscaler._private.aws.config.bootstrap_aws`) does for a `type: aws` YAML,
+done for `cloud: aws` by calling the installed Ray's own step functions on a Ray-shaped copy of the config and
+copying what they filled back into ours:
+
+    step                       Ray function                   fills (as Ray does)
+    default AMI                DEFAULT_AMI / _check_ami       node_config.ImageId (Ray's DLAMI of the region)
+    launch templates, NICs     _configure_from_launch_template, _configure_from_network_interfaces (read only)
+    head IAM role + profile    _configure_iam_role            head_node.IamInstanceProfile (head only, like Ray)
+    key pair                   _configure_key_pair            node_config.KeyName, auth.ssh_private_key
+    subnets                    _configure_subnet              node_config.SubnetIds (+ `zones`: see below)
+    security group             _configure_security_group      node_config.SecurityGroupIds
+
+Differences from Ray, on purpose:
+- The AMI is settled first, without any API call, so a missing AMI (a region Ray has no default for) fails
+  `ray up` before anything is created in the account: not at head launch, and not after IAM roles and key pairs.
+- Subnets: Ray keeps every usable subnet of the VPC (filtered by `provider.availability_zone`); ray_nodeless plans
+  zones itself, so each node type keeps only the subnets in the zones its rule and node_config allow, and its
+  `zones` requirement is narrowed to the zones of those subnets: the planner never picks a zone it cannot launch
+  into (plan == launch). `provider.subnets` ({zone: subnet}) and subnets tagged `ray-nodeless-subnet` are handed to
+  Ray's step as the node type's subnets (validated the same way; the security group goes into their VPC).
+- The boto3 resources Ray's steps create are ours: the provider block's `aws_credentials` (profile_name too, which
+  Ray's own `aws_credentials` cannot take), `region`, and `endpoint_url` for every service the steps call (EC2 and
+  IAM); without `endpoint_url`, botocore's own endpoint resolution applies (AWS_ENDPOINT_URL and
+  AWS_ENDPOINT_URL_<SERVICE> honoured).
+- Ray waits 15 s (twice) after creating the IAM profile and role, for IAM propagation. Against a custom endpoint
+  (`endpoint_url` or AWS_ENDPOINT_URL set: moto, a proxy) that wait is skipped.
+- Ray aborts with `cli_logger.abort` / assertions; here every failure is a ConfigError naming the key to set.
+
+Which steps run depends on `provider.registration`: `vm` runs all of them; `local-player` (machines played by
+local Ray nodes: no SSH, and Ray runs on this host with this host's credentials, so no instance role) the subnets
+and the security group; `kubernetes` only the AMI (its machines join a Kubernetes cluster;
+Ray's SSH, IAM and security-group set-up does not apply to them).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import threading
+import time
+import types
+from typing import Any, Iterator, Mapping
+
+from ray_nodeless.core.requirements import REQUIREMENT_KEYS
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers.aws.settings import AwsSettings
+from ray_nodeless.providers.aws.subnets import SUBNET_DISCOVERY_TAG
+
+logger = logging.getLogger(__name__)
+
+# Ray's special ImageId value meaning "the default Deep Learning AMI of the region".
+LATEST_DLAMI = "latest_dlami"
+# The node_config keys Ray's steps fill and that are copied back into ours.
+FILLED_KEYS = ("ImageId", "KeyName", "SubnetIds", "SecurityGroupIds")
+# Ray's own retries for the resources its bootstrap creates (ray.autoscaler._private.aws.utils.BOTO_MAX_RETRIES).
+RAY_BOTO_MAX_RETRIES = 12
+# Environment variables that point botocore at another endpoint (then there is no IAM propagation to wait for).
+ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_IAM")
+
+STEPS_BY_REGISTRATION = {
+    "vm": ("iam", "key_pair", "subnet", "security_group"),
+    "local-player": ("subnet", "security_group"),
+    "kubernetes": (),
+}
+
+_PATCH_LOCK = threading.Lock()       # Ray's module globals are patched for the duration of one bootstrap
+
+
+class _RayAbort(Exception):
+    """Ray's `cli_logger.abort` (or `doassert`) inside one of its bootstrap steps."""
+
+
+def default_ami(region: str) -> str | None:
+    """Ray's default AMI for `region` (its DEFAULT_AMI map), or None."""
+    from ray.autoscaler._private.aws.config import DEFAULT_AMI
+    return DEFAULT_AMI.get(region)
+
+
+def fill_default_images(config: dict[str, Any], settings: AwsSettings) -> None:
+    """Settle every node type's AMI without an API call, as Ray's `_check_ami` does: an empty ImageId or
+    `latest_dlami` becomes provider.image_id (when set) or Ray's default AMI of the region; with neither it is a
+    ConfigError naming the key. Node types with a LaunchTemplate are settled after the template is read."""
+    region = settings.region
+    types_ = config.get("available_node_types")
+    if not isinstance(types_, dict):
+        return                              # the config checks name the key
+    for name, nt in types_.items():
+        nc = nt.setdefault("node_config", {}) if isinstance(nt, dict) else None
+        if not isinstance(nc, dict):
+            continue
+        ami = str(nc.get("ImageId") or "").strip()
+        if ami and ami.lower() != LATEST_DLAMI:
+            continue
+        if not ami and "LaunchTemplate" in nc:
+            continue
+        if not ami and settings.image_id:
+            continue                        # the backend uses provider.image_id for it
+        fallback = (settings.image_id if ami.lower() != LATEST_DLAMI else None) or default_ami(region)
+        if not fallback:
+            raise ConfigError(
+                f"available_node_types.{name}.node_config.ImageId",
+                f"no AMI: {'latest_dlami' if ami else 'no ImageId'} and Ray has no default AMI for region "
+                f"{region!r} (it has one for {sorted(_default_ami_regions())}); set node_config.ImageId (or "
+                "provider.image_id) to an AMI of that region")
+        nc["ImageId"] = fallback
+        logger.info("%s: ImageId %s (Ray's default AMI for %s)", name, fallback, region)
+
+
+def _default_ami_regions() -> list[str]:
+    from ray.autoscaler._private.aws.config import DEFAULT_AMI
+    return list(DEFAULT_AMI)
+
+
+def custom_endpoint(settings: AwsSettings) -> bool:
+    return bool(settings.endpoint_url or any(os.environ.get(k) for k in ENDPOINT_ENV))
+
+
+def bootstrap_aws_resources(config: dict[str, Any], settings: AwsSettings, registration: str,
+                            allowed_zones: Mapping[str, frozenset[str] | None]) -> dict[str, Any]:
+    """Run Ray's AWS bootstrap steps for `registration` and copy their results into `config` (in place; also
+    returned). `allowed_zones`: node type -> the zones its rule and node_config allow (None: any)."""
+    steps = STEPS_BY_REGISTRATION.get(registration, STEPS_BY_REGISTRATION["vm"])
+    node_types = config["available_node_types"]
+    view = _ray_view(config, settings, allowed_zones)
+    with _ray_aws(settings) as rc:
+        view = _step("launch templates", "available_node_types.*.node_config.LaunchTemplate",
+                     rc._configure_from_launch_template, view)
+        view = _step("network interfaces", "available_node_types.*.node_config.NetworkInterfaces",
+                     rc._configure_from_network_interfaces, view)
+        fed: set[str] = set()
+        if "subnet" in steps:
+            fed = _step("subnets", "provider.subnets", lambda v: _feed_subnets(v, settings, rc), view)
+        before = {n: copy.deepcopy(t["node_config"]) for n, t in view["available_node_types"].items()}
+        head = config["head_node_type"]
+        if "iam" in steps:
+            view = _step("head IAM instance profile",
+                         f"available_node_types.{head}.node_config.IamInstanceProfile", rc._configure_iam_role, view)
+        if "key_pair" in steps:
+            view = _step("key pair", "auth.ssh_private_key (with node_config.KeyName)", rc._configure_key_pair, view)
+        if "subnet" in steps:
+            view = _step("subnets", "available_node_types.*.node_config.SubnetIds", rc._configure_subnet, view)
+        if "security_group" in steps:
+            view = _step("security group", "available_node_types.*.node_config.SecurityGroupIds",
+                         rc._configure_security_group, view)
+        _step("AMI", "available_node_types.*.node_config.ImageId", lambda v: rc._check_ami(v) or v, view)
+        subnet_zones = _step("subnets", "available_node_types.*.node_config.SubnetIds",
+                             lambda v: _subnet_zones(v, rc), view) if "subnet" in steps else {}
+
+    for name, nt in node_types.items():
+        ours = nt.setdefault("node_config", {})
+        theirs = view["available_node_types"][name]["node_config"]
+        for key in FILLED_KEYS:
+            if key in theirs and key not in before[name] and key not in ours:
+                ours[key] = copy.deepcopy(theirs[key])
+        if "subnet" in steps:
+            _narrow_subnets(name, ours, theirs.get("SubnetIds") or [], subnet_zones, allowed_zones.get(name),
+                            copy_subnets=name not in fed or not settings.subnets)
+    profile = (view.get("head_node") or {}).get("IamInstanceProfile")
+    if profile:
+        # Like Ray: the head instance only, not workers of the head's node type (`ray up` merges `head_node` into
+        # the head's node_config; the config the head's autoscaler gets has no `head_node`).
+        config.setdefault("head_node", {})["IamInstanceProfile"] = profile
+    key_path = (view.get("auth") or {}).get("ssh_private_key")
+    if key_path and "key_pair" in steps:
+        config.setdefault("auth", {})["ssh_private_key"] = key_path
+    return config
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _ray_view(config: Mapping[str, Any], settings: AwsSettings,
+              allowed_zones: Mapping[str, frozenset[str] | None]) -> dict[str, Any]:
+    """The config as Ray's steps want it: Ray's AWS provider block, node_configs with launch keys only."""
+    p = config["provider"]
+    provider: dict[str, Any] = {"type": "aws", "region": settings.region,
+                                "use_internal_ips": bool(p.get("use_internal_ips", False))}
+    for k in ("security_group", "key_pair", "cloudwatch"):
+        if p.get(k) is not None:
+            provider[k] = copy.deepcopy(p[k])
+    zones = list(allowed_zones.values())
+    if zones and all(z is not None for z in zones):
+        provider["availability_zone"] = ",".join(sorted(set().union(*zones)))
+    elif p.get("availability_zone"):
+        provider["availability_zone"] = str(p["availability_zone"])
+    types_ = {}
+    for name, nt in config["available_node_types"].items():
+        nc = {k: copy.deepcopy(v) for k, v in (nt.get("node_config") or {}).items() if k not in REQUIREMENT_KEYS}
+        if not nc.get("ImageId") and "LaunchTemplate" not in nc and settings.image_id:
+            nc["ImageId"] = settings.image_id
+        types_[name] = {"node_config": nc}
+    return {"cluster_name": config.get("cluster_name", "default"), "head_node_type": config["head_node_type"],
+            "available_node_types": types_, "head_node": copy.deepcopy(config.get("head_node") or {}),
+            "auth": copy.deepcopy(config.get("auth") or {}), "provider": provider}
+
+
+def _feed_subnets(view: dict[str, Any], settings: AwsSettings, rc: Any) -> set[str]:
+    """Node types without subnets get provider.subnets, else the subnets tagged SUBNET_DISCOVERY_TAG, as theirs."""
+    configured = list(dict.fromkeys((settings.subnets or {}).values()))
+    if not configured:
+        ec2 = rc._resource("ec2", view)
+        configured = sorted(s.subnet_id for s in ec2.subnets.filter(
+            Filters=[{"Name": "tag-key", "Values": [SUBNET_DISCOVERY_TAG]}]))
+    if not configured:
+        return set()
+    fed = set()
+    for name, nt in view["available_node_types"].items():
+        nc = nt["node_config"]
+        if not any(k in nc for k in ("SubnetIds", "SubnetId", "NetworkInterfaces")):
+            nc["SubnetIds"] = list(configured)
+            fed.add(name)
+    return fed
+
+
+def _subnet_zones(view: Mapping[str, Any], rc: Any) -> dict[str, tuple[str, str]]:
+    ids = sorted({s for t in view["available_node_types"].values() for s in t["node_config"].get("SubnetIds") or []})
+    if not ids:
+        return {}
+    ec2 = rc._resource("ec2", view)
+    return {s.subnet_id: (s.availability_zone, getattr(s, "availability_zone_id", "") or "")
+            for s in ec2.subnets.filter(Filters=[{"Name": "subnet-id", "Values": ids}])}
+
+
+def _narrow_subnets(name: str, ours: dict[str, Any], subnets: list[str], zone_of: Mapping[str, tuple[str, str]],
+                    allowed: frozenset[str] | None, copy_subnets: bool) -> None:
+    """Keep the node type's subnets in its allowed zones, and narrow its `zones` to theirs."""
+    if not subnets:
+        return
+    kept = [s for s in subnets if allowed is None or set(zone_of.get(s, ("", ""))) & allowed]
+    if not kept:
+        raise ConfigError(f"available_node_types.{name}.node_config.SubnetIds",
+                          f"none of the subnets {subnets} is in the zones this node type may use {sorted(allowed or [])}")
+    zones = sorted({zone_of[s][0] for s in kept if s in zone_of})
+    if allowed is not None:
+        zones = sorted(z for z in zones if z in allowed) or sorted(
+            {zone_of[s][1] for s in kept if s in zone_of and zone_of[s][1] in allowed})
+    if copy_subnets and "NetworkInterfaces" not in ours and "SubnetId" not in ours:
+        ours["SubnetIds"] = kept
+    if zones:
+        ours["zones"] = zones
+
+
+def _step(what: str, key: str, fn: Any, view: dict[str, Any]) -> dict[str, Any]:
+    """One of Ray's steps, its aborts, assertions and API errors as a ConfigError naming what to set."""
+    import botocore.exceptions
+
+    try:
+        return fn(view)
+    except botocore.exceptions.NoCredentialsError as e:
+        raise ConfigError("provider.aws_credentials", f"Ray's AWS bootstrap ({what}) needs AWS credentials: {e} "
+                                                      "(set provider.aws_credentials, AWS_PROFILE or AWS_ACCESS_KEY_ID)"
+                          ) from None
+    except (_RayAbort, AssertionError, ValueError) as e:
+        raise ConfigError(key, f"Ray's AWS bootstrap ({what}) refused the config: {e}") from None
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
+        raise ConfigError(key, f"Ray's AWS bootstrap ({what}) failed: {e}; set this key to an existing "
+                               "resource to skip the step, or grant the permission it needs") from None
+
+
+@contextlib.contextmanager
+def _ray_aws(settings: AwsSettings) -> Iterator[Any]:
+    """Ray's AWS config module with its boto3 resources built from our settings, its aborts raised as exceptions
+    and, against a custom endpoint, no IAM propagation wait."""
+    from botocore.config import Config
+    from ray.autoscaler._private.aws import config as rc
+    from ray.autoscaler._private.cli_logger import cli_logger
+
+    from ray_nodeless.providers.aws.clients import session
+
+    s = session(settings.session_kwargs())
+    cache: dict[str, Any] = {}
+
+    def resource(name: str, _config: Any = None) -> Any:
+        if name not in cache:
+            kw: dict[str, Any] = {"region_name": settings.region,
+                                  "config": Config(retries={"max_attempts": RAY_BOTO_MAX_RETRIES})}
+            if settings.endpoint_url:
+                kw["endpoint_url"] = settings.endpoint_url
+            cache[name] = s.resource(name, **kw)
+        return cache[name]
+
+    def abort(msg: str | None = None, *args: Any, exc: Any = None, **kwargs: Any) -> None:
+        if exc is not None:
+            raise exc
+        text = str(msg or "aborted")
+        try:
+            text = text.format(*args, **kwargs)
+        except (IndexError, KeyError, ValueError):
+            pass
+        raise _RayAbort(text)
+
+    sleep = (lambda _s: None) if custom_endpoint(settings) else time.sleep
+    with _PATCH_LOCK:
+        saved = rc._resource, rc.time
+        rc._resource = resource
+        rc.time = types.SimpleNamespace(sleep=sleep, time=time.time, monotonic=time.monotonic)
+        cli_logger.abort = abort            # an instance attribute: shadows the method until deleted
+        try:
+            yield rc
+        finally:
+            rc._resource, rc.time = saved
+            del cli_logger.abort
+            rc._get_subnets_or_die.cache_clear()      # keyed on our (now dropped) resources
+            for c in cache.values():
+                with contextlib.suppress(Exception):
+                    c.meta.client.close()
