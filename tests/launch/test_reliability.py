@@ -9,23 +9,13 @@ from ray_nodeless.errors import BackendError, ListingError
 from ray_nodeless.providers.base import TAG_CLUSTER, TAG_TERMINATING
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
-from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS
+from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS, cloud, provider  # noqa: F401 (fixtures)
 
 GPU = {"CPU": 4, "GPU": 1}
 # The top-level keys Ray's cluster launcher reads beside the node types (what `ray up` writes to the head).
 RAY_KEYS = {"auth": {"ssh_user": "ray"}, "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
             "file_mounts": {}, "cluster_synced_files": [], "initialization_commands": [],
             "head_start_ray_commands": [], "worker_start_ray_commands": [], "idle_timeout_minutes": 5}
-
-
-@pytest.fixture
-def cloud():
-    return fake_backend.reset()
-
-
-@pytest.fixture
-def provider(cloud):
-    return NodelessProvider(dict(PROVIDER), "c1")
 
 
 def tags(node_type: str = "gpu_worker", request: str = "req-1") -> dict[str, str]:
