@@ -8,6 +8,7 @@ node goes (pod, Node, instance, process), and `ray down` leaves no Node, pod or 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from kubernetes import client
 
 from ray_nodeless.providers.local.runner import runner_marker
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
+from ray_nodeless.providers.local.settings import default_state_dir
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.registration import default_home
 from ray_nodeless.testing.moto_server import MotoServer
@@ -136,3 +138,5 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
         for n in core.list_node(label_selector=sel).items:
             core.delete_node(n.metadata.name)
         core.delete_collection_namespaced_pod("ray", label_selector=sel, grace_period_seconds=0)
+        # the played kubelets' records (default_state_dir(cluster, "-kubelet")): empty by now
+        shutil.rmtree(default_state_dir(cluster, "-kubelet"), ignore_errors=True)

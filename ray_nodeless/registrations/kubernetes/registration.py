@@ -46,8 +46,8 @@ RETRY_S = 1.0                 # after a failed list/watch (API server down), bef
 HOUSEKEEPING_S = 5.0          # orphan / overdue checks
 REAP_SLACK_S = 10.0
 LISTING_FRESH_S = 60.0        # a listing (or describe round) older than this says nothing about orphans           # after pod_grace_s, how long the reaper waits for the pod before deleting the Node
-NODE_KIND_TAG = "ray-node-kind"
-NODE_TYPE_TAG = "ray-user-node-type"
+NODE_KIND_TAG = "ray-node-type"          # Ray's TAG_RAY_NODE_KIND (value "head" / "worker")
+NODE_TYPE_TAG = "ray-user-node-type"     # Ray's TAG_RAY_USER_NODE_TYPE
 DEFAULT_GCS_PORT = 6379
 
 
@@ -222,8 +222,10 @@ class KubernetesRegistration(Registration):
                 self._delete_pod(p, self.k.pod_grace_s)
             for n in nodes:
                 self._cordon(n)
+            # Not a daemon: a short-lived process (`ray down`) must not exit before the Node is deleted (the
+            # interpreter joins it at exit: at most pod_grace_s + REAP_SLACK_S, close() cuts it short).
             threading.Thread(target=self._reap, args=(mid, pods, nodes), name=f"k8s-reap-{mid}",
-                             daemon=True).start()
+                             daemon=False).start()
             if self.player is not None:
                 # The machine is gone: its kubelet stops heartbeating (its pod's Ray process stops when the pod
                 # is deleted; stop it here too in case the pod never got there).

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Launch latency of `registration: kubernetes` vs `registration: vm`, both on the local backend: time from a pending
+{GPU: 1, CPU: 1} task to that task running, same workload, same autoscaler (v2), one run, interleaved reps, reported
+as medians and their ratio (issue 11's target: kubernetes / vm <= 1.5).
+
+    .venv/bin/python benches/bench_k8s_registration.py              # 3 interleaved reps each
+    .venv/bin/python benches/bench_k8s_registration.py --reps 5 --json
+
+Setup: the two clusters of `bench_launch_latency.py`'s "ours" (head with CPU 0 started through the provider and the
+backend's command runner, AUTOSCALER_UPDATE_INTERVAL_S=1, one worker type `gpu_worker` {CPU: 1, GPU: 1}, max 1,
+idle_timeout 0.1 min), which differ only in the provider block:
+- vm: the local backend starts the worker's `ray start --block` itself (local-cpu-head.yaml's provider);
+- kubernetes: the `registration:` / `kubernetes:` keys of cluster-configs/local-k8s-cpu-head.yaml (kubeadm join,
+  `played: true`), pointed at a REAL control plane this bench starts (etcd, kube-apiserver, kube-scheduler,
+  kube-controller-manager; ray_nodeless/testing/k8s_control_plane.py, binaries from scripts/k8s/build.sh), the
+  provider running as the ServiceAccount of cluster-configs/kubernetes-rbac.yaml. The machine is a process-less
+  record; the autoscaler's kubelet player registers its Node from the user data, the controller-manager lifts the
+  not-ready taint, the registration's watch creates the Ray pod, the real scheduler binds it, the player runs it as
+  `ray start --block` (the only Ray process of the machine).
+Measurement (bench_launch_latency's driver, one subprocess per rep): the task returns `time.time()` when it starts;
+latency = start - submission. For kubernetes, a watch on the cluster's Nodes and pods times each step from the
+machine's launch (the record's creation): Node registered, Ready, schedulable (not-ready taint gone), pod created,
+bound, Running. Between reps the bench waits until the worker (and, for kubernetes, its pod and Node) is gone.
+
+Clean-up: heads stopped by their marker (scoped `ray stop`), worker machines terminated through the backend, the
+played pods' Ray processes stopped through their records, this cluster's Nodes and pods deleted, the control plane
+stopped (its process groups only).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_launch_latency as lat  # noqa: E402  (benches/ sibling; puts the repo root on sys.path)
+
+from kubernetes import client, utils, watch  # noqa: E402
+
+from ray_nodeless.providers.local.processes import LocalNodeProcesses  # noqa: E402
+from ray_nodeless.providers.local.settings import default_state_dir  # noqa: E402
+from ray_nodeless.registrations.kubernetes import labels as L  # noqa: E402
+from ray_nodeless.testing.k8s_control_plane import ControlPlane  # noqa: E402
+
+ROOT = lat.ROOT
+K8S_CONFIG = ROOT / "cluster-configs" / "local-k8s-cpu-head.yaml"
+RBAC = ROOT / "cluster-configs" / "kubernetes-rbac.yaml"
+TARGET = 1.5
+STEPS = ("node_added", "node_ready", "node_schedulable", "pod_added", "pod_bound", "pod_running")
+
+
+class Timeline:
+    """First time each step was seen per machine id, from a watch on the cluster's Nodes and pods."""
+
+    def __init__(self, api: client.ApiClient, cluster: str):
+        self.core = client.CoreV1Api(api)
+        self.selector = L.cluster_selector(cluster)
+        self.times: dict[str, dict[str, float]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(k,), daemon=True) for k in ("nodes", "pods")]
+        for t in self._threads:
+            t.start()
+
+    def _mark(self, mid, step):
+        if mid:
+            with self._lock:
+                self.times.setdefault(mid, {}).setdefault(step, time.time())
+
+    def _loop(self, kind):
+        # the bound methods themselves: watch.Watch reads the return type from their docstring
+        fn, args = (self.core.list_node, ()) if kind == "nodes" else (self.core.list_namespaced_pod, ("ray",))
+        while not self._stop.is_set():
+            try:
+                w = watch.Watch()
+                for ev in w.stream(fn, *args, label_selector=self.selector, timeout_seconds=5, _request_timeout=15):
+                    o = ev["object"]
+                    if ev["type"] in ("ADDED", "MODIFIED") and not isinstance(o, dict):
+                        if kind == "nodes":
+                            mid = L.machine_id_of_node(o)
+                            self._mark(mid, "node_added")
+                            if any(c.type == "Ready" and c.status == "True" for c in (o.status.conditions or [])):
+                                self._mark(mid, "node_ready")
+                                if not any(t.key == L.NOT_READY_TAINT for t in (o.spec.taints or [])):
+                                    self._mark(mid, "node_schedulable")
+                        else:
+                            mid = (o.metadata.labels or {}).get(L.MACHINE_ID)
+                            self._mark(mid, "pod_added")
+                            if o.spec.node_name:
+                                self._mark(mid, "pod_bound")
+                            if o.status and o.status.phase == "Running":
+                                self._mark(mid, "pod_running")
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+            except Exception:
+                self._stop.wait(0.2)
+
+    def of(self, mid):
+        with self._lock:
+            return dict(self.times.get(mid, {}))
+
+    def close(self):
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+
+
+class Vm(lat.Ours):
+    name = "vm"
+
+
+class Kubernetes(lat.Ours):
+    name = "kubernetes"
+
+    def __init__(self, work: Path, timeout: float, cp: ControlPlane, sa_kubeconfig: Path):
+        super().__init__(work, "v2", timeout, None)
+        self.cfg["cluster_name"] = f"bench-k8s-{uuid.uuid4().hex[:6]}"
+        k8s = yaml.safe_load(K8S_CONFIG.read_text())["provider"]
+        block = dict(k8s["kubernetes"], kubeconfig=str(sa_kubeconfig), pod_grace_s=5)
+        block["join"] = dict(block["join"], endpoint=cp.server)
+        self.cfg["provider"].update(registration="kubernetes", kubernetes=block)
+        self.cp = cp
+        self.admin = cp.api_client()
+        self.core = client.CoreV1Api(self.admin)
+        self.selector = L.cluster_selector(self.cfg["cluster_name"])
+        self.timeline = Timeline(self.admin, self.cfg["cluster_name"])
+
+    def worker_gone(self) -> bool:
+        return (super().worker_gone() and not self.core.list_node(label_selector=self.selector).items
+                and not self.core.list_namespaced_pod("ray", label_selector=self.selector).items)
+
+    def breakdown(self, r: dict) -> None:
+        super().breakdown(r)
+        rec = self.backend.nodes.get(r["instance"] or "")
+        if rec is None:
+            return
+        r["machine_has_own_process"] = rec.pid is not None
+        prev, prev_t = "launch", rec.started_at
+        t = self.timeline.of(r["instance"])
+        for s in STEPS:
+            if s in t:
+                r[f"{prev}_to_{s}"] = t[s] - prev_t
+                prev, prev_t = s, t[s]
+        if "pod_running" in t:
+            r["pod_running_to_start"] = r["start"] - t["pod_running"]
+        if "node_added" in t and "node_schedulable" in t:
+            r["join_to_schedulable"] = t["node_schedulable"] - t["node_added"]
+
+    def cleanup(self) -> None:
+        try:
+            super().cleanup()
+        finally:
+            self.timeline.close()
+            cluster = self.cfg["cluster_name"]
+            state = default_state_dir(cluster, "-kubelet")
+            if state.exists():   # the played pods' Ray processes (the monitor that ran them is gone)
+                procs = LocalNodeProcesses(state, self.gcs)
+                try:
+                    ids = [r.id for r in procs._all_records()]
+                    if ids:
+                        procs.stop(ids)
+                finally:
+                    procs.close()
+                shutil.rmtree(state, ignore_errors=True)
+            try:
+                for n in self.core.list_node(label_selector=self.selector).items:
+                    self.core.delete_node(n.metadata.name)
+                self.core.delete_collection_namespaced_pod("ray", label_selector=self.selector,
+                                                           grace_period_seconds=0)
+            finally:
+                self.admin.close()
+
+
+def start_control_plane(work: Path) -> tuple[ControlPlane, Path]:
+    cp = ControlPlane(work)
+    cp.start()
+    try:
+        with cp.api_client() as api:
+            for doc in yaml.safe_load_all(RBAC.read_text()):
+                try:
+                    utils.create_from_dict(api, doc)
+                except utils.FailToCreateError as e:
+                    if not all(getattr(x, "status", None) == 409 for x in e.api_exceptions):
+                        raise
+        cp.service_account_token("ray", "default")
+        token = cp.service_account_token("ray", "ray-nodeless")
+        return cp, cp.write_kubeconfig(work / "sa.kubeconfig", token)
+    except BaseException:
+        cp.stop()
+        raise
+
+
+KEYS = ["latency", "submit_to_registered", "registered_to_start", "requested_to_registered", "submit_to_queued",
+        "queued_to_requested", "requested_to_allocated", "allocated_to_ray_running", "submit_to_create",
+        "create_to_registered", "launch_to_node_added", "node_added_to_node_ready", "node_ready_to_node_schedulable",
+        "node_schedulable_to_pod_added", "pod_added_to_pod_bound", "pod_bound_to_pod_running",
+        "join_to_schedulable", "pod_running_to_start"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per registration (interleaved); default 3")
+    ap.add_argument("--timeout", type=float, default=180, help="per task, seconds")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir (logs) after the run")
+    args = ap.parse_args()
+    reproduce = f"{os.path.relpath(sys.executable, ROOT)} {shlex.join(sys.argv)}  (from {ROOT})"
+
+    root = Path(tempfile.mkdtemp(prefix="rnk8s-"))   # short: Ray's socket paths live under --temp-dir
+    for d in ("vm", "k8s", "cp"):
+        (root / d).mkdir()
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    t_all = time.monotonic()
+    head_s: dict[str, float] = {}
+    benches: list[lat.Ours] = []
+    cp = None
+    rc = 0
+    try:
+        t = time.monotonic()
+        cp, sa = start_control_plane(root / "cp")
+        cp_s = time.monotonic() - t
+        print(f"# control plane up in {cp_s:.1f} s ({cp.server})", file=sys.stderr, flush=True)
+        # The played kubelets register Nodes as the admin (a kubelet's own identity); the monitor inherits this
+        # from the command runner that starts the head.
+        os.environ["RAY_NODELESS_PLAYER_KUBECONFIG"] = str(cp.admin_kubeconfig)
+        benches = [Vm(root / "vm", "v2", args.timeout, None), Kubernetes(root / "k8s", args.timeout, cp, sa)]
+        for b in benches:
+            head_s[b.name] = b.start()
+            print(f"# {b.name}: head up in {head_s[b.name]:.1f} s (gcs {b.gcs})", file=sys.stderr, flush=True)
+        for i in range(args.reps):
+            for b in benches:
+                r = b.rep()
+                idle = b.wait_idle(180)
+                extra = ""
+                if b.name == "kubernetes":
+                    extra = " (" + ", ".join(f"{s} +{r[k]:.2f}" for s in STEPS for k in r
+                                             if k.endswith(f"_to_{s}")) + ")"
+                print(f"# rep {i + 1} {b.name:10s} latency {r['latency']:.2f} s{extra}; worker gone {idle:.1f} s "
+                      f"later", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print("# interrupted", file=sys.stderr)
+        rc = 130
+    except Exception as e:
+        print(f"# FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+        rc = 1
+    finally:
+        for b in benches:
+            try:
+                b.cleanup()
+            except Exception as e:
+                print(f"# cleanup of {b.name} failed: {e}", file=sys.stderr)
+        if cp is not None:
+            cp.stop()
+        if args.keep or rc:
+            print(f"# logs kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+    summ = {b.name: {k: s for k in KEYS if (s := lat.summarize(b.results, k))} for b in benches}
+    report = {"autoscaler": "v2", "update_interval_s": 1, "reps": args.reps, "interleaved": True,
+              "instance_type": benches[0].instance_type if benches else None, "head_start_s": head_s,
+              "wall_s": time.monotonic() - t_all, "reproduce": reproduce,
+              "registrations": {b.name: {"summary": summ[b.name], "runs": b.results} for b in benches}}
+    med = {n: s.get("latency", {}).get("median") for n, s in summ.items()}
+    if len(med) == 2 and all(med.values()):
+        report["ratio_of_medians"] = med["kubernetes"] / med["vm"]
+        report["target"] = TARGET
+        report["meets_target"] = report["ratio_of_medians"] <= TARGET
+    if args.json:
+        print(json.dumps(report, indent=1, default=str))
+    else:
+        print(f"Launch latency, pending {{GPU: 1, CPU: 1}} task -> running, local backend: registration kubernetes "
+              f"(real API server + scheduler, played kubelet) vs vm; autoscaler v2, update interval 1 s, "
+              f"{args.reps} interleaved reps; instance {report['instance_type']}")
+        print(f"{'registration':12s} {'metric':32s} {'median':>8s} {'min':>8s} {'max':>8s}  n")
+        for b in benches:
+            for k, s in summ[b.name].items():
+                print(f"{b.name:12s} {k:32s} {s['median']:8.2f} {s['min']:8.2f} {s['max']:8.2f}  {s['n']}")
+        if "ratio_of_medians" in report:
+            print(f"ratio of medians (kubernetes / vm): {report['ratio_of_medians']:.2f}  "
+                  f"(target <= {TARGET}: {'met' if report['meets_target'] else 'NOT met'})")
+        print(f"wall {report['wall_s']:.0f} s")
+        print(f"reproduce: {reproduce}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
