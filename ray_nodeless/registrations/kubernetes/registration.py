@@ -35,6 +35,7 @@ from ray_nodeless.providers.base import (
 from ray_nodeless.registrations.base import Registration
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.client import api_client
+from ray_nodeless.registrations.kubernetes.housekeeping import Housekeeping, _created, _label, _node_ready
 from ray_nodeless.registrations.kubernetes.join import check_join, user_data
 from ray_nodeless.registrations.kubernetes.pods import pod_name, ray_pod
 from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
@@ -43,9 +44,6 @@ logger = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 30          # server-side watch timeout: the watch is re-opened from its resourceVersion
 RETRY_S = 1.0                 # after a failed list/watch (API server down), before listing again
-HOUSEKEEPING_S = 5.0          # orphan / overdue checks
-REAP_SLACK_S = 10.0
-LISTING_FRESH_S = 60.0        # a listing (or describe round) older than this says nothing about orphans           # after pod_grace_s, how long the reaper waits for the pod before deleting the Node
 NODE_KIND_TAG = "ray-node-type"          # Ray's TAG_RAY_NODE_KIND (value "head" / "worker")
 NODE_TYPE_TAG = "ray-user-node-type"     # Ray's TAG_RAY_USER_NODE_TYPE
 DEFAULT_GCS_PORT = 6379
@@ -76,7 +74,7 @@ class Tracked:
     last_seen: float = 0.0
 
 
-class KubernetesRegistration(Registration):
+class KubernetesRegistration(Housekeeping, Registration):
     name = "kubernetes"
     settings_model = KubernetesSettings
 
@@ -244,42 +242,9 @@ class KubernetesRegistration(Registration):
 
     # ------------------------------------------------------------------------------------------------ reports
 
-    def overdue_machines(self, now: float | None = None) -> dict[str, str]:
-        """Machines whose Node is not Ready `join_timeout_s` after launch: machine id -> reason (names the join
-        method). Logged once per machine; the caller terminates them."""
-        now = now or time.time()
-        out = {}
-        if not self.synced["nodes"].is_set():
-            return out      # the Node cache is not filled yet (a restart): cannot tell who joined
-        with self._lock:
-            for mid, t in self.machines.items():
-                if t.is_head or t.terminating or t.ready_at is not None:
-                    continue
-                age = now - t.launched_at
-                if age > self.k.join_timeout_s:
-                    out[mid] = (f"machine {mid} did not join Kubernetes (join method {self.k.join.method}) within "
-                                f"join_timeout_s={self.k.join_timeout_s:.0f} s ({age:.0f} s since launch)")
-                    if not t.overdue_logged:
-                        t.overdue_logged = True
-                        logger.error("kubernetes: %s", out[mid])
-        return out
 
-    def failed_machines(self) -> dict[str, str]:
-        with self._lock:
-            return {mid: t.pod_failed for mid, t in self.machines.items() if t.pod_failed and not t.terminating}
 
-    def machines_to_end(self) -> dict[str, str]:
-        """Every machine the caller should terminate: overdue joins and pods failed for good."""
-        return {**self.overdue_machines(), **self.failed_machines()}
 
-    def status(self, machine_id: str) -> dict[str, Any]:
-        """For `ray-nodeless status`: k8s_node, k8s_ready, pod, pod_phase."""
-        with self._lock:
-            t = self.machines.get(machine_id)
-            if t is None:
-                return {"k8s_node": None, "k8s_ready": None, "pod": None, "pod_phase": None}
-            return {"k8s_node": t.node, "k8s_ready": t.node_ready if t.node else None, "pod": t.pod,
-                    "pod_phase": t.pod_phase}
 
     # ------------------------------------------------------------------------------------------------ watches
 
@@ -396,27 +361,7 @@ class KubernetesRegistration(Registration):
         if ready:
             self._ensure_pod(mid)
 
-    def _cordon(self, node: str) -> None:
-        try:
-            self.core.patch_node(node, {"spec": {"unschedulable": True}})
-        except ApiException as e:
-            if e.status != 404:
-                logger.warning("kubernetes: cannot cordon Node %s: %s %s", node, e.status, e.reason)
-        except Exception as e:
-            logger.warning("kubernetes: cannot cordon Node %s: %s", node, e)
 
-    def _delete_node(self, node: str) -> bool:
-        try:
-            self.core.delete_node(node)
-            logger.info("kubernetes: deleted Node %s", node)
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return True
-            logger.warning("kubernetes: cannot delete Node %s: %s %s", node, e.status, e.reason)
-        except Exception as e:
-            logger.warning("kubernetes: cannot delete Node %s: %s", node, e)
-        return False
 
     # ------------------------------------------------------------------------------------------------ pods
 
@@ -493,97 +438,12 @@ class KubernetesRegistration(Registration):
             return t
         return next((t for m, t in self.machines.items() if L.label_value(m) == value), None)
 
-    def _delete_pod(self, name: str, grace: int) -> bool:
-        try:
-            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace)
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return True
-            logger.warning("kubernetes: cannot delete pod %s: %s %s", name, e.status, e.reason)
-        except Exception as e:
-            logger.warning("kubernetes: cannot delete pod %s: %s", name, e)
-        return False
 
     # ------------------------------------------------------------------------------------------------ background
 
-    def _reap(self, mid: str, pods: list[str], nodes: list[str]) -> None:
-        """After a terminate: wait for the pods to go (their kubelet confirms), then delete the Node(s); a pod still
-        there after the grace is force-deleted (its kubelet is gone with the machine)."""
-        deadline = time.time() + self.k.pod_grace_s + REAP_SLACK_S
-        while time.time() < deadline and not self._stop.is_set():
-            with self._lock:
-                left = [p for p in pods if p in self.pods]
-            if not left:
-                break
-            self._stop.wait(0.5)
-        with self._lock:
-            left = [p for p in pods if p in self.pods]
-        for p in left:
-            self._delete_pod(p, 0)
-        for n in nodes:
-            self._delete_node(n)
-        with self._lock:
-            self.machines.pop(mid, None)
 
-    def _housekeeping_loop(self) -> None:
-        while not self._stop.wait(HOUSEKEEPING_S):
-            try:
-                self.housekeeping()
-            except Exception:
-                logger.exception("kubernetes: housekeeping failed")
 
-    def housekeeping(self, now: float | None = None) -> None:
-        """Collect orphan Nodes, retry pods that could not be created, report overdue joins."""
-        now = now or time.time()
-        for name in self.orphan_nodes(now):
-            logger.warning("kubernetes: Node %s belongs to no machine of cluster %s any more; deleting it", name,
-                           self.cluster_name)
-            self._cordon(name)
-            if self._delete_node(name):
-                with self._lock:
-                    self.nodes.pop(name, None)
-        with self._lock:
-            retry = [m for m, t in self.machines.items() if t.node_ready and t.pod is None and not t.terminating]
-        for mid in retry:
-            self._ensure_pod(mid)
-        self.overdue_machines(now)
-        with self._lock:    # forget old terminations
-            for mid, at in list(self.terminated.items()):
-                if now - at > 3600:
-                    del self.terminated[mid]
 
-    def orphan_nodes(self, now: float | None = None) -> list[str]:
-        """Nodes of this cluster whose machine is gone: ended by us, or absent from the listing for orphan_grace_s.
-        Nothing is judged before this object has seen a listing (describe / observe_listing)."""
-        now = now or time.time()
-        grace = self.k.orphan_grace_s
-        out = []
-        with self._lock:
-            listing = self._listing
-            for name, node in self.nodes.items():
-                mid = L.machine_id_of_node(node)
-                if mid is None:
-                    continue
-                if mid in self.terminated:
-                    if now - self.terminated[mid] > self.k.pod_grace_s + REAP_SLACK_S + 5:
-                        out.append(name)
-                    continue
-                if now - _created(node) < grace:
-                    continue
-                t = self.machines.get(mid)
-                if t is not None and now - t.launched_at < grace:
-                    continue   # just launched: the cloud's listing may lag
-                recent = max(grace, LISTING_FRESH_S)
-                if listing is not None and now - listing[0] < recent:
-                    alive = mid in listing[1]
-                elif self._last_describe and now - self._last_describe < recent:
-                    alive = t is not None and now - t.last_seen < grace
-                else:
-                    continue   # no recent listing: cannot tell
-                if not alive:
-                    out.append(name)
-        return out
 
     # ------------------------------------------------------------------------------------------------ helpers
 
@@ -610,20 +470,4 @@ def _local_kwargs(provider_config: dict[str, Any]) -> dict[str, Any]:
                 extra_ray_start_args=s.local_ray_start_args, prewarm=False)
 
 
-def _label(obj, key: str) -> str | None:
-    return (obj.metadata.labels or {}).get(key) if obj.metadata else None
-
-
-def _node_ready(node) -> bool:
-    for c in (node.status.conditions or []) if node.status else []:
-        if c.type == "Ready":
-            return c.status == "True"
-    return False
-
-
-def _created(obj) -> float:
-    ts = obj.metadata.creation_timestamp if obj.metadata else None
-    return ts.timestamp() if ts is not None else time.time()
-
-
-__all__ = ["KubernetesRegistration"]
+__all__ = ["KubernetesRegistration", "Tracked", "default_home"]
