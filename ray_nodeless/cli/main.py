@@ -11,6 +11,7 @@ import logging
 import click
 
 from ray_nodeless.cli.catalog import catalog_group
+from ray_nodeless.cli.convert import convert_command
 from ray_nodeless.cli.plan import plan_command
 from ray_nodeless.cli.simulate import simulate_command
 from ray_nodeless.cli.status import status_command
@@ -25,7 +26,7 @@ def main(verbose: bool) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for _command in (plan_command, catalog_group, status_command, simulate_command, trace_group):
+for _command in (plan_command, convert_command, catalog_group, status_command, simulate_command, trace_group):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover

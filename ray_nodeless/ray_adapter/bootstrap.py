@@ -39,7 +39,7 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     settings, cls = load_provider(config.get("provider"))
     provider = config["provider"]
     try:
-        _settle_images(config, settings.cloud)
+        settle_images(config, settings.cloud)
         cp = check_cluster(config)
         allowed = {name: p.request.requirements.zones for name, p in cp.plans.items()}
         if _cloud_bootstrap(config, settings.cloud, settings.registration, allowed):
@@ -70,7 +70,7 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _settle_images(config: dict[str, Any], cloud: str) -> None:
+def settle_images(config: dict[str, Any], cloud: str) -> None:
     """Static, before planning: a node type's image as Ray would default it (AWS: Ray's default AMI per region)."""
     if cloud == "aws":
         from ray_nodeless.core.schema import parse_section
@@ -99,26 +99,6 @@ def _cloud_bootstrap(config: dict[str, Any], cloud: str, registration: str,
         return bootstrap_gcp_resources(config, parse_section(GcpSettings, config["provider"], "provider"),
                                        registration)
     return False
-
-
-def plan_like_ray_up(cluster_config: dict[str, Any]) -> ClusterPlan:
-    """What `ray up` would launch, by the same path: Ray's own config preparation (defaults, setup-command merge,
-    node type min/max workers), then our checks and plan. `ray-nodeless plan` uses this, so the preview and the
-    launch cannot disagree, and a YAML `ray up` refuses is refused here too, naming the key."""
-    from ray.autoscaler._private.util import prepare_config
-
-    if not isinstance(cluster_config, dict):
-        raise ConfigError("cluster", "a cluster YAML must be a mapping")
-    check_cluster(cluster_config)    # our checks first: they name the key where Ray's preparation would crash
-    try:
-        prepared = prepare_config(copy.deepcopy(cluster_config))
-    except KeyError as e:
-        key = str(e.args[0]) if e.args else "?"
-        raise ConfigError(key, "missing: `ray up` needs this top-level key for `type: external` providers (Ray "
-                               "fills it only for its own clouds); `ray-nodeless convert` writes a complete YAML") from e
-    except (ValueError, TypeError, AttributeError) as e:
-        raise ConfigError("cluster", f"Ray's config preparation refused it: {e}") from e
-    return check_cluster(prepared)
 
 
 def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:

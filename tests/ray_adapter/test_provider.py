@@ -268,8 +268,8 @@ def test_fillout_resources_from_the_chosen_instance():
               "available_node_types": {"head": {"resources": {}, "node_config": {"instance_types": ["g4dn.2xlarge"],
                                                                               "allow_gpu_instances": True}}}}
     out = NodelessProvider.fillout_available_node_types_resources(config)
-    assert out["available_node_types"]["head"]["resources"] == {
-        "CPU": 8, "GPU": 1, "memory": int(32 * 1024 ** 3 * 0.7)}
+    # Ray's AWS fill-in: no memory for the head node type, and an accelerator_type resource
+    assert out["available_node_types"]["head"]["resources"] == {"CPU": 8, "GPU": 1, "accelerator_type:T4": 1}
 
 
 def test_instance_resources_keep_declared_custom_resources():

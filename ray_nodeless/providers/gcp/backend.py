@@ -90,12 +90,12 @@ class GcpBackend(MachineBackend):
     # ---- config checks (class-level: no client)
     @classmethod
     def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        return node_config_checks.requirement_overrides(node_config)
+        return node_config_checks.requirement_overrides(node_config, provider)
 
     @classmethod
     def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
                           key: str) -> None:
-        node_config_checks.check_node_config(node_type, node_config, key)
+        node_config_checks.check_node_config(node_type, node_config, key, provider)
 
     # ---- calls
     def _wait_all(self, ops: list[PendingOp], what: str) -> dict[str, Classified | None]:

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from ray_nodeless.providers.base import LaunchSpec
+from ray_nodeless.providers.gcp.node_config import scheduling_map
 from ray_nodeless.providers.gcp.labels import MAX_LABEL_LEN, METADATA_TAGS_KEY, tags_to_storage
 from ray_nodeless.providers.gcp.settings import GcpSettings
 
@@ -68,7 +69,7 @@ def instance_body(spec: LaunchSpec, name: str, request_id: str, settings: GcpSet
         body["guestAccelerators"] = [{
             "acceleratorType": f"zones/{zone}/acceleratorTypes/{it.attached_gpu}",
             "acceleratorCount": int(it.gpu_count)}]
-    body["scheduling"] = _scheduling(body.get("scheduling") or {}, spec.offering.capacity,
+    body["scheduling"] = _scheduling(scheduling_map(body.get("scheduling")), spec.offering.capacity,
                                      bool(it.gpu_count or it.accelerator_count))
     if not body.get("disks"):
         body["disks"] = [_default_boot_disk(it.family, zone, settings)]

@@ -1,5 +1,13 @@
 """Config-time checks of a node type's gcp node_config (the instances.insert body keys, as in Ray's own GCP
 provider), and the planner requirements those keys imply. No client, no network.
+
+Ray's keys keep their meaning (the whole table: ray_nodeless/swapin/keymap.py):
+- `machineType` (with `guestAccelerators`) pins the catalog type (`n1-standard-8+1xT4`: host, GPU count and model);
+- `scheduling` in map form or Ray's list form (`[{preemptible: true}, {onHostMaintenance: TERMINATE}]`, merged in
+  order): `preemptible: true` / `provisioningModel: SPOT` pin spot capacity, `false` / `STANDARD` on-demand;
+- `provider.availability_zone` ("us-west1-b", or a comma-separated list) limits the zones.
+What ray_nodeless cannot honour is an error naming the key: custom machine types (the catalog has no per-vCPU /
+per-GB rates to price them), `instanceTerminationAction: STOP`, `automaticRestart: true` on spot, ...
 """
 from __future__ import annotations
 
@@ -8,9 +16,8 @@ import logging
 import re
 from typing import Any, Mapping
 
-from ray_nodeless.core.gpus import canonical_gpu
+from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.providers.gcp.instance_body import resource_name
 from ray_nodeless.providers.gcp.labels import LABEL_KEY_RE, LABEL_VALUE_RE
 
 logger = logging.getLogger(__name__)
@@ -35,24 +42,122 @@ OUTPUT_ONLY_FIELDS = frozenset({
 })
 SET_BY_BACKEND_FIELDS = frozenset({"name"})
 
+# GCE custom machine types: `custom-6-16384` (N1), `n2-custom-8-32768`, `e2-custom-4-8192`, `...-ext`.
+CUSTOM_MACHINE_TYPE = re.compile(r"^(?:(?P<series>[a-z][a-z0-9]*)-)?custom-(?P<vcpus>\d+)-(?P<mib>\d+)(?P<ext>-ext)?$")
+# Families whose machine types come with their GPUs (a2-highgpu-1g has one A100): no guestAccelerators beside them.
+BUILT_IN_GPU_FAMILIES = frozenset({"a2", "a3", "a4", "a4x", "g2", "g4"})
+# scheduling values and the capacity type each pins.
+PREEMPTIBLE_CAPACITY = {True: "spot", False: "on-demand"}
+PROVISIONING_CAPACITY = {"SPOT": "spot", "STANDARD": "on-demand"}
 
-def requirement_overrides(node_config: Mapping[str, Any]) -> dict[str, Any]:
-    """`machineType` (with its `guestAccelerators`) becomes an allow-list of that one catalog type."""
+
+def resource_name(url: str) -> str:
+    """The last path segment of a resource URL or partial URL (`zones/z/machineTypes/n1-standard-8` -> the type)."""
+    return str(url).rstrip("/").rsplit("/", 1)[-1]
+
+
+def scheduling_map(value: Any, key: str = "scheduling") -> dict[str, Any]:
+    """`scheduling` as one mapping: the map form as is, Ray's list form (`[{preemptible: true},
+    {onHostMaintenance: TERMINATE}]`, what Ray's own GCP examples use) merged in order. A key given twice with two
+    values is an error."""
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    if not isinstance(value, list):
+        raise ConfigError(key, f"must be a mapping (or Ray's list of one-key mappings), got {value!r}")
+    out: dict[str, Any] = {}
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{key}[{i}]", f"must be a mapping, got {item!r}")
+        for k, v in item.items():
+            if k in out and out[k] != v:
+                raise ConfigError(f"{key}[{i}].{k}", f"{v!r} contradicts the earlier {out[k]!r}")
+            out[k] = v
+    return out
+
+
+def scheduling_capacity(sched: Mapping[str, Any], key: str = "scheduling") -> str | None:
+    """The capacity type `scheduling` pins (None: not pinned)."""
+    pinned: dict[str, str] = {}
+    if "preemptible" in sched:
+        v = sched["preemptible"]
+        if not isinstance(v, bool):
+            raise ConfigError(f"{key}.preemptible", f"must be true or false, got {v!r}")
+        pinned["preemptible"] = PREEMPTIBLE_CAPACITY[v]
+    if "provisioningModel" in sched:
+        v = sched["provisioningModel"]
+        if v not in PROVISIONING_CAPACITY:
+            raise ConfigError(f"{key}.provisioningModel", f"{v!r}: ray_nodeless launches SPOT or STANDARD VMs only")
+        pinned["provisioningModel"] = PROVISIONING_CAPACITY[v]
+    if len(set(pinned.values())) > 1:
+        raise ConfigError(f"{key}.provisioningModel", f"{sched['provisioningModel']!r} contradicts preemptible: "
+                                                      f"{str(sched['preemptible']).lower()}")
+    return next(iter(pinned.values()), None)
+
+
+def pinned_machine(node_config: Mapping[str, Any], key: str = "node_config") -> tuple[str, str, int] | None:
+    """(machine type, GPU model, GPU count) that `machineType` + `guestAccelerators` pin, or None."""
     mt = node_config.get("machineType")
     if not mt:
-        return {}
+        return None
     name = resource_name(str(mt))
     accs = node_config.get("guestAccelerators") or []
-    if accs:
-        acc = accs[0]
-        count = int(acc.get("acceleratorCount", 1))
-        model = canonical_gpu(resource_name(str(acc.get("acceleratorType", ""))))
-        name = f"{name}+{count}x{model}"
-    return {"instance_types": [name]}
+    if not accs:
+        return name, "", 0
+    if not isinstance(accs, list) or not isinstance(accs[0], Mapping):
+        raise ConfigError(f"{key}.guestAccelerators", "must be a list of {acceleratorType, acceleratorCount}")
+    acc = accs[0]
+    count = acc.get("acceleratorCount", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ConfigError(f"{key}.guestAccelerators[0].acceleratorCount", f"must be a whole number >= 1, got {count!r}")
+    model = canonical_gpu(resource_name(str(acc.get("acceleratorType", ""))))
+    return name, model, count
 
 
-def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str) -> None:
-    """Raise ConfigError naming `key`.<field> for node_config keys an insert could not take."""
+def catalog_type_name(machine_type: str, gpu_model: str, gpu_count: int) -> str:
+    """The catalog's name of a host with attached GPUs (`n1-standard-8+1xT4`), or the machine type itself."""
+    return f"{machine_type}+{gpu_count}x{gpu_model}" if gpu_count else machine_type
+
+
+def availability_zones(provider: Mapping[str, Any] | None) -> list[str] | None:
+    """Ray's `provider.availability_zone` (one zone; a comma-separated list is accepted) as zones of the region."""
+    if not provider or provider.get("availability_zone") is None:
+        return None
+    value, region = provider["availability_zone"], str(provider.get("region") or "")
+    if not isinstance(value, str):
+        raise ConfigError("provider.availability_zone", f"must be a zone name, got {value!r}")
+    zones = sorted({z.strip() for z in value.split(",") if z.strip()})
+    if not zones:
+        raise ConfigError("provider.availability_zone", "names no zone")
+    for z in zones:
+        if not z.startswith(f"{region}-"):
+            raise ConfigError("provider.availability_zone", f"{z!r} is not a zone of region {region!r}")
+    return zones
+
+
+def requirement_overrides(node_config: Mapping[str, Any],
+                          provider: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Requirement keys implied by Ray's GCP keys: `machineType` (with its `guestAccelerators`) becomes an
+    allow-list of that one catalog type, `scheduling`'s preemptible / provisioningModel the capacity type,
+    `provider.availability_zone` the zones. `check_node_config` has rejected what cannot be honoured."""
+    out: dict[str, Any] = {}
+    pinned = pinned_machine(node_config)
+    if pinned:
+        out["instance_types"] = [catalog_type_name(*pinned)]
+    capacity = scheduling_capacity(scheduling_map(node_config.get("scheduling")))
+    if capacity:
+        out["capacity"] = [capacity]
+    zones = availability_zones(provider)
+    if zones is not None:
+        out["zones"] = zones
+    return out
+
+
+def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str,
+                      provider: Mapping[str, Any] | None = None) -> None:
+    """Raise ConfigError naming `key`.<field> for node_config keys an insert could not take, or that Ray would
+    honour and ray_nodeless could not."""
     from google.cloud import compute_v1
     from google.protobuf import json_format
 
@@ -64,9 +169,12 @@ def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str) 
             raise ConfigError(f"{key}.{k}", "is output-only in the Compute Engine API and cannot be set")
         if k in SET_BY_BACKEND_FIELDS:
             raise ConfigError(f"{key}.{k}", "ray_nodeless names every instance itself; remove it")
+    body = dict(node_config)
+    if "scheduling" in body:
+        body["scheduling"] = scheduling_map(body["scheduling"], f"{key}.scheduling")
     # Nested keys and JSON types: parse with the client's own proto schema (what insert would send).
     try:
-        compute_v1.Instance.from_json(json.dumps(dict(node_config)))
+        compute_v1.Instance.from_json(json.dumps(body))
     except (json_format.ParseError, TypeError, ValueError) as e:
         m = re.search(r'at "?Instance\.?([\w.\[\]]*)', str(e))
         sub = f".{m.group(1)}" if m and m.group(1) else ""
@@ -77,11 +185,50 @@ def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str) 
                                                       "model let the planner pick with `gpus: [...]`")
     if len(accs) > 1:
         raise ConfigError(f"{key}.guestAccelerators", "only one accelerator type per instance is supported")
+    check_machine_type(node_config, key)
     for lk, lv in (node_config.get("labels") or {}).items():
         if not LABEL_KEY_RE.fullmatch(str(lk)) or not LABEL_VALUE_RE.fullmatch(str(lv)):
             raise ConfigError(f"{key}.labels.{lk}", "GCE labels must be lowercase [a-z0-9_-], keys start "
                                                     "with a letter, at most 63 characters")
-    sched = node_config.get("scheduling") or {}
-    if "preemptible" in sched or "provisioningModel" in sched:
-        logger.warning("%s.scheduling: preemptible/provisioningModel are decided by the offering's capacity "
-                       "type (use the `capacity` requirement); they are overridden at launch", key)
+    _check_scheduling(body.get("scheduling") or {}, f"{key}.scheduling")
+    availability_zones(provider)
+
+
+def check_machine_type(node_config: Mapping[str, Any], key: str) -> None:
+    """ConfigError for a pinned machine type ray_nodeless cannot plan: a custom machine type, guestAccelerators
+    beside a type with built-in GPUs, an accelerator that is not a known GPU."""
+    pinned = pinned_machine(node_config, key)
+    if pinned is None:
+        return
+    name, model, count = pinned
+    m = CUSTOM_MACHINE_TYPE.match(name)
+    if m:
+        series = (m.group("series") or "n1").upper()
+        gib = int(m.group("mib")) / 1024
+        raise ConfigError(
+            f"{key}.machineType",
+            f"{name!r} is a custom machine type ({m.group('vcpus')} vCPU, {gib:g} GiB): ray_nodeless cannot price "
+            f"it, because its catalog holds predefined machine types only and no per-vCPU / per-GB rates of the "
+            f"{series} custom series; use a predefined machine type, or state the node type's resources (CPU, GPU, "
+            "memory) and let the planner choose (`ray-nodeless convert --free-instance-types` writes that)")
+    family = name.split("-", 1)[0]
+    if count and family in BUILT_IN_GPU_FAMILIES:
+        raise ConfigError(f"{key}.guestAccelerators", f"{name} comes with its own GPUs; remove guestAccelerators")
+    if count and model not in KNOWN_GPU_MODELS:
+        acc = (node_config.get("guestAccelerators") or [{}])[0].get("acceleratorType")
+        raise ConfigError(f"{key}.guestAccelerators[0].acceleratorType", f"{acc!r} is not a known GPU accelerator")
+
+
+def _check_scheduling(sched: Mapping[str, Any], key: str) -> None:
+    capacity = scheduling_capacity(sched, key)
+    action = sched.get("instanceTerminationAction")
+    if action is not None and action != "DELETE":
+        raise ConfigError(f"{key}.instanceTerminationAction",
+                          f"{action!r} is not supported: ray_nodeless deletes a preempted spot VM (the autoscaler "
+                          "replaces it) and never keeps stopped instances; remove it or set DELETE")
+    if capacity == "spot" and sched.get("automaticRestart") is True:
+        raise ConfigError(f"{key}.automaticRestart", "true cannot be honoured for spot / preemptible VMs "
+                                                     "(GCE never restarts them); remove it")
+    if capacity == "spot" and sched.get("onHostMaintenance") == "MIGRATE":
+        raise ConfigError(f"{key}.onHostMaintenance", "MIGRATE cannot be honoured for spot / preemptible VMs "
+                                                      "(GCE terminates them on maintenance); remove it")

@@ -105,12 +105,13 @@ def test_node_config_pass_through_and_subnet_ids(moto: MotoServer) -> None:
         "SubnetIds": [subnets["us-east-1a"], subnets["us-east-1c"]],
         "UserData": "#!/bin/sh\necho SECRET-USER-DATA\n",
         "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 100}}],
-        "Placement": {"Tenancy": "default", "AvailabilityZone": "us-west-2a"},
+        "Placement": {"Tenancy": "default", "AvailabilityZone": "us-east-1c"},
         "TagSpecifications": [{"ResourceType": "instance", "Tags": [{"Key": "team", "Value": "ml"},
                                                                     {"Key": TAG_CLUSTER, "Value": "spoof"}]}],
         "min_vcpus": 2,                       # a requirement key that leaked through: stripped, not sent
     }
-    assert b.requirement_overrides(b.provider_config, node_config) == {"instance_types": ["m5.xlarge"]}
+    assert b.requirement_overrides(b.provider_config, node_config) == {"instance_types": ["m5.xlarge"],
+                                                                       "zones": ["us-east-1c"]}
     ids = b.launch(make_spec(offering(M5, "us-east-1c"), node_config=node_config))
 
     p = params[0]

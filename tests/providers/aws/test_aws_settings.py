@@ -37,7 +37,7 @@ def test_backend_declares_every_key_it_reads() -> None:
     assert AwsBackend.settings_model is AwsSettings
     assert declared_keys(AwsSettings) == {
         "region", "image_id", "subnets", "endpoint_url", "aws_credentials", "aws_max_attempts", "aws_retry_mode",
-        "aws_retry_base_delay_s", "aws_describe_page_size"}
+        "aws_retry_base_delay_s", "aws_describe_page_size", "availability_zone", "cache_stopped_nodes"}
 
 
 def test_defaults() -> None:
@@ -114,3 +114,111 @@ def test_launch_layer_accepts_every_aws_key_and_names_a_misspelt_one() -> None:
     with pytest.raises(ConfigError) as e:
         load_provider({**full, "aws_max_attempts": "five"})
     assert e.value.key == "provider.aws_max_attempts"
+
+
+# ------------------------------------------------------------------------------ Ray's keys: the swap-in mapping
+
+NC_KEY = "available_node_types.w.node_config"
+
+
+def overrides(node_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    AwsBackend.check_node_config(provider(**extra), "w", {"ImageId": "ami-1", **node_config}, NC_KEY)
+    return AwsBackend.requirement_overrides(provider(**extra), node_config)
+
+
+def node_config_error(node_config: dict[str, Any], **extra: Any) -> ConfigError:
+    with pytest.raises(ConfigError) as e:
+        AwsBackend.check_node_config(provider(**extra), "w", {"ImageId": "ami-1", **node_config}, NC_KEY)
+    return e.value
+
+
+def test_rays_spot_market_option_pins_spot_capacity() -> None:
+    assert overrides({"InstanceType": "m5.large", "InstanceMarketOptions": {"MarketType": "spot"}}) == {
+        "instance_types": ["m5.large"], "capacity": ["spot"]}
+    assert overrides({"InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": {
+        "MaxPrice": "0.05", "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}}) == {
+        "capacity": ["spot"], "max_hourly_price": 0.05}
+
+
+@pytest.mark.parametrize("market, key", [
+    ({"MarketType": "capacity-block"}, "InstanceMarketOptions.MarketType"),
+    ({"SpotOptions": {"MaxPrice": "1"}}, "InstanceMarketOptions.MarketType"),
+    ({"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "persistent"}},
+     "InstanceMarketOptions.SpotOptions.SpotInstanceType"),
+    ({"MarketType": "spot", "SpotOptions": {"InstanceInterruptionBehavior": "stop"}},
+     "InstanceMarketOptions.SpotOptions.InstanceInterruptionBehavior"),
+    ({"MarketType": "spot", "SpotOptions": {"BlockDurationMinutes": 60}},
+     "InstanceMarketOptions.SpotOptions.BlockDurationMinutes"),
+    ({"MarketType": "spot", "SpotOptions": {"MaxPrice": "cheap"}}, "InstanceMarketOptions.SpotOptions.MaxPrice"),
+    ({"MarketType": "spot", "SpotOption": {}}, "InstanceMarketOptions.SpotOption"),
+    ("spot", "InstanceMarketOptions"),
+])
+def test_market_options_that_cannot_be_honoured_name_the_key(market: Any, key: str) -> None:
+    assert node_config_error({"InstanceMarketOptions": market}).key == f"{NC_KEY}.{key}"
+
+
+def test_availability_zone_limits_the_zones() -> None:
+    assert overrides({}, availability_zone="us-east-1b, us-east-1a") == {"zones": ["us-east-1a", "us-east-1b"]}
+    assert overrides({"Placement": {"AvailabilityZone": "us-east-1b", "Tenancy": "default"}},
+                     availability_zone="us-east-1a,us-east-1b") == {"zones": ["us-east-1b"]}
+    assert overrides({}, availability_zone="us-east-1a,us-east-1b", subnets={"us-east-1b": "subnet-1",
+                                                                            "us-east-1c": "subnet-2"}) == {
+        "zones": ["us-east-1b"]}
+    e = config_error(availability_zone="us-west-2a")
+    assert e.key == "provider.availability_zone" and "not a zone of region 'us-east-1'" in str(e)
+    e = node_config_error({}, availability_zone="us-east-1a", subnets={"us-east-1c": "subnet-2"})
+    assert e.key == "provider.availability_zone" and "no zone in common" in str(e)
+    e = node_config_error({"Placement": {"AvailabilityZone": "us-east-1c"}}, availability_zone="us-east-1a")
+    assert e.key == f"{NC_KEY}.Placement.AvailabilityZone"
+    assert node_config_error({"Placement": {"AvailabilityZoneId": "use1-az1"}}).key == (
+        f"{NC_KEY}.Placement.AvailabilityZoneId")
+    assert node_config_error({"Placement": {"AvailabilityZone": "eu-west-1a"}}).key == (
+        f"{NC_KEY}.Placement.AvailabilityZone")
+
+
+def test_cache_stopped_nodes_true_cannot_be_honoured() -> None:
+    e = config_error(cache_stopped_nodes=True)
+    assert e.key == "provider.cache_stopped_nodes" and "never reuses stopped" in str(e)
+    AwsBackend(provider(cache_stopped_nodes=False), "c1").close()
+    load_provider(provider(cache_stopped_nodes=False, availability_zone="us-east-1a"))
+
+
+def test_a_hand_swapped_ray_yaml_plans_what_ray_would_launch() -> None:
+    """Ray's example-full with only the provider block swapped by hand: the worker is planned on spot, in the
+    listed zones, as the pinned type."""
+    import yaml
+
+    from ray_nodeless.launch.config import check_cluster
+    from tests.swapin.helpers import example
+
+    cfg = yaml.safe_load(example("aws-example-full.yaml").read_text())
+    cfg["provider"] = {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "aws",
+                       "region": "us-west-2", "availability_zone": "us-west-2a,us-west-2b"}
+    cp = check_cluster(cfg)
+    worker, head = cp.plans["ray.worker.default"], cp.plans["ray.head.default"]
+    assert {(o.instance_type.name, o.capacity) for o in worker.candidates()} == {("m5.large", "spot")}
+    assert {(o.instance_type.name, o.capacity) for o in head.candidates()} == {("m5.large", "on-demand")}
+    assert {o.zone for o in worker.candidates()} == {"us-west-2a", "us-west-2b"}
+    cfg["provider"]["cache_stopped_nodes"] = True
+    with pytest.raises(ConfigError) as e:
+        check_cluster(cfg)
+    assert e.value.key == "provider.cache_stopped_nodes"
+
+
+def test_pinned_spot_is_launched_as_spot() -> None:
+    """launch_params builds InstanceMarketOptions from the offering's capacity: the pinned spot capacity (and
+    Ray's MaxPrice) reach RunInstances."""
+    from ray_nodeless.core.catalog import embedded
+    from ray_nodeless.providers.aws.launch_params import run_instances_params
+    from ray_nodeless.providers.base import LaunchSpec
+
+    cat = embedded()
+    o = cat.region("aws", "us-west-2").find("m5.large", "us-west-2a", "spot")
+    nc = {"ImageId": "ami-1", "InstanceType": "m5.large",
+          "InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": {"MaxPrice": "0.05"}}}
+    spec = LaunchSpec(cluster_name="c", node_type="w", offering=o, count=1, tags={}, node_config=nc,
+                      request_token="t")
+    params = run_instances_params(spec, {}, None, lambda zone, subnets: None)
+    assert params["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
+        "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "0.05"}}
+    assert params["InstanceType"] == "m5.large"

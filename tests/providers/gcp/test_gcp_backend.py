@@ -170,7 +170,8 @@ def test_ray_gcp_yaml_node_config_swaps_in(fake: FakeGce, backend: GcpBackend) -
         "minCpuPlatform": "Intel Skylake",
     }
     backend.check_node_config(backend.provider_config, "worker", node_config, "available_node_types.worker.node_config")
-    assert backend.requirement_overrides(backend.provider_config, node_config) == {"instance_types": ["n1-standard-8"]}
+    assert backend.requirement_overrides(backend.provider_config, node_config) == {
+        "instance_types": ["n1-standard-8"], "capacity": ["spot"]}
     n1 = InstanceType(cloud="gcp", name="n1-standard-8", family="n1", vcpus=8, memory_gib=30,
                       machine_type="n1-standard-8")
     [name] = backend.launch(spec(n1, zone="us-central1-c", node_config=node_config))

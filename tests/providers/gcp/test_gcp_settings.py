@@ -66,3 +66,93 @@ def test_every_key_passes_the_provider_block_check_and_typos_get_a_suggestion() 
     with pytest.raises(ConfigError) as ei:
         load_provider({**BASE, "disk_size_gbs": 100})
     assert ei.value.key == "provider.disk_size_gbs" and "disk_size_gb" in str(ei.value)
+
+
+# ------------------------------------------------------------------------------ Ray's keys: the swap-in mapping
+
+from ray_nodeless.providers.gcp import node_config as gcp_nc   # noqa: E402
+
+NC_KEY = "available_node_types.w.node_config"
+PROVIDER = {**BASE, "region": "us-west1", "availability_zone": "us-west1-b"}
+
+
+def check(node_config: dict[str, Any], provider: dict[str, Any] | None = None) -> dict[str, Any]:
+    provider = provider if provider is not None else PROVIDER
+    gcp_nc.check_node_config("w", node_config, NC_KEY, provider)
+    return gcp_nc.requirement_overrides(node_config, provider)
+
+
+def check_error(node_config: dict[str, Any], provider: dict[str, Any] | None = None) -> ConfigError:
+    with pytest.raises(ConfigError) as e:
+        check(node_config, provider)
+    return e.value
+
+
+@pytest.mark.parametrize("scheduling, capacity", [
+    ([{"preemptible": True}, {"onHostMaintenance": "TERMINATE"}], ["spot"]),      # Ray's own examples
+    ({"preemptible": True}, ["spot"]),
+    ({"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}, ["spot"]),
+    ({"preemptible": False}, ["on-demand"]),
+    ([{"provisioningModel": "STANDARD"}], ["on-demand"]),
+    ({"onHostMaintenance": "TERMINATE"}, None),
+])
+def test_scheduling_in_list_or_map_form_pins_the_capacity(scheduling: Any, capacity: list[str] | None) -> None:
+    out = check({"machineType": "n1-standard-2", "scheduling": scheduling})
+    assert out == {"instance_types": ["n1-standard-2"], "zones": ["us-west1-b"],
+                   **({"capacity": capacity} if capacity else {})}
+
+
+@pytest.mark.parametrize("scheduling, key", [
+    ({"preemptible": True, "provisioningModel": "STANDARD"}, "scheduling.provisioningModel"),
+    ([{"preemptible": True}, {"preemptible": False}], "scheduling[1].preemptible"),
+    ({"provisioningModel": "FLEX_START"}, "scheduling.provisioningModel"),
+    ({"provisioningModel": "SPOT", "instanceTerminationAction": "STOP"}, "scheduling.instanceTerminationAction"),
+    ({"preemptible": True, "automaticRestart": True}, "scheduling.automaticRestart"),
+    ({"preemptible": True, "onHostMaintenance": "MIGRATE"}, "scheduling.onHostMaintenance"),
+    ([{"preemptable": True}], "scheduling"),
+    (["preemptible"], "scheduling[0]"),
+])
+def test_scheduling_that_cannot_be_honoured_names_the_key(scheduling: Any, key: str) -> None:
+    assert check_error({"machineType": "n1-standard-2", "scheduling": scheduling}).key == f"{NC_KEY}.{key}"
+
+
+def test_guest_accelerators_give_the_gpu_model_and_count() -> None:
+    acc = [{"acceleratorType": "projects/p/zones/us-west1-b/acceleratorTypes/nvidia-tesla-t4",
+            "acceleratorCount": 2}]
+    assert check({"machineType": "zones/us-west1-b/machineTypes/n1-standard-8", "guestAccelerators": acc}) == {
+        "instance_types": ["n1-standard-8+2xT4"], "zones": ["us-west1-b"]}
+    e = check_error({"machineType": "n1-standard-8", "guestAccelerators": [
+        {"acceleratorType": "nvidia-tesla-k8O", "acceleratorCount": 1}]})
+    assert e.key == f"{NC_KEY}.guestAccelerators[0].acceleratorType"
+    e = check_error({"machineType": "n1-standard-8", "guestAccelerators": [
+        {"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 0}]})
+    assert e.key == f"{NC_KEY}.guestAccelerators[0].acceleratorCount"
+    e = check_error({"machineType": "a2-highgpu-1g", "guestAccelerators": [
+        {"acceleratorType": "nvidia-tesla-a100", "acceleratorCount": 1}]})
+    assert e.key == f"{NC_KEY}.guestAccelerators" and "comes with its own GPUs" in str(e)
+
+
+@pytest.mark.parametrize("machine_type", ["custom-6-16384", "n2-custom-8-32768", "e2-custom-4-8192",
+                                          "zones/us-west1-b/machineTypes/n1-custom-2-13312-ext"])
+def test_custom_machine_types_are_a_clear_error(machine_type: str) -> None:
+    e = check_error({"machineType": machine_type})
+    assert e.key == f"{NC_KEY}.machineType"
+    assert "custom machine type" in str(e) and "no per-vCPU / per-GB rates" in str(e)
+
+
+def test_availability_zone_names_zones_of_the_region() -> None:
+    assert check({}, {**PROVIDER, "availability_zone": "us-west1-b,us-west1-a"}) == {
+        "zones": ["us-west1-a", "us-west1-b"]}
+    assert check({}, {**PROVIDER, "availability_zone": None}) == {}
+    e = check_error({}, {**PROVIDER, "availability_zone": "us-east1-b"})
+    assert e.key == "provider.availability_zone" and "not a zone of region 'us-west1'" in str(e)
+
+
+def test_availability_zone_reaches_the_plan() -> None:
+    from ray_nodeless.launch.config import check_cluster
+
+    cfg = {"cluster_name": "c", "max_workers": 1, "head_node_type": "h", "available_node_types": {
+        "h": {"resources": {"CPU": 2}, "node_config": {"machineType": "n1-standard-2"}}},
+        "provider": {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "gcp",
+                     "region": "us-west1", "project_id": "p", "availability_zone": "us-west1-b"}}
+    assert {o.zone for o in check_cluster(cfg).plans["h"].candidates()} == {"us-west1-b"}

@@ -1,0 +1,398 @@
+"""`ray-nodeless convert`: an existing Ray cluster YAML for `type: aws` / `type: gcp` becomes a ray_nodeless one.
+
+What it does, in order:
+1. Ray's own defaults for the cloud are merged exactly as `ray up` merges them (`ray_defaults.merge_ray_defaults`),
+   and Ray's own checks must accept the YAML as it is (`prepare_config` + `validate_config`).
+2. The provider block is swapped: `type: external`, `module: ray_nodeless.NodelessProvider`, `cloud: aws|gcp`;
+   every other key is kept (region, availability_zone, project_id, aws_credentials, use_internal_ips, ...), except
+   what ray_nodeless cannot honour: `cache_stopped_nodes: true` is dropped with a note, `gcp_credentials` and a null
+   `project_id` (without `--project-id`) stop the conversion with an error naming the key.
+3. Node types keep their launch keys. Two of Ray's bootstrap-time fill-ins are written out: an AWS node type
+   without ImageId (or with `latest_dlami`) gets Ray's default AMI of the region; a GCP `scheduling` in Ray's list
+   form becomes one mapping. A pinned type is kept (`InstanceType` / `machineType` + `guestAccelerators`: the
+   backend maps it to an allow-list of one), or with `free_instance_types` replaced by the shape it implies: the
+   resources Ray's AWS provider would fill in for it, plus `min_memory_gib` (its memory), `min_vcpus` (when the
+   resources state fewer CPUs) and `gpus: [model]`, so the planner may pick a cheaper fit of the same shape.
+4. The result must pass Ray's own checks and ray_nodeless's (`launch.config.check_cluster`, the path of `ray up`'s
+   bootstrap and `ray-nodeless plan`); a pinned type the catalog cannot price or launch is an error naming the key.
+5. Per node type: what Ray's own provider would launch (`before`: the pinned type, its capacity and catalog price)
+   and what ray_nodeless will launch (`after`: the plan), and the idle / ceiling cost of both.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.cluster_plan import ClusterPlan
+from ray_nodeless.core.cost import NodeTypeCost, cluster_cost
+from ray_nodeless.core.node_resources import ray_filled_resources
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.launch.config import catalog_for, check_cluster, load_provider
+from ray_nodeless.swapin import keymap, ray_defaults, yaml_text
+
+MODULE = "ray_nodeless.NodelessProvider"
+NODE_TYPES = "available_node_types"
+
+
+@dataclass(frozen=True)
+class Side:
+    """One node type's instance before (under Ray's own provider) or after (under ray_nodeless)."""
+
+    instance_type: str | None
+    capacity: str | None
+    hourly_price: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instance_type": self.instance_type, "capacity": self.capacity, "hourly_price": self.hourly_price}
+
+
+@dataclass(frozen=True)
+class NodeTypeChange:
+    name: str
+    is_head: bool
+    min_workers: int
+    max_workers: int
+    before: Side
+    after: Side
+    freed: bool
+
+
+@dataclass
+class Conversion:
+    source: str
+    cloud: str
+    region: str
+    ray_version: str
+    config: dict[str, Any]                      # the converted cluster YAML
+    text: str                                   # ... as written
+    comments_kept: bool
+    node_types: dict[str, NodeTypeChange]
+    summary: dict[str, float | None]
+    plan: ClusterPlan
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `--json` document: exactly `node_types` and `summary`."""
+        return {"node_types": {n: {"before": c.before.to_dict(), "after": c.after.to_dict()}
+                               for n, c in self.node_types.items()},
+                "summary": dict(self.summary)}
+
+
+class _Notes:
+    """Notes for the user: one list for the report, and the same text as comments at the key in the YAML."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.at: dict[tuple[str, ...], list[str]] = {}
+
+    def add(self, path: tuple[str, ...], text: str) -> None:
+        self.lines.append(f"{'.'.join(path)}: {text}")
+        self.at.setdefault(path, []).append(f"{path[-1]}: {text}")
+
+
+def convert_file(path: str | Path, **kw: Any) -> Conversion:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(str(p), f"cannot read cluster YAML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(p), f"not a text file (cluster YAMLs are UTF-8): {e}") from e
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(str(p), f"not valid YAML: {e}") from e
+    if not isinstance(doc, dict):
+        raise ConfigError(str(p), "a cluster YAML must be a mapping")
+    return convert(doc, source_text=text, source_name=p.name, **kw)
+
+
+def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, source_name: str = "<yaml>",
+            free_instance_types: bool = False, project_id: str | None = None,
+            catalog: catalog_mod.Catalog | None = None) -> Conversion:
+    """Convert a Ray cluster YAML (as loaded) for `type: aws` / `type: gcp`. Raises ConfigError naming the key."""
+    provider = ray_config.get("provider")
+    if not isinstance(provider, Mapping):
+        raise ConfigError("provider", "a Ray cluster YAML needs a provider block")
+    cloud = provider.get("type")
+    if cloud == "external":
+        raise ConfigError("provider.type", "external: this YAML already names a provider module; convert reads "
+                                           "Ray YAMLs for `type: aws` or `type: gcp`")
+    if cloud not in ray_defaults.RAY_CLOUDS:
+        raise ConfigError("provider.type", f"{cloud!r}: convert reads Ray YAMLs for `type: aws` or `type: gcp`")
+    notes = _Notes()
+    merged = ray_defaults.merge_ray_defaults(ray_config)
+    if cloud == "aws":
+        # Ray's AWS provider fills in `resources` before Ray's schema (which requires the key) sees the YAML;
+        # ray_nodeless fills a pinned type's the same way at `ray up`.
+        for name, nt in (merged.get(NODE_TYPES) or {}).items():
+            if isinstance(nt, dict) and "resources" not in nt:
+                nt["resources"] = {}
+                notes.add((NODE_TYPES, name, "resources"), "{} written out: filled from the pinned instance type "
+                                                           "at `ray up`, as Ray's AWS provider fills it")
+    ray_defaults.ray_checks(merged)                  # Ray itself must accept the YAML as it is
+    for legacy in ("head_node", "worker_nodes"):
+        if legacy in ray_config and legacy not in merged:
+            notes.add((legacy,), "dropped, as Ray's own config preparation drops an empty legacy field")
+
+    new_provider = _swap_provider(cloud, merged["provider"], project_id, notes)
+    converted = _ordered(ray_config, merged)
+    converted["provider"] = new_provider
+    region = new_provider.get("region")
+    settings, _ = load_provider(new_provider)
+    catalog = catalog or catalog_for(settings)
+    head = converted.get("head_node_type")
+    node_types = converted[NODE_TYPES]
+    before: dict[str, keymap.RayLaunch] = {}
+    freed: set[str] = set()
+    for name, nt in node_types.items():
+        key = f"{NODE_TYPES}.{name}.node_config"
+        nc = nt.setdefault("node_config", {})
+        if cloud == "aws":
+            _fill_ami(name, nc, region, new_provider, notes)
+        elif isinstance(nc.get("scheduling"), list):
+            from ray_nodeless.providers.gcp.node_config import scheduling_map
+
+            nc["scheduling"] = scheduling_map(nc["scheduling"], f"{key}.scheduling")
+            notes.add((NODE_TYPES, name, "node_config", "scheduling"),
+                      "Ray's list form merged into one mapping (what it means to GCE)")
+        before[name] = keymap.ray_launch(cloud, new_provider, nc)
+        if before[name].instance_type is None:
+            notes.add((NODE_TYPES, name, "node_config"),
+                      "pins no instance type: Ray's own provider would have none to launch "
+                      f"({'EC2 defaults to m1.small' if cloud == 'aws' else 'GCE requires a machineType'}); "
+                      "ray_nodeless plans it from its resources")
+            continue
+        if free_instance_types and _free(cloud, name, nt, head, catalog, region, notes):
+            freed.add(name)
+        else:
+            _check_pinned_offered(cloud, name, nc, before[name], catalog, region, free_instance_types)
+
+    # What `ray up` would then do with it: Ray's preparation, our fill-in, Ray's schema, our bootstrap checks.
+    from ray_nodeless.ray_adapter.bootstrap import fillout_available_node_types_resources
+
+    prepared = ray_defaults.ray_checks(converted)
+    ray_defaults.ray_checks(fillout_available_node_types_resources(prepared))
+    cp = check_cluster(prepared, catalog=catalog)
+
+    changes: dict[str, NodeTypeChange] = {}
+    for name in sorted(node_types):
+        nt = prepared[NODE_TYPES][name]
+        b = before[name]
+        o = keymap.cheapest_offering(catalog, cloud, region, b)
+        chosen = cp.plans[name].chosen
+        changes[name] = NodeTypeChange(
+            name=name, is_head=name == head, min_workers=0 if name == head else int(nt.get("min_workers", 0)),
+            max_workers=0 if name == head else int(nt.get("max_workers", converted.get("max_workers", 0))),
+            before=Side(b.instance_type, b.capacity if b.instance_type else None,
+                        o.hourly_price if o is not None else None),
+            after=Side(chosen.instance_type.name, chosen.capacity, chosen.hourly_price),
+            freed=name in freed)
+    summary = _summary(changes, converted.get("max_workers"))
+
+    header = [f"Converted from {source_name} (Ray `type: {cloud}`) by `ray-nodeless convert"
+              f"{' --free-instance-types' if free_instance_types else ''}`: the provider block now names "
+              f"ray_nodeless; every key Ray {ray_defaults.ray_version()} merges from its {cloud} defaults.yaml "
+              f"for `type: {cloud}` is written out (`type: external` gets none of them). "
+              "Preview what launches: `ray-nodeless plan <this file>`."]
+    text, kept = yaml_text.render(converted, source_text, ray_defaults.defaults_text(cloud), notes.at, header)
+    if not kept:
+        notes.lines.append("comments: the YAML layout could not be copied; written without the file's comments")
+    return Conversion(source=source_name, cloud=cloud, region=str(region), ray_version=ray_defaults.ray_version(),
+                      config=converted, text=text, comments_kept=kept, node_types=changes, summary=summary,
+                      plan=cp, notes=notes.lines)
+
+
+# --------------------------------------------------------------------------------------------- provider block
+
+
+def _swap_provider(cloud: str, ray_provider: Mapping[str, Any], project_id: str | None,
+                   notes: _Notes) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "external", "module": MODULE, "cloud": cloud}
+    for k, v in ray_provider.items():
+        if k == "type":
+            continue
+        if k == "cache_stopped_nodes" and v:
+            notes.add(("provider", k), f"{v} dropped: ray_nodeless terminates instances on scale-down and never "
+                                       "reuses stopped ones (a stopped instance would keep a type and zone "
+                                       "outside the plan)")
+            continue
+        if k == "gcp_credentials":
+            raise ConfigError("provider.gcp_credentials",
+                              "the ray_nodeless gcp backend does not read it: it uses Application Default "
+                              "Credentials (`gcloud auth application-default login`, or GOOGLE_APPLICATION_"
+                              "CREDENTIALS=<service account key file>); remove the key and set those")
+        out[k] = v
+    if cloud == "gcp":
+        if project_id:
+            out["project_id"] = project_id
+        if not out.get("project_id"):
+            raise ConfigError("provider.project_id", "is not set (Ray's own GCP bootstrap requires it too); set it "
+                                                     "in the YAML or pass --project-id")
+    return out
+
+
+def _ordered(user: Mapping[str, Any], merged: Mapping[str, Any]) -> dict[str, Any]:
+    """The merged config with the user's top-level keys first, in the user's order, then Ray's defaults."""
+    out = {k: copy.deepcopy(merged[k]) for k in user if k in merged}
+    out.update({k: copy.deepcopy(v) for k, v in merged.items() if k not in out})
+    return out
+
+
+# --------------------------------------------------------------------------------------------- node types
+
+
+def _fill_ami(name: str, nc: dict[str, Any], region: str, provider: Mapping[str, Any], notes: _Notes) -> None:
+    """Ray's AWS bootstrap (`_check_ami`) gives a node type without ImageId, or with `latest_dlami`, the default
+    AMI of the region; written out here so that the converted YAML says what will boot."""
+    image = nc.get("ImageId")
+    if (image and str(image).lower() != "latest_dlami") or "LaunchTemplate" in nc or provider.get("image_id"):
+        return
+    ami = ray_defaults.default_ami(region)
+    if ami is None:
+        return       # the checks below name node_config.ImageId
+    nc["ImageId"] = ami
+    notes.add((NODE_TYPES, name, "node_config", "ImageId"),
+              f"{ami}: Ray's default AMI for {region} (what Ray's AWS bootstrap would use"
+              f"{' for latest_dlami' if image else ''}; Ray {ray_defaults.ray_version()})")
+
+
+def _pinned_type(cloud: str, nc: Mapping[str, Any], catalog: catalog_mod.Catalog, key: str
+                 ) -> catalog_mod.InstanceType | None:
+    """The instance type a Ray node_config pins, from the catalog, or (GCP custom machine types) from its name."""
+    if cloud == "aws":
+        return catalog.instance_type("aws", str(nc["InstanceType"]))
+    from ray_nodeless.providers.gcp import node_config as gcp_nc
+
+    machine, model, count = gcp_nc.pinned_machine(nc, key)
+    m = gcp_nc.CUSTOM_MACHINE_TYPE.match(machine)
+    if m:
+        return catalog_mod.InstanceType(
+            cloud="gcp", name=gcp_nc.catalog_type_name(machine, model, count), family=m.group("series") or "n1",
+            vcpus=int(m.group("vcpus")), memory_gib=int(m.group("mib")) / 1024, gpu_model=model, gpu_count=count,
+            machine_type=machine)
+    t = catalog.instance_type("gcp", gcp_nc.catalog_type_name(machine, model, count))
+    if t is None and count:
+        host = catalog.instance_type("gcp", machine)
+        if host is not None and model:
+            # The host is known; the GPUs are what the catalog lacks (checked against the region below).
+            return catalog_mod.InstanceType(cloud="gcp", name=gcp_nc.catalog_type_name(machine, model, count),
+                                            family=host.family, vcpus=host.vcpus, memory_gib=host.memory_gib,
+                                            gpu_model=model, gpu_count=count, machine_type=machine)
+    return t
+
+
+def _free(cloud: str, name: str, nt: dict[str, Any], head: str, catalog: catalog_mod.Catalog, region: str,
+          notes: _Notes) -> bool:
+    """Replace the node type's pinned instance type by the shape it implies. False when it stays pinned."""
+    nc = nt["node_config"]
+    key = f"{NODE_TYPES}.{name}.node_config"
+    pin_key = "InstanceType" if cloud == "aws" else "machineType"
+    t = _pinned_type(cloud, nc, catalog, key)
+    if t is None:
+        raise ConfigError(f"{key}.{pin_key}", f"{nc[pin_key]!r} is not in the catalog's {cloud} instance types, so "
+                                              "the shape it implies is unknown; replace it by the node type's "
+                                              "resources (CPU, GPU, memory)")
+    if t.accelerator:
+        notes.add((NODE_TYPES, name, "node_config", pin_key),
+                  f"kept: {t.name} carries {t.accelerator} accelerators, which the planner cannot choose by shape")
+        return False
+    if t.gpu_count:
+        _check_gpu_offered(cloud, t.gpu_model, catalog, region, f"{key}.{_gpu_key(cloud)}")
+    declared = dict(nt.get("resources") or {})
+    is_head = name == head
+    if cloud == "gcp" and {"CPU", "GPU"} & set(declared):
+        resources = declared             # what Ray's GCP provider leaves them as
+    else:
+        resources = ray_filled_resources(t, declared, is_head)
+    implied = {"min_memory_gib": round(t.memory_gib, 4)}
+    if float(resources.get("CPU", 0)) < t.vcpus:
+        implied["min_vcpus"] = t.vcpus
+    if t.gpu_count:
+        implied["gpus"] = [t.gpu_model]
+        if not resources.get("GPU"):
+            implied["allow_gpu_instances"] = True
+    for k in (("InstanceType",) if cloud == "aws" else ("machineType", "guestAccelerators")):
+        nc.pop(k, None)
+    nc.update(implied)
+    nt["resources"] = resources
+    gpu = f", {t.gpu_count}x{t.gpu_model}" if t.gpu_count else ""
+    notes.add((NODE_TYPES, name, "node_config", pin_key),
+              f"{t.name} freed (--free-instance-types): any type with at least its {t.vcpus:g} vCPU, "
+              f"{t.memory_gib:g} GiB{gpu} may be chosen")
+    return True
+
+
+def _gpu_key(cloud: str) -> str:
+    return "InstanceType" if cloud == "aws" else "guestAccelerators[0].acceleratorType"
+
+
+def _offered(catalog: catalog_mod.Catalog, cloud: str, region: str) -> set[catalog_mod.InstanceType]:
+    rc = catalog.region(cloud, region)
+    return {rc.types[int(i)] for i in set(rc.o_type.tolist())}
+
+
+def _check_gpu_offered(cloud: str, model: str, catalog: catalog_mod.Catalog, region: str, key: str) -> None:
+    offered = _offered(catalog, cloud, region)
+    if any(t.gpu_model == model for t in offered):
+        return
+    here = sorted({t.gpu_model for t in offered if t.gpu_model})
+    anywhere = any(t.gpu_model == model for t in catalog.types(cloud))
+    why = (f"the catalog has no {model} machines in {cloud} {region}" if anywhere else
+           f"the catalog has no {model} machines in {cloud} at all (a GPU the cloud no longer offers)")
+    raise ConfigError(key, f"{why}; GPU models there: {', '.join(here) or 'none'}")
+
+
+def _check_pinned_offered(cloud: str, name: str, nc: Mapping[str, Any], launch: keymap.RayLaunch,
+                          catalog: catalog_mod.Catalog, region: str, free: bool) -> None:
+    """A kept pin must be a type the catalog prices in the region, zones and capacity: else an error naming the
+    key (what the planner would otherwise report as 'no offering')."""
+    key = f"{NODE_TYPES}.{name}.node_config"
+    if cloud == "gcp":
+        from ray_nodeless.providers.gcp import node_config as gcp_nc
+
+        gcp_nc.check_machine_type(nc, key)
+        machine, model, count = gcp_nc.pinned_machine(nc, key)
+        if count and catalog.instance_type("gcp", machine) is not None:
+            _check_gpu_offered(cloud, model, catalog, region, f"{key}.guestAccelerators[0].acceleratorType")
+        pin_key = "machineType"
+    else:
+        pin_key = "InstanceType"
+    t = catalog.instance_type(cloud, launch.instance_type or "")
+    if t is None:
+        raise ConfigError(f"{key}.{pin_key}",
+                          f"{launch.instance_type!r} is not in the catalog's {cloud} instance types (retired, or "
+                          "unknown), so ray_nodeless can neither price nor launch it; pin a current type "
+                          f"(`ray-nodeless catalog list --cloud {cloud} --region {region}`) or replace it by the "
+                          "node type's resources (CPU, GPU, memory) and let the planner choose")
+    if keymap.cheapest_offering(catalog, cloud, region, launch) is None:
+        where = f"{cloud} {region}" + (f" zones {list(launch.zones)}" if launch.zones else "")
+        hint = " (--free-instance-types lets the planner pick an equivalent type)" if not free else ""
+        raise ConfigError(f"{key}.{pin_key}", f"{launch.instance_type} is not offered with a known price as "
+                                              f"{launch.capacity} in {where}{hint}")
+
+
+# --------------------------------------------------------------------------------------------- cost
+
+
+def _summary(changes: Mapping[str, NodeTypeChange], global_max: int | None) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for side in ("before", "after"):
+        items = []
+        idle_known = ceiling_known = True
+        for c in changes.values():
+            price = getattr(c, side).hourly_price
+            if price is None:
+                idle_known &= not (c.is_head or c.min_workers > 0)
+                ceiling_known &= not (c.is_head or c.max_workers > 0)
+            items.append(NodeTypeCost(c.name, c.is_head, price or 0.0, c.min_workers, c.max_workers))
+        cost = cluster_cost(items, global_max)
+        out[f"idle_cost_per_hour_{side}"] = round(cost.idle_cost_per_hour, 6) if idle_known else None
+        out[f"ceiling_cost_per_hour_{side}"] = round(cost.ceiling_cost_per_hour, 6) if ceiling_known else None
+    return {k: out[k] for k in ("idle_cost_per_hour_before", "idle_cost_per_hour_after",
+                                "ceiling_cost_per_hour_before", "ceiling_cost_per_hour_after")}
