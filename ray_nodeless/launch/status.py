@@ -28,7 +28,7 @@ class NodeStatus:
     registration: dict = field(default_factory=dict)    # e.g. k8s_node, k8s_ready, pod, pod_phase
 
 
-def _price(tags: dict[str, str]) -> float | None:
+def price_of(tags: dict[str, str]) -> float | None:
     try:
         return float(tags.get(TAG_PRICE, ""))
     except ValueError:
@@ -50,7 +50,7 @@ def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> 
         extra = machine_status(provider, cluster_config["cluster_name"], [m.id for m in machines])
     out = []
     for m in sorted(machines, key=lambda m: (m.tags.get("ray-node-type") != "head", m.launched_at, m.id)):
-        price = _price(m.tags)
+        price = price_of(m.tags)
         uptime = max(0.0, now - m.launched_at) if m.launched_at else 0.0
         out.append(NodeStatus(
             node_id=m.id, node_type=m.tags.get("ray-user-node-type", ""), kind=m.tags.get("ray-node-type", ""),

@@ -129,5 +129,14 @@ class MachineBackend(abc.ABC):
         """A Ray CommandRunnerInterface for this machine, or None to use Ray's SSH runner."""
         return None
 
+    def leftovers(self) -> list[dict[str, str]]:
+        """What this cluster holds on the backend besides its listed machines, for `ray-nodeless sweep`: dicts with
+        `kind`, `name`, `machine_id`, `node_kind` (head / worker / ""), `state`. The local backend: processes the
+        head's command runner started (the head's Ray). Listed afresh, never from a cache. Default: nothing."""
+        return []
+
+    def end_leftovers(self, leftovers: list[dict[str, str]]) -> None:
+        """End these leftovers (from `leftovers()`); raise BackendError if it could not. Default: nothing to do."""
+
     def close(self) -> None:
         """Release clients and threads. Machines keep running."""

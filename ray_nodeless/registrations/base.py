@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import abc
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ray_nodeless.core.schema import Section
 from ray_nodeless.providers.base import LaunchSpec, Machine
@@ -19,6 +19,11 @@ class Registration(abc.ABC):
     name: ClassVar[str] = ""
     # The registration's own provider-block keys, declared once (see core/schema.py).
     settings_model: ClassVar[type[Section]] = Section
+
+    @classmethod
+    def for_sweep(cls, provider_config: dict[str, Any], cluster_name: str) -> "Registration":
+        """An instance for `ray-nodeless sweep`: it must create nothing (no pod, no join), only list and end."""
+        return cls(provider_config, cluster_name)
 
     def prepare(self, spec: LaunchSpec) -> LaunchSpec:
         """Adjust a launch before it reaches the backend (e.g. add a join script to user data)."""
@@ -44,6 +49,18 @@ class Registration(abc.ABC):
     def status(self, machine_id: str) -> dict:
         """Extra per-machine fields for `ray-nodeless status` (e.g. the Kubernetes Node and pod)."""
         return {}
+
+    def leftovers(self) -> list[dict[str, str]]:
+        """What the registration keeps for this cluster outside the machines (Kubernetes Nodes and Ray pods, local
+        players), for `ray-nodeless sweep`: dicts with `kind`, `name`, `machine_id`, `node_kind`, `state`. Listed
+        afresh from the source of truth, not a cache. Default: nothing."""
+        return []
+
+    def sweep(self, machine_ids: list[str]) -> None:
+        """End what the registration keeps for these machines (ended by a sweep, or gone already) and wait for it,
+        by the same clean-up as `after_terminate`. Default: `after_terminate`, which is synchronous for every
+        registration but Kubernetes."""
+        self.after_terminate(machine_ids)
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until status() can answer (a registration that watches an API fills its cache first)."""

@@ -18,7 +18,7 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError
-from ray_nodeless.providers.base import LaunchSpec, Machine
+from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
 from ray_nodeless.providers.local.ray_start import instance_env
 from ray_nodeless.providers.local.runner import LocalCommandRunner, runner_marker
@@ -101,6 +101,12 @@ class LocalPlayer(Registration):
         with self._lock:
             for mid in machine_ids:
                 self._ips.pop(mid, None)
+
+    def leftovers(self) -> list[dict[str, str]]:
+        """The live players of this cluster (a player outlives its machine when nothing saw the machine go)."""
+        return [{"kind": "player", "name": r.id, "machine_id": r.id, "node_kind": "worker",
+                 "state": "running" if r.ready else "starting"}
+                for r in self.nodes.list() if r.tags.get(TAG_CLUSTER) == self.cluster_name]
 
     def close(self) -> None:
         self.nodes.close()

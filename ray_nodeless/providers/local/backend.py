@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_nodeless.core.schema import parse_section
+from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.base import (
     MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend,
 )
@@ -21,6 +22,7 @@ from ray_nodeless.providers.local.processes import LocalNodeProcesses
 from ray_nodeless.providers.local.ray_start import instance_env
 from ray_nodeless.providers.local.records import NodeRecord
 from ray_nodeless.providers.local.runner import LocalCommandRunner, runner_marker
+from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
 from ray_nodeless.providers.local.settings import LocalSettings, default_state_dir
 from ray_nodeless.providers.local.slots import default_head_ip
 
@@ -101,6 +103,20 @@ class LocalBackend(MachineBackend):
         rec = self.nodes.get(machine_id)
         if rec is not None and self._mine(rec):
             self.nodes.update_tags(machine_id, tags)
+
+    def leftovers(self) -> list[dict[str, str]]:
+        """The processes this cluster's command runner started and that still run: the head's Ray (a head
+        machine is a record; `ray down` stops its Ray with a scoped `ray stop` before dropping the record)."""
+        return [{"kind": "process", "name": str(pid), "machine_id": "", "node_kind": "head", "state": "running"}
+                for pid in marked_pids(self.runner_marker)]
+
+    def end_leftovers(self, leftovers: list[dict[str, str]]) -> None:
+        if any(d["kind"] == "process" for d in leftovers):
+            stop_marked_processes(self.runner_marker)    # SIGTERM, then SIGKILL what is left after the grace
+            left = marked_pids(self.runner_marker)
+            if left:
+                raise BackendError(f"processes {left} of cluster {self.cluster_name} survived SIGKILL",
+                                   category="ProcessesSurvived")
 
     def close(self) -> None:
         self.nodes.close()

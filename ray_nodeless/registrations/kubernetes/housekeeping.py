@@ -5,11 +5,13 @@ gone). State (machines, nodes, pods, locks, settings) lives on the registration.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from ray_nodeless.errors import BackendError
 from ray_nodeless.registrations.kubernetes import labels as L
 
 logger = logging.getLogger("ray_nodeless.registrations.kubernetes.registration")
@@ -17,6 +19,7 @@ logger = logging.getLogger("ray_nodeless.registrations.kubernetes.registration")
 HOUSEKEEPING_S = 5.0          # orphan / overdue checks
 REAP_SLACK_S = 10.0           # after pod_grace_s, how long the reaper waits for the pod before deleting the Node
 LISTING_FRESH_S = 60.0        # a listing (or describe round) older than this says nothing about orphans
+WAIT_READY_S = 15.0           # a sweep waits this long for the first Node / pod listing
 
 
 class Housekeeping:
@@ -56,6 +59,63 @@ class Housekeeping:
                 return {"k8s_node": None, "k8s_ready": None, "pod": None, "pod_phase": None}
             return {"k8s_node": t.node, "k8s_ready": t.node_ready if t.node else None, "pod": t.pod,
                     "pod_phase": t.pod_phase}
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the Node and pod watches have listed once (what `_begin_end` and `_reap` read)."""
+        deadline = time.monotonic() + timeout_s
+        for kind, ev in self.synced.items():
+            if not ev.wait(max(0.0, deadline - time.monotonic())):
+                raise BackendError(f"kubernetes: could not list the {kind} of cluster {self.cluster_name} within "
+                                   f"{timeout_s:.0f} s (API server down? see the warnings above)",
+                                   category="KubernetesUnavailable")
+
+    def leftovers(self) -> list[dict[str, str]]:
+        """This cluster's Nodes and Ray pods, listed from the API server now (for `ray-nodeless sweep`)."""
+        try:
+            nodes = self._list_nodes().items
+            pods = self._list_pods().items
+        except Exception as e:
+            raise BackendError(f"kubernetes: cannot list the Nodes and pods of cluster {self.cluster_name}: {e}",
+                               category="KubernetesUnavailable") from e
+        out = [{"kind": "k8s-node", "name": n.metadata.name, "machine_id": L.machine_id_of_node(n) or "",
+                "node_kind": "worker", "state": "Ready" if _node_ready(n) else "NotReady"} for n in nodes]
+        out += [{"kind": "k8s-pod", "name": p.metadata.name, "machine_id": _label(p, L.MACHINE_ID) or "",
+                 "node_kind": "worker", "state": (p.status.phase if p.status else None) or ""} for p in pods]
+        return sorted(out, key=lambda d: (d["kind"], d["name"]))
+
+    @classmethod
+    def for_sweep(cls, provider_config: dict[str, Any], cluster_name: str):
+        """Passive: no Node watch and no housekeeping, which would act (a Ready Node without its pod gets one);
+        `sweep` starts only what it needs."""
+        return cls(provider_config, cluster_name, start=False)
+
+    def sweep(self, machine_ids: list[str]) -> None:
+        """`after_terminate` for a sweep, waited for: the pods deleted (grace `pod_grace_s`), the Nodes cordoned,
+        then deleted once their pods are gone (force-deleting a pod still there after the grace), in parallel."""
+        if not self._threads:    # passive (for_sweep): follow the pods (what _reap waits on), read the Nodes once
+            t = threading.Thread(target=self._watch_loop, args=("pods", self._list_pods, self._on_pod),
+                                 name=f"k8s-sweep-pods-{self.cluster_name}", daemon=True)
+            self._threads.append(t)
+            t.start()
+            try:
+                nodes = self._list_nodes().items
+            except Exception as e:
+                raise BackendError(f"kubernetes: cannot list the Nodes of cluster {self.cluster_name}: {e}",
+                                   category="KubernetesUnavailable") from e
+            with self._lock:
+                self.nodes.update({n.metadata.name: n for n in nodes})
+            self.synced["nodes"].set()
+        self.wait_ready(WAIT_READY_S)
+        reaps = []
+        for mid in machine_ids:
+            begun = self._begin_end(mid)
+            if begun is not None:
+                reaps.append(threading.Thread(target=self._reap, args=(mid, *begun), name=f"k8s-sweep-{mid}",
+                                              daemon=True))
+        for t in reaps:
+            t.start()
+        for t in reaps:
+            t.join()
 
     def _cordon(self, node: str) -> None:
         try:

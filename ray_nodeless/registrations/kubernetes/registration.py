@@ -201,25 +201,11 @@ class KubernetesRegistration(Housekeeping, Registration):
             self._listing = (time.time(), set(machine_ids))
 
     def after_terminate(self, machine_ids: list[str]) -> None:
-        now = time.time()
         for mid in machine_ids:
-            with self._lock:
-                t = self.machines.get(mid)
-                if t is not None and t.is_head:
-                    self.machines.pop(mid, None)
-                    continue
-                self.terminated[mid] = now
-                if t is not None:
-                    t.terminating = True
-                pods = [n for n, p in self.pods.items() if _label(p, L.MACHINE_ID) == L.label_value(mid)]
-                nodes = [n for n, nd in self.nodes.items() if L.machine_id_of_node(nd) == mid]
-                if t is not None and t.node and t.node not in nodes:
-                    nodes.append(t.node)
-            pods = pods or [pod_name(self.cluster_name, mid)]
-            for p in pods:
-                self._delete_pod(p, self.k.pod_grace_s)
-            for n in nodes:
-                self._cordon(n)
+            begun = self._begin_end(mid)
+            if begun is None:
+                continue
+            pods, nodes = begun
             # Not a daemon: a short-lived process (`ray down`) must not exit before the Node is deleted (the
             # interpreter joins it at exit: at most pod_grace_s + REAP_SLACK_S, close() cuts it short).
             threading.Thread(target=self._reap, args=(mid, pods, nodes), name=f"k8s-reap-{mid}",
@@ -230,6 +216,28 @@ class KubernetesRegistration(Housekeeping, Registration):
                 threading.Thread(target=self.player.forget, args=(mid,), daemon=True).start()
             logger.info("kubernetes: machine %s terminated: deleting pod(s) %s (grace %d s), Node(s) %s", mid,
                         pods, self.k.pod_grace_s, nodes)
+
+    def _begin_end(self, mid: str) -> tuple[list[str], list[str]] | None:
+        """The first half of ending a machine's Kubernetes side: mark it ended, delete its pod(s) with
+        `pod_grace_s`, cordon its Node(s). Returns (pods, nodes) for `_reap`; None for the head (it has no Node)."""
+        with self._lock:
+            t = self.machines.get(mid)
+            if t is not None and t.is_head:
+                self.machines.pop(mid, None)
+                return None
+            self.terminated[mid] = time.time()
+            if t is not None:
+                t.terminating = True
+            pods = [n for n, p in self.pods.items() if _label(p, L.MACHINE_ID) == L.label_value(mid)]
+            nodes = [n for n, nd in self.nodes.items() if L.machine_id_of_node(nd) == mid]
+            if t is not None and t.node and t.node not in nodes:
+                nodes.append(t.node)
+        pods = pods or [pod_name(self.cluster_name, mid)]
+        for p in pods:
+            self._delete_pod(p, self.k.pod_grace_s)
+        for n in nodes:
+            self._cordon(n)
+        return pods, nodes
 
     def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
                        process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):
