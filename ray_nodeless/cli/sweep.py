@@ -59,6 +59,8 @@ def sweep_command(cluster_yaml: str, dry_run: bool, workers_only: bool, yes: boo
 
 
 def _print_listing(cluster: str, targets: list, kept: list, dry_run: bool) -> None:
+    if not targets and not kept:
+        return      # the result says "nothing to end"
     machines = [t for t in targets if t.kind == "machine"]
     cost = sum(t.hourly_price or 0.0 for t in machines)
     verb = "would end" if dry_run else "to end"
