@@ -1,4 +1,4 @@
-"""`ray-nodeless`: plan, catalog, status, simulate, trace. Keep these interfaces stable: other tools build on them.
+"""`ray-nodeless`: plan, catalog, status, sweep, simulate, trace. Keep these interfaces stable: other tools build on them.
 
 Every `--json` output is one JSON document (keys documented in README.md). Errors follow `cli.errors`: one line
 naming the offending key, exit status 2 (bad input) or 1 (anything else). Each command group lives in its own
@@ -15,6 +15,7 @@ from ray_nodeless.cli.convert import convert_command
 from ray_nodeless.cli.plan import plan_command
 from ray_nodeless.cli.simulate import simulate_command
 from ray_nodeless.cli.status import status_command
+from ray_nodeless.cli.sweep import sweep_command
 from ray_nodeless.cli.trace import trace_group
 
 
@@ -26,7 +27,8 @@ def main(verbose: bool) -> None:
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for _command in (plan_command, convert_command, catalog_group, status_command, simulate_command, trace_group):
+for _command in (plan_command, convert_command, catalog_group, status_command, sweep_command, simulate_command,
+                 trace_group):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover

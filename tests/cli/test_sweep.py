@@ -11,7 +11,6 @@ import yaml
 from click.testing import CliRunner
 
 from ray_nodeless.cli import main
-from ray_nodeless.cli.sweep import sweep_command
 from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_TERMINATING, TAG_ZONE, Machine,
@@ -20,7 +19,7 @@ from ray_nodeless.testing import fake_backend
 
 
 def run(*args: str):
-    return CliRunner().invoke(sweep_command, list(args))
+    return CliRunner().invoke(main, ["sweep", *args])
 
 
 @pytest.fixture
