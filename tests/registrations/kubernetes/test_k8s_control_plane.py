@@ -413,3 +413,33 @@ def test_check_unknown_join_method(cp):
     with pytest.raises(ConfigError) as e:
         check(p)
     assert e.value.key == "provider.kubernetes.join.method"
+
+
+def test_a_sweep_ends_the_clusters_nodes_and_pods_and_nothing_else(cp, h_factory):
+    """`ray-nodeless sweep`'s Kubernetes half, after the head died (nothing watches the cluster): a passive
+    registration lists the cluster's Nodes and pods afresh and ends them by the registration's own clean-up, for a
+    machine just ended and for one already gone. Another cluster's Node and pod survive."""
+    h = h_factory()
+    s, mid = h.launch()
+    h.player.play(mid, s.boot_script, s.offering)
+    wait_for(lambda: (p := h.pod_of(mid)) and p.status.phase == "Running", 60, "the pod to run")
+    gone = f"i-{uuid.uuid4().hex[:12]}"
+    h.player.play(gone, s.boot_script, s.offering, wait=True)     # its machine is already gone
+    wait_for(lambda: h.node_of(gone), 30, "the orphan's Node")
+    other = h_factory()
+    s2, mid2 = other.launch()
+    other.player.play(mid2, s2.boot_script, s2.offering)
+    wait_for(lambda: (p := other.pod_of(mid2)) and p.status.phase == "Running", 60, "the other cluster's pod")
+    h.reg.close()
+    sweeper = KubernetesRegistration.for_sweep(provider(cp), h.cluster)
+    try:
+        left = sweeper.leftovers()
+        listed = {(d["kind"], d["machine_id"]) for d in left}
+        assert {("k8s-node", mid), ("k8s-node", gone), ("k8s-pod", mid)} <= listed
+        assert all(d["machine_id"] != mid2 for d in left)
+        sweeper.sweep([mid, gone])
+        assert sweeper.leftovers() == []
+    finally:
+        sweeper.close()
+    assert h.node_of(mid) is None and h.node_of(gone) is None and h.pod_of(mid) is None
+    assert other.node_of(mid2) is not None and other.pod_of(mid2).status.phase == "Running"
