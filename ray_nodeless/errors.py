@@ -76,3 +76,18 @@ class LaunchError(NodelessError):
     def __init__(self, message: str, category: str):
         self.category = category
         super().__init__(message)
+
+
+class NoticeFormatError(NodelessError):
+    """An interruption notice (IMDS instance-action, GCE `preempted`, an EventBridge event) that does not parse.
+    Never guessed at: a malformed notice is reported, not turned into a drain with an invented deadline."""
+
+
+class MetadataError(NodelessError):
+    """The instance metadata endpoint (EC2 IMDS, GCE metadata server) could not be read: unreachable, a token
+    refused, an unexpected status. The watcher logs it and polls again."""
+
+
+class DrainError(NodelessError):
+    """A Ray node could not be drained: no node of the GCS node table matches the machine, GCS is unreachable, or
+    GCS rejected the drain request."""
