@@ -9,6 +9,8 @@
       catalog: embedded          # embedded | live | a path to a catalog file
       unavailable_ttl_s: 180     # how long an offering that failed for capacity is skipped
       registration: vm           # vm | local-player (| kubernetes)
+      interruption_watcher: true # spot workers that boot themselves drain their Ray node on a notice
+      interruption_queue_url: https://sqs.us-west-2.amazonaws.com/123456789012/spot   # aws: EventBridge warnings
       exclude: {...}             # see requirements.py
       rules: [...]               # see rules.py
 """
@@ -58,6 +60,12 @@ class CoreSettings(Section):
     launch_timeout_s: float = Field(ttls.LAUNCH_TIMEOUT_S, gt=0)
     launch_retry_backoff_s: float = Field(ttls.TRANSIENT_LAUNCH_BACKOFF_S, ge=0)
     max_hourly_cost: float | None = Field(None, gt=0)     # USD per hour for the whole cluster; None = no cap
+    # Spot interruption notices (ray_nodeless/interruptions/). The watcher is on by default because draining early
+    # costs nothing and a reclaimed node's tasks otherwise fail only when its heartbeat times out; the key turns it
+    # off (workers without ray_nodeless installed, or another agent already handles notices). The queue is AWS's
+    # EventBridge -> SQS path, polled by the provider; it is checked against `cloud` in parse_provider.
+    interruption_watcher: bool = True
+    interruption_queue_url: str | None = Field(None, pattern=r"^https?://[^/\s]+/\S+$")
     exclude: Any = None            # parsed by requirements.parse_exclude (errors name the nested key)
     rules: Any = None              # parsed by rules.parse_rules
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
@@ -82,6 +90,8 @@ class ProviderSettings:
     launch_timeout_s: float = ttls.LAUNCH_TIMEOUT_S
     launch_retry_backoff_s: float = ttls.TRANSIENT_LAUNCH_BACKOFF_S
     max_hourly_cost: float | None = None
+    interruption_watcher: bool = True
+    interruption_queue_url: str | None = None
 
 
 def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
@@ -115,6 +125,9 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
     # Backends that are not a priced cloud (local, or a registered test backend) are priced as `simulate_cloud`.
     if core.cloud in PRICE_CLOUDS and core.simulate_cloud is not None:
         raise ConfigError("provider.simulate_cloud", f"only applies to backends that are not a cloud, not {core.cloud!r}")
+    if core.interruption_queue_url is not None and core.cloud != "aws":
+        raise ConfigError("provider.interruption_queue_url", f"an SQS queue of EC2 spot interruption warnings; only "
+                                                             f"applies to cloud aws, not {core.cloud!r}")
     price_cloud = core.cloud if core.cloud in PRICE_CLOUDS else (core.simulate_cloud or "aws")
     rules = RuleSet(rules=parse_rules(provider.get("rules")),
                     exclude=parse_exclude(provider.get("exclude"), "provider.exclude"))
@@ -122,7 +135,9 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
                             unavailable_ttl_s=core.unavailable_ttl_s, registration=core.registration, rules=rules,
                             list_cache_s=core.list_cache_s, max_candidates_per_launch=core.max_candidates_per_launch,
                             launch_timeout_s=core.launch_timeout_s, max_hourly_cost=core.max_hourly_cost,
-                            launch_retry_backoff_s=core.launch_retry_backoff_s)
+                            launch_retry_backoff_s=core.launch_retry_backoff_s,
+                            interruption_watcher=core.interruption_watcher,
+                            interruption_queue_url=core.interruption_queue_url)
 
 
 class Resolver:

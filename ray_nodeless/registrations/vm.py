@@ -36,11 +36,14 @@ class BareVM(Registration):
         self.gcs_port = int((settings.gcs_address or f":{DEFAULT_GCS_PORT}").rsplit(":", 1)[1])
         self.cloud = provider_config.get("cloud", "local")
         self.boots_itself = bool(provider_config.get("disable_node_updaters")) and self.cloud in BOOT_CLOUDS
+        # A core key (core/settings.py), validated before any provider object is built.
+        self.interruption_watcher = provider_config.get("interruption_watcher", True) is not False
 
     def prepare(self, spec: LaunchSpec) -> LaunchSpec:
         if self.boots_itself and not spec.is_head:
             spec.boot_script = worker_boot_script(self.cloud, spec, self._head_ip(), self.gcs_port,
-                                                  self.provider_config.get(BOOT_KEY))
+                                                  self.provider_config.get(BOOT_KEY),
+                                                  interruption_watcher=self.interruption_watcher)
         return spec
 
     def _head_ip(self) -> str:
