@@ -78,6 +78,8 @@ class RayDrainer:
 
     def _gcs(self) -> Any:
         if self._client is None:
+            if not self.gcs_address:
+                raise DrainError("no GCS address to drain through")
             from ray._raylet import GcsClient
             try:
                 self._client = GcsClient(address=self.gcs_address)

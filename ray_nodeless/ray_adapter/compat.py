@@ -19,3 +19,16 @@ def in_teardown() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def monitor_gcs_address() -> str | None:
+    """The GCS address of the Ray monitor this process is (`--gcs-address` on monitor.py's command line, v1 and v2
+    alike), else None. Ray hands a NodeProvider no GCS address; and only the monitor on the head should act on the
+    cluster's nodes: `ray up` / `ray down` build provider objects too, on a laptop that may not reach GCS at all."""
+    argv = sys.argv
+    for i, arg in enumerate(argv):
+        if arg.startswith("--gcs-address="):
+            return arg.split("=", 1)[1] or None
+        if arg == "--gcs-address" and i + 1 < len(argv):
+            return argv[i + 1] or None
+    return None

@@ -8,7 +8,8 @@ the shared listing and interruption detection `launch/machine_view.py`, the mach
 - `create_node_with_resources_and_labels` / `create_node`: launch; a failure reaches Ray as NodeLaunchException
   with the cloud's category, so v2 demotes the node type.
 - `non_terminated_nodes` and the per-node queries read one shared listing; none raises on a transient backend
-  error or a vanished node.
+  error or a vanished node. With `interruption_queue_url` (AWS), each listing is followed by one bounded poll of
+  the spot interruption queue, which drains the warned machines' Ray nodes (`interruptions/queue.py`).
 """
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.cluster_plan import planner_for
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import LaunchError
+from ray_nodeless.interruptions.drain import RayDrainer
+from ray_nodeless.interruptions.queue import InterruptionQueue, sqs_client
 from ray_nodeless.launch.config import load_provider, provider_catalog
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, Machine
 from ray_nodeless.ray_adapter import bootstrap
+from ray_nodeless.ray_adapter.compat import monitor_gcs_address
 from ray_nodeless.registrations import make_registration
 
 logger = logging.getLogger(__name__)
@@ -60,6 +64,13 @@ class NodelessProvider(NodeProvider):
                                  hourly_cost=lambda: self.view.hourly_cost(machine_price))
         self._node_type_resources: dict[str, dict] = dict(
             provider_config.get(bootstrap.NODE_TYPE_RESOURCES_KEY) or {})
+        self.interruptions: InterruptionQueue | None = None
+        gcs = monitor_gcs_address()
+        if self.settings.interruption_queue_url and gcs:
+            # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
+            # nor wait on a GCS they may not reach.
+            url = self.settings.interruption_queue_url
+            self.interruptions = InterruptionQueue(sqs_client(url, provider_config), url, RayDrainer(gcs))
 
     def _on_interrupted(self, machine: Machine) -> None:
         self.launcher.on_interrupted(machine.tags, machine.id)
@@ -72,6 +83,8 @@ class NodelessProvider(NodeProvider):
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
         machines = self.view.refresh()
+        if self.interruptions is not None:
+            self.interruptions.poll(machines)      # bounded, never raises: see interruptions/queue.py
         self.registration.observe_listing(set(machines))
         doomed = {mid: why for mid, why in self.registration.machines_to_end().items() if mid in machines}
         if doomed:   # e.g. never joined Kubernetes within join_timeout_s, or its Ray pod failed for good
