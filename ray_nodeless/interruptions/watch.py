@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 from ray_nodeless.errors import DrainError, MetadataError, NoticeFormatError
 from ray_nodeless.interruptions.drain import RayDrainer
@@ -40,10 +40,6 @@ GCE_WAIT_S = 60.0
 DRAIN_RETRY_S = 1.0
 
 
-class NoticeSource(Protocol):
-    def poll(self, wait_s: float = ...) -> Notice | None: ...
-
-
 class _Imds:
     """ImdsClient behind the NoticeSource shape (IMDS has no hanging GET: `wait_s` is spent sleeping by the loop)."""
 
@@ -56,6 +52,8 @@ class _Imds:
 
 
 class _Gce:
+    """GceClient behind the same shape; its poll blocks in the metadata server's hanging GET."""
+
     def __init__(self, client: GceClient):
         self.client = client
         self.blocks = True
