@@ -24,8 +24,10 @@ demo: $(STAMP)
 k8s:
 	bash scripts/k8s/build.sh
 
+# Two pytest workers (the machine's 2 cores): tests/e2e (whole Ray clusters) runs on one worker in turn, the other
+# modules whole on either (see pytest_xdist_make_scheduler in tests/conftest.py).
 test: $(STAMP) k8s
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 bench: $(STAMP)
 	$(BIN)/python benches/bench_plan.py

@@ -14,6 +14,26 @@ settings.register_profile("explore", max_examples=2000, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under `pytest -n 2` (what `make test` runs): each test module goes to one worker whole (its module fixtures,
+    a moto server or a Kubernetes control plane, start once), and every module of tests/e2e goes to the same worker,
+    one after another, as without xdist: two `ray up`s at once on 2 cores only slow each other down. (xdist's own
+    `--dist loadgroup` does not group under pytest 9.2, which no longer reads the node id it rewrites.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayClustersInTurn(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node) -> None:
+            # The longest unit (about 2/3 of the suite's time) first, so the other worker fills in beside it.
+            if "tests/e2e" in self.workqueue:
+                self.workqueue.move_to_end("tests/e2e", last=False)
+            super()._assign_work_unit(node)
+
+    return RayClustersInTurn(config, log)
+
+
 @pytest.fixture(scope="module")
 def moto_server() -> Iterator[MotoServer]:
     srv = start_moto_server()
@@ -31,7 +51,16 @@ def moto(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[M
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    # Ray's AWS bootstrap attaches AWS managed policies to the head's role; moto loads them only when asked.
-    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
+    # Ray's AWS bootstrap attaches AWS managed policies to the head's role; moto loads them only when asked, and
+    # loading them costs seconds per test: only the tests that run Ray's IAM step ask (see `moto_iam`).
+    monkeypatch.delenv("MOTO_IAM_LOAD_MANAGED_POLICIES", raising=False)
     moto_server.reset()
     yield moto_server
+
+
+@pytest.fixture
+def moto_iam(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:
+    """`moto` with AWS managed policies, which Ray's IAM bootstrap step attaches to the head's role. moto reads the
+    switch when it rebuilds the IAM backend on the test's first IAM call (seconds of its time: ask only if needed)."""
+    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
+    return moto

@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -24,41 +22,19 @@ from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
-from tests import REPO_ROOT
+from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, write_config
 
 pytestmark = pytest.mark.e2e
-
-ROOT = REPO_ROOT
-BIN = Path(sys.executable).parent
-ENV = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(tmp_path: Path, **provider_overrides) -> tuple[dict, Path]:
     """local-cpu-head.yaml with a unique cluster, port and state dir, a {CPU: 2} worker type and a CPU-less head."""
-    cfg = yaml.safe_load((ROOT / "cluster-configs" / "local-cpu-head.yaml").read_text())
-    port = _free_port()
-    cfg["cluster_name"] = f"e2e-{uuid.uuid4().hex[:6]}"
-    cfg["idle_timeout_minutes"] = 0.2
-    cfg["provider"]["gcs_address"] = f"127.0.0.1:{port}"
-    cfg["provider"]["state_dir"] = str(tmp_path / "state")
-    cfg["provider"].update(provider_overrides)
+    cfg = cluster_copy("local-cpu-head.yaml", "e2e", state_dir=str(tmp_path / "state"), **provider_overrides)
     cfg["available_node_types"]["head"]["resources"] = {"CPU": 0, "GPU": 0}
     cfg["available_node_types"]["gpu_worker"]["max_workers"] = 2
     cfg["available_node_types"]["cpu_worker"] = {"min_workers": 0, "max_workers": 1, "resources": {"CPU": 2},
                                                  "node_config": {}}
-    cfg["head_start_ray_commands"] = [
-        f"RAY_AUTH_MODE=disabled AUTOSCALER_UPDATE_INTERVAL_S=1 ray start --head --port={port} "
-        f"--node-ip-address=127.0.0.1 --include-dashboard=false --object-store-memory=100000000 "
-        f"--autoscaling-config=~/ray_bootstrap_config.yaml"]
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return cfg, path
+    return cfg, write_config(cfg, tmp_path)
 
 
 def _driver(cfg: dict, body: str, timeout: float = 240) -> dict:
@@ -69,7 +45,7 @@ def _driver(cfg: dict, body: str, timeout: float = 240) -> dict:
         def node_of():
             return os.environ.get("RAY_CLOUD_INSTANCE_ID")
     """) + textwrap.dedent(body)
-    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run([sys.executable, "-c", code], env=RAY_ENV, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     [line] = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
     return json.loads(line[len("RESULT "):])
@@ -111,7 +87,7 @@ def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp
         {"instance_type": first.instance_type.name, "zone": first.zone, "capacity": first.capacity,
          "code": "InsufficientInstanceCapacity", "times": 1}]))
     try:
-        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=ENV, capture_output=True, text=True,
+        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=RAY_ENV, capture_output=True, text=True,
                             timeout=240)
         assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
         [head] = _machines(cfg).values()
@@ -153,7 +129,7 @@ def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp
                 time.sleep(8)
                 return os.environ["RAY_CLOUD_INSTANCE_ID"]
             print(ray.get(long_task.remote()))
-        """)], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        """)], env=RAY_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         victim = _wait(lambda: status.exists() and status.read_text().split(), 120, "the long task to start")[0]
         backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
         rec = backend.nodes.get(victim)
@@ -168,7 +144,7 @@ def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp
         _wait(lambda: [t for t in _machines(cfg).values() if t["ray-node-type"] == "head"] == list(
             _machines(cfg).values()), 120, "idle workers to be terminated")
 
-        down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=ENV, capture_output=True, text=True,
+        down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=RAY_ENV, capture_output=True, text=True,
                               timeout=180)
         assert down.returncode == 0, down.stderr[-2000:]
         assert _machines(cfg) == {}

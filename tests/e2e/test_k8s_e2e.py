@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client
 
 from ray_nodeless.providers.local.runner import runner_marker
@@ -27,56 +24,21 @@ from ray_nodeless.providers.local.settings import default_state_dir
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.registration import default_home
 from ray_nodeless.testing.moto_server import MotoServer
-from tests import REPO_ROOT
+from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, on_moto, processes_of, write_config
 from tests.registrations.kubernetes.conftest import cp, wait_for  # noqa: F401  (module-scoped control plane)
 
 pytestmark = pytest.mark.e2e
-BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ray_processes_of(machine_id: str) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = open(f"/proc/{pid}/environ", "rb").read()
-        except OSError:
-            continue
-        if f"RAY_CLOUD_INSTANCE_ID={machine_id}".encode() in env:
-            out.append(int(pid))
-    return out
 
 
 def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp, tmp_path: Path) -> None:  # noqa: F811
-    port = _free_port()
-    cluster = f"k8s-{uuid.uuid4().hex[:6]}"
-    cfg = yaml.safe_load((REPO_ROOT / "cluster-configs" / "local-k8s-cpu-head.yaml").read_text())
-    cfg["cluster_name"] = cluster
-    cfg["idle_timeout_minutes"] = 0.2
-    p = cfg["provider"]
-    p.pop("simulate_cloud")
-    p.update(cloud="aws", region="us-east-1", endpoint_url=moto.url, image_id=moto.ami(),
-             aws_credentials={"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
-             gcs_address=f"127.0.0.1:{port}")
-    k = p["kubernetes"]
-    k.update(kubeconfig=str(cp.sa_kubeconfig), pod_grace_s=5,
-             join={"method": "eks", "cluster": "test-eks", "endpoint": cp.server, "ca": "Y2E=",
-                   "cidr": "10.100.0.0/16"})
-    cfg["head_start_ray_commands"] = [
-        f"RAY_AUTH_MODE=disabled AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing "
-        f"RAY_NODELESS_PLAYER_KUBECONFIG={cp.admin_kubeconfig} "
-        f"AUTOSCALER_UPDATE_INTERVAL_S=1 ray start --head --port={port} --node-ip-address=127.0.0.1 "
-        f"--include-dashboard=false --object-store-memory=100000000 --autoscaling-config=~/ray_bootstrap_config.yaml"]
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    cfg = on_moto(cluster_copy("local-k8s-cpu-head.yaml", "k8s"), moto,
+                  head_env=f"RAY_NODELESS_PLAYER_KUBECONFIG={cp.admin_kubeconfig}")
+    cluster = cfg["cluster_name"]
+    cfg["provider"]["kubernetes"].update(
+        kubeconfig=str(cp.sa_kubeconfig), pod_grace_s=5,
+        join={"method": "eks", "cluster": "test-eks", "endpoint": cp.server, "ca": "Y2E=", "cidr": "10.100.0.0/16"})
+    path = write_config(cfg, tmp_path)
+    env = RAY_ENV
     ec2 = moto.client()
     core = client.CoreV1Api(cp.api_client())
     sel = L.cluster_selector(cluster)
@@ -94,7 +56,7 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
         t0 = time.time()
         driver = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
             import os, ray
-            ray.init(address="127.0.0.1:{port}", logging_level="ERROR", log_to_driver=False)
+            ray.init(address="{cfg['provider']['gcs_address']}", logging_level="ERROR", log_to_driver=False)
             @ray.remote(num_gpus=1)
             def f():
                 return os.environ["RAY_CLOUD_INSTANCE_ID"]
@@ -116,7 +78,7 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
         wait_for(lambda: not core.list_namespaced_pod("ray", label_selector=sel).items
                  and not core.list_node(label_selector=sel).items, 180, "idle worker's pod and Node gone", poll=1)
         wait_for(lambda: instances()[worker] in ("terminated", "shutting-down"), 60, "instance terminated", poll=1)
-        wait_for(lambda: not _ray_processes_of(worker), 30, "worker Ray process gone", poll=1)
+        wait_for(lambda: not processes_of(worker), 30, "worker Ray process gone", poll=1)
 
         down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=env, capture_output=True, text=True,
                               timeout=180)
@@ -129,7 +91,7 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
         ids = [i for i, s in instances().items() if s not in ("terminated", "shutting-down")]
         if ids:
             ec2.terminate_instances(InstanceIds=ids)
-        for pid in _ray_processes_of(worker) if worker else []:
+        for pid in processes_of(worker) if worker else []:
             try:
                 os.killpg(pid, 9)
             except OSError:

@@ -1,14 +1,14 @@
-"""`scripts/smoke.sh aws` (what a user runs against a real account) against moto by endpoint: `ray up` with the
-AWS bootstrap a local-player cluster gets (Ray's security group, subnets of the allowed zones, default AMI check), a {GPU: 1} task through `ray exec`, the cost
-report, `ray down`, and the script's own proof that nothing is left. Instances are EC2 instances in moto, each played
-by a local Ray node (`registration: local-player`, as in test_aws_ray_up.py)."""
+"""`ray up` / `ray down` for real with the AWS backend against moto, through `scripts/smoke.sh aws` (what a user
+runs against a real account), pointed at moto by endpoint: `ray up` with the AWS bootstrap a local-player cluster
+gets (Ray's security group, subnets of the allowed zones, default AMI check), a {GPU: 1} task through `ray exec` on
+the EC2 instance the provider launched, the cost report, `ray down`, and the script's own proof that nothing is
+left; then no instance, played node or head process of the cluster is left. Instances are EC2 instances in moto,
+each played by a local Ray node (`registration: local-player`)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,31 +18,15 @@ from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
 from ray_nodeless.registrations.local_player import LocalPlayer
 from ray_nodeless.testing.moto_server import MotoServer
 from tests import REPO_ROOT
+from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, on_moto, write_config
 
 pytestmark = pytest.mark.e2e
-BIN = Path(sys.executable).parent
 SMOKE = REPO_ROOT / "scripts" / "smoke.sh"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _config(moto: MotoServer, cluster: str, port: int, player_dir: Path) -> dict:
-    cfg = yaml.safe_load((REPO_ROOT / "cluster-configs" / "local-cpu-head.yaml").read_text())
-    cfg["cluster_name"] = cluster
-    cfg["idle_timeout_minutes"] = 0.2
-    p = cfg["provider"]
-    p.pop("simulate_cloud")
-    p.update(cloud="aws", region="us-east-1", endpoint_url=moto.url, image_id=moto.ami(), registration="local-player",
-             aws_credentials={"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
-             gcs_address=f"127.0.0.1:{port}", player_state_dir=str(player_dir))
-    cfg["head_start_ray_commands"] = [
-        f"RAY_AUTH_MODE=disabled AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing "
-        f"AUTOSCALER_UPDATE_INTERVAL_S=1 ray start --head --port={port} --node-ip-address=127.0.0.1 "
-        f"--include-dashboard=false --object-store-memory=100000000 --autoscaling-config=~/ray_bootstrap_config.yaml"]
+def _config(moto: MotoServer, player_dir: Path) -> dict:
+    cfg = on_moto(cluster_copy("local-cpu-head.yaml", "smoke"), moto, registration="local-player",
+                  player_state_dir=str(player_dir))
     # What Ray's prepare_config would need anyway; the keys Ray reads after the head launches are left out on
     # purpose: bootstrap_config fills them from Ray's AWS defaults...
     for key in ("file_mounts", "initialization_commands", "worker_start_ray_commands"):
@@ -51,15 +35,13 @@ def _config(moto: MotoServer, cluster: str, port: int, player_dir: Path) -> dict
 
 
 def test_smoke_script_against_moto(moto: MotoServer, tmp_path: Path) -> None:
-    port = _free_port()
-    cluster = f"smoke-{uuid.uuid4().hex[:6]}"
-    cfg = _config(moto, cluster, port, tmp_path / "player")
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}",
-               RAY=str(BIN / "ray"), RAY_NODELESS=str(BIN / "ray-nodeless"), PYTHON=sys.executable,
+    cfg = _config(moto, tmp_path / "player")
+    cluster = cfg["cluster_name"]
+    path = write_config(cfg, tmp_path)
+    env = dict(RAY_ENV, RAY=str(BIN / "ray"), RAY_NODELESS=str(BIN / "ray-nodeless"), PYTHON=sys.executable,
                SMOKE_UP_TIMEOUT="300", SMOKE_TASK_TIMEOUT="240", SMOKE_DOWN_TIMEOUT="180",
-               SMOKE_RAY_ADDRESS=f"127.0.0.1:{port}", AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+               SMOKE_RAY_ADDRESS=cfg["provider"]["gcs_address"], AWS_ACCESS_KEY_ID="testing",
+               AWS_SECRET_ACCESS_KEY="testing")
     player = LocalPlayer(dict(cfg["provider"]), cluster)
     ec2 = moto.client()
 
@@ -87,7 +69,12 @@ def test_smoke_script_against_moto(moto: MotoServer, tmp_path: Path) -> None:
         # local-player: no instance role (Ray runs on this host with its credentials); the vm registration's IAM
         # step is tested in tests/providers/aws/test_aws_bootstrap.py
         assert "IamInstanceProfile" not in head
+        tags = {t["Key"]: t["Value"] for t in head["Tags"]}
+        assert tags["nodeless-rule"] == "head-on-demand"
+        assert {t["Key"]: t["Value"] for t in worker["Tags"]}["ray-node-type"] == "worker"
+        # `ray down` left no played node and none of the head's processes (its command runner's marked ones)
         assert player.nodes.list() == []
+        assert stop_marked_processes(player.runner_marker) == 0, "ray down left the head's processes behind"
     finally:
         ids = [i["InstanceId"] for i in instances() if i["State"]["Name"] not in ("terminated", "shutting-down")]
         if ids:

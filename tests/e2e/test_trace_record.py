@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from click.testing import CliRunner
 from ray_nodeless.cli import main
 from ray_nodeless.simulate.config import config_from_cluster
 from ray_nodeless.simulate.engine import simulate
+from ray_nodeless.testing.ray_processes import free_port
 from ray_nodeless.trace.model import load_trace
 
 pytestmark = pytest.mark.e2e
@@ -73,18 +73,12 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     out = tmp_path_factory.mktemp("record")
     (out / "run.py").write_text(SCRIPT)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    proc = subprocess.Popen([sys.executable, str(out / "run.py"), str(_free_port()), str(out)],
+    proc = subprocess.Popen([sys.executable, str(out / "run.py"), str(free_port()), str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=240)
@@ -141,13 +135,18 @@ def test_replay_matches_measured_node_hours(recorded, tmp_path):
     r = simulate(trace, cfg)
     replayed = sum(r.node_hours().values())
     assert measured["measured_node_hours"] > 0
-    assert replayed == pytest.approx(measured["measured_node_hours"], rel=0.10)
+    # Within 10 %, or within 4 node-seconds: the trace holds task submissions and durations but not Ray's worker
+    # process start-ups (the actor and the third round of tasks each need a fresh process: 1-2 s each on a loaded
+    # 2-core machine; 1.6 and 1.8 s in all were seen), which the measured window contains and the replay cannot. On
+    # a 12-s run that absolute part alone exceeds 10 %. The replay never runs longer than what it replays.
+    assert replayed <= measured["measured_node_hours"] * 1.02
+    assert replayed == pytest.approx(measured["measured_node_hours"], rel=0.10, abs=4.0 / 3600)
 
 
 def test_record_without_dashboard_fails_cleanly(tmp_path):
     # Nothing listens on this port: one error line, exit status 1, no traceback, nothing written.
     out = tmp_path / "never-written.yaml"
-    r = CliRunner().invoke(main, ["trace", "record", "--address", f"http://127.0.0.1:{_free_port()}",
+    r = CliRunner().invoke(main, ["trace", "record", "--address", f"http://127.0.0.1:{free_port()}",
                                   "--out", str(out)])
     assert r.exit_code == 1
     assert r.output.startswith("ray-nodeless: error: ") and len(r.output.splitlines()) == 1

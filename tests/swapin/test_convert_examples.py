@@ -196,7 +196,8 @@ def _launch_each(config: dict[str, Any], extra_provider: dict[str, Any],
 
 
 @pytest.mark.parametrize("name, free", [c for c in CASES if c[0].startswith("aws")])
-def test_plan_equals_launch_on_moto(name: str, free: bool, moto: Any) -> None:
+def test_plan_equals_launch_on_moto(name: str, free: bool, moto_iam: Any) -> None:
+    moto = moto_iam
     conv = converted(name, free)
     launched = _launch_each(conv.config, {"endpoint_url": moto.url}, bootstrap=True)
     ec2 = moto.client(region=conv.region)

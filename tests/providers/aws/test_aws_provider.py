@@ -13,7 +13,8 @@ from tests.providers.aws.helpers import CLUSTER, live
 # ------------------------------------------------------------------ disable_node_updaters: the worker boots itself
 
 def test_provider_gives_workers_a_boot_script_when_node_updaters_are_disabled(
-        moto: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+        moto_iam: MotoServer, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    moto = moto_iam
     import base64
 
     monkeypatch.setenv("HOME", str(tmp_path))     # Ray's key-pair step writes ~/.ssh/ray-autoscaler_*.pem

@@ -6,8 +6,6 @@ Starts Ray: run serialised with the other e2e tests (`flock /tmp/rnl-e2e.lock ..
 """
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,22 +14,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
+from ray_nodeless.testing.ray_processes import free_port
+from tests.e2e.clusters import BIN, RAY_ENV, write_config
 
 pytestmark = pytest.mark.e2e
-
-BIN = Path(sys.executable).parent
-ENV = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _machines(cfg: dict) -> dict[str, dict]:
     backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
@@ -39,7 +28,7 @@ def _machines(cfg: dict) -> dict[str, dict]:
 
 
 def test_request_resources_launches_a_worker_of_the_pinned_type(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     pinned = {"instance_types": ["m5.large"]}
     cfg = {
         "cluster_name": f"swapin-{uuid.uuid4().hex[:6]}", "max_workers": 2, "upscaling_speed": 1.0,
@@ -60,10 +49,9 @@ def test_request_resources_launches_a_worker_of_the_pinned_type(tmp_path: Path) 
             "--node-ip-address=127.0.0.1 --num-cpus=2 --include-dashboard=false --object-store-memory=100000000 "
             "--autoscaling-config=~/ray_bootstrap_config.yaml"],
     }
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = write_config(cfg, tmp_path)
     try:
-        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=ENV, capture_output=True, text=True,
+        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=RAY_ENV, capture_output=True, text=True,
                             timeout=240)
         assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:]
         assert [t["ray-node-type"] for t in _machines(cfg).values()] == ["head"]
@@ -73,7 +61,7 @@ def test_request_resources_launches_a_worker_of_the_pinned_type(tmp_path: Path) 
             ray.init(address="127.0.0.1:{port}", logging_level="ERROR", log_to_driver=False)
             request_resources(bundles=[{{"CPU": 2}}] * 2)
         """)
-        out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-c", code], env=RAY_ENV, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-2000:]
         deadline = time.monotonic() + 150
         workers: list[dict] = []
@@ -84,7 +72,7 @@ def test_request_resources_launches_a_worker_of_the_pinned_type(tmp_path: Path) 
         assert workers[0]["nodeless-instance-type"] == "m5.large"
         time.sleep(5)
         assert len([t for t in _machines(cfg).values() if t["ray-node-type"] == "worker"]) == 1
-        down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=ENV, capture_output=True, text=True,
+        down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=RAY_ENV, capture_output=True, text=True,
                               timeout=180)
         assert down.returncode == 0, down.stderr[-2000:]
         assert _machines(cfg) == {}

@@ -1,0 +1,89 @@
+"""Scaffolding the end-to-end tests share: a private copy of one of our ready cluster YAMLs (own cluster name, GCS
+port and head start command, so tests never meet each other's Ray or Ray's bootstrap cache), the AWS-on-moto
+variant, the environment `ray up` runs in, and the processes a local "machine" left behind."""
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ray_nodeless.testing.moto_server import MotoServer
+from ray_nodeless.testing.ray_processes import free_port
+from tests import REPO_ROOT
+
+BIN = Path(sys.executable).parent
+CONFIGS = REPO_ROOT / "cluster-configs"
+# Where `ray up`/`ray down` run: the venv's `ray` first on PATH, token auth off (Ray 2.60 turns it on when
+# ~/.ray/auth_token exists on the machine), and no RAY_ADDRESS of the developer's own cluster.
+RAY_ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
+    "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+MOTO_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+def head_start(port: int, env: str = "") -> list[str]:
+    """head_start_ray_commands: a head on 127.0.0.1:`port` without dashboard, a small object store, and the
+    autoscaler polling every second (tests wait on it). `env` is prepended (`NAME=value ...`)."""
+    return [f"RAY_AUTH_MODE=disabled {env + ' ' if env else ''}AUTOSCALER_UPDATE_INTERVAL_S=1 ray start --head "
+            f"--port={port} --node-ip-address=127.0.0.1 --include-dashboard=false --object-store-memory=100000000 "
+            f"--autoscaling-config=~/ray_bootstrap_config.yaml"]
+
+
+def cluster_copy(config: str, prefix: str, *, head_env: str = "", **provider: Any) -> dict:
+    """cluster-configs/`config` with a unique cluster name `<prefix>-xxxxxx`, its own GCS port, idle removal after
+    12 s, `provider` keys merged into the provider block and a head start command for that port."""
+    cfg = yaml.safe_load((CONFIGS / config).read_text())
+    port = free_port()
+    cfg["cluster_name"] = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    cfg["idle_timeout_minutes"] = 0.2
+    cfg["provider"].update(gcs_address=f"127.0.0.1:{port}", **provider)
+    cfg["head_start_ray_commands"] = head_start(port, head_env)
+    return cfg
+
+
+def on_moto(cfg: dict, moto: MotoServer, *, head_env: str = "", **provider: Any) -> dict:
+    """Point a local config's provider at AWS on moto (real boto3 and our AWS backend; Ray nodes played locally);
+    the head reaches moto with the fake credentials (`head_env` is added to its environment)."""
+    p = cfg["provider"]
+    p.pop("simulate_cloud", None)
+    p.update(cloud="aws", region="us-east-1", endpoint_url=moto.url, image_id=moto.ami(),
+             aws_credentials=dict(MOTO_CREDENTIALS), **provider)
+    port = int(p["gcs_address"].rsplit(":", 1)[1])
+    cfg["head_start_ray_commands"] = head_start(
+        port, " ".join(filter(None, ["AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing", head_env])))
+    return cfg
+
+
+def write_config(cfg: dict, tmp_path: Path, name: str = "cluster.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def processes_of(machine_id: str, name: str | None = None) -> list[int]:
+    """PIDs whose environment says RAY_CLOUD_INSTANCE_ID=<machine_id> (optionally: whose command is `name`)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read()
+            if f"RAY_CLOUD_INSTANCE_ID={machine_id}\0".encode() not in env + b"\0":
+                continue
+            if name is not None and Path(open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode()
+                                         ).name != name:
+                continue
+        except OSError:
+            continue
+        out.append(int(pid))
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
