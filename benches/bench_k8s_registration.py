@@ -33,8 +33,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
-import statistics
 import sys
 import tempfile
 import threading
@@ -48,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_launch_latency as lat  # noqa: E402  (benches/ sibling; puts the repo root on sys.path)
 
-from kubernetes import client, utils, watch  # noqa: E402
+from kubernetes import client, watch  # noqa: E402
 
 from ray_nodeless.providers.local.processes import LocalNodeProcesses  # noqa: E402
 from ray_nodeless.providers.local.settings import default_state_dir  # noqa: E402
@@ -189,16 +187,8 @@ def start_control_plane(work: Path) -> tuple[ControlPlane, Path]:
     cp = ControlPlane(work)
     cp.start()
     try:
-        with cp.api_client() as api:
-            for doc in yaml.safe_load_all(RBAC.read_text()):
-                try:
-                    utils.create_from_dict(api, doc)
-                except utils.FailToCreateError as e:
-                    if not all(getattr(x, "status", None) == 409 for x in e.api_exceptions):
-                        raise
-        cp.service_account_token("ray", "default")
-        token = cp.service_account_token("ray", "ray-nodeless")
-        return cp, cp.write_kubeconfig(work / "sa.kubeconfig", token)
+        cp.apply_manifest(RBAC)
+        return cp, cp.service_account_kubeconfig("ray", "ray-nodeless", work / "sa.kubeconfig")
     except BaseException:
         cp.stop()
         raise
@@ -224,54 +214,26 @@ def main() -> int:
     for d in ("vm", "k8s", "cp"):
         (root / d).mkdir()
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
     t_all = time.monotonic()
-    head_s: dict[str, float] = {}
-    benches: list[lat.Ours] = []
-    cp = None
-    rc = 0
-    try:
+    cp: ControlPlane | None = None
+
+    def make_benches() -> list[lat.Ours]:
+        nonlocal cp
         t = time.monotonic()
         cp, sa = start_control_plane(root / "cp")
-        cp_s = time.monotonic() - t
-        print(f"# control plane up in {cp_s:.1f} s ({cp.server})", file=sys.stderr, flush=True)
+        print(f"# control plane up in {time.monotonic() - t:.1f} s ({cp.server})", file=sys.stderr, flush=True)
         # The played kubelets register Nodes as the admin (a kubelet's own identity); the monitor inherits this
         # from the command runner that starts the head.
         os.environ["RAY_NODELESS_PLAYER_KUBECONFIG"] = str(cp.admin_kubeconfig)
-        benches = [Vm(root / "vm", "v2", args.timeout, None), Kubernetes(root / "k8s", args.timeout, cp, sa)]
-        for b in benches:
-            head_s[b.name] = b.start()
-            print(f"# {b.name}: head up in {head_s[b.name]:.1f} s (gcs {b.gcs})", file=sys.stderr, flush=True)
-        for i in range(args.reps):
-            for b in benches:
-                r = b.rep()
-                idle = b.wait_idle(180)
-                extra = ""
-                if b.name == "kubernetes":
-                    extra = " (" + ", ".join(f"{s} +{r[k]:.2f}" for s in STEPS for k in r
-                                             if k.endswith(f"_to_{s}")) + ")"
-                print(f"# rep {i + 1} {b.name:10s} latency {r['latency']:.2f} s{extra}; worker gone {idle:.1f} s "
-                      f"later", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        print("# interrupted", file=sys.stderr)
-        rc = 130
-    except Exception as e:
-        print(f"# FAILED: {type(e).__name__}: {e}", file=sys.stderr)
-        rc = 1
-    finally:
-        for b in benches:
-            try:
-                b.cleanup()
-            except Exception as e:
-                print(f"# cleanup of {b.name} failed: {e}", file=sys.stderr)
-        if cp is not None:
-            cp.stop()
-        if args.keep or rc:
-            print(f"# logs kept in {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        return [Vm(root / "vm", "v2", args.timeout, None), Kubernetes(root / "k8s", args.timeout, cp, sa)]
+
+    def k8s_steps(b, r: dict) -> str:
+        if b.name != "kubernetes":
+            return ""
+        return " (" + ", ".join(f"{s} +{r[k]:.2f}" for s in STEPS for k in r if k.endswith(f"_to_{s}")) + ")"
+
+    rc, head_s, benches = lat.run_interleaved(make_benches, args.reps, root, args.keep, rep_note=k8s_steps,
+                                              idle_timeout=180, teardown=lambda: cp.stop() if cp else None)
 
     summ = {b.name: {k: s for k in KEYS if (s := lat.summarize(b.results, k))} for b in benches}
     report = {"autoscaler": "v2", "update_interval_s": 1, "reps": args.reps, "interleaved": True,

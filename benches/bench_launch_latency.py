@@ -43,6 +43,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import Any, Callable
 
 import yaml
 
@@ -354,6 +355,52 @@ def summarize(results: list[dict], key: str) -> dict | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
+
+def run_interleaved(make_benches: Callable[[], list], reps: int, root: Path, keep: bool, *, head_note: str = "",
+                    rep_note: Callable[[Any, dict], str] = lambda b, r: "", idle_timeout: float | None = None,
+                    teardown: Callable[[], None] | None = None) -> tuple[int, dict[str, float], list]:
+    """Start each bench's head, then `reps` rounds of one rep per bench (interleaved, so drift of the machine hits
+    every bench alike), narrating on stderr; whatever happens (SIGTERM included), clean every bench up, then
+    `teardown`, and remove `root` unless `keep` or a failure. Returns (exit status, head start seconds, benches)."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    benches: list = []
+    head_s: dict[str, float] = {}
+    rc = 0
+    try:
+        benches = make_benches()
+        for b in benches:
+            head_s[b.name] = b.start()
+            print(f"# {b.name}: head up in {head_s[b.name]:.1f} s (gcs {b.gcs}{head_note})", file=sys.stderr,
+                  flush=True)
+        for i in range(reps):
+            for b in benches:
+                r = b.rep()
+                idle = b.wait_idle(idle_timeout) if idle_timeout else b.wait_idle()
+                print(f"# rep {i + 1} {b.name:13s} latency {r['latency']:.2f} s{rep_note(b, r)}; worker gone "
+                      f"{idle:.1f} s later", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print("# interrupted", file=sys.stderr)
+        rc = 130
+    except Exception as e:
+        print(f"# FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+        rc = 1
+    finally:
+        for b in benches:
+            try:
+                b.cleanup()
+            except Exception as e:
+                print(f"# cleanup of {b.name} failed: {e}", file=sys.stderr)
+        if teardown is not None:
+            teardown()
+        if keep or rc:
+            print(f"# logs kept in {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    return rc, head_s, benches
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=4, help="repetitions per provider (interleaved); default 4")
@@ -374,40 +421,11 @@ def main() -> int:
     fake = Fake(root / "fake", args.autoscaler, args.timeout, ours.worker_resources)
     benches = [b for b in (ours, fake) if args.only is None or b is (ours if args.only == "ours" else fake)]
 
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, on_term)
     t_all = time.monotonic()
-    head_s: dict[str, float] = {}
-    rc = 0
-    try:
-        for b in benches:
-            head_s[b.name] = b.start()
-            print(f"# {b.name}: head up in {head_s[b.name]:.1f} s (gcs {b.gcs}, autoscaler {args.autoscaler})",
-                  file=sys.stderr, flush=True)
-        for i in range(args.reps):
-            for b in benches:
-                r = b.rep()
-                idle = b.wait_idle()
-                print(f"# rep {i + 1} {b.name:13s} latency {r['latency']:.2f} s"
-                      + (f" (registered +{r['submit_to_registered']:.2f} s)" if r.get("submit_to_registered") else "")
-                      + f"; worker gone {idle:.1f} s later", file=sys.stderr, flush=True)
-    except KeyboardInterrupt:
-        print("# interrupted", file=sys.stderr)
-        rc = 130
-    except Exception as e:
-        print(f"# FAILED: {e}", file=sys.stderr)
-        rc = 1
-    finally:
-        for b in benches:
-            try:
-                b.cleanup()
-            except Exception as e:
-                print(f"# cleanup of {b.name} failed: {e}", file=sys.stderr)
-        if args.keep or rc:
-            print(f"# logs kept in {root}", file=sys.stderr)
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+    rc, head_s, _ = run_interleaved(
+        lambda: benches, args.reps, root, args.keep, head_note=f", autoscaler {args.autoscaler}",
+        rep_note=lambda b, r: f" (registered +{r['submit_to_registered']:.2f} s)" if r.get("submit_to_registered")
+        else "")
 
     keys = ["latency", "submit_to_registered", "registered_to_start", "requested_to_registered", "submit_to_queued",
             "queued_to_requested",

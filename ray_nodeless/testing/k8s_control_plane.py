@@ -291,6 +291,25 @@ class ControlPlane:
                                             f"{last}")
                 time.sleep(POLL_S)
 
+    def apply_manifest(self, path: str | os.PathLike) -> None:
+        """Create every object of a multi-document YAML manifest (as `kubectl create -f`); objects that exist
+        already (409) are kept as they are, any other refusal raises."""
+        import yaml
+        from kubernetes import utils
+        with self.api_client() as api:
+            for doc in yaml.safe_load_all(Path(path).read_text()):
+                try:
+                    utils.create_from_dict(api, doc)
+                except utils.FailToCreateError as e:
+                    if not all(getattr(x, "status", None) == 409 for x in e.api_exceptions):
+                        raise
+
+    def service_account_kubeconfig(self, namespace: str, name: str, path: str | os.PathLike) -> Path:
+        """A kubeconfig acting as ServiceAccount namespace/name (created by a manifest), once the namespace's
+        default account exists too (pods cannot be created in a namespace before it has one)."""
+        self.service_account_token(namespace, "default")
+        return self.write_kubeconfig(path, self.service_account_token(namespace, name))
+
     # ------------------------------------------------------------------ internals
     def _prepare(self) -> None:
         for d in ("etcd-data", "pki", "apiserver-certs"):

@@ -9,8 +9,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-import yaml
-from kubernetes import client, utils
 
 from tests import REPO_ROOT
 
@@ -29,26 +27,14 @@ def wait_for(pred: Callable[[], object], timeout: float = 30.0, what: str = "con
         time.sleep(poll)
 
 
-def apply_rbac(api: client.ApiClient) -> None:
-    for doc in yaml.safe_load_all(RBAC.read_text()):
-        try:
-            utils.create_from_dict(api, doc)
-        except utils.FailToCreateError as e:
-            if not all(getattr(x, "status", None) == 409 for x in e.api_exceptions):
-                raise
-
-
 @pytest.fixture(scope="module")
 def cp(tmp_path_factory) -> Iterator[object]:
     from ray_nodeless.testing.k8s_control_plane import ControlPlane
     plane = ControlPlane(tmp_path_factory.mktemp("k8s"))
     plane.start()
     try:
-        with plane.api_client() as api:
-            apply_rbac(api)
-        plane.service_account_token("ray", "default")      # pods can be created in `ray` from now on
-        token = plane.service_account_token(*SA)
-        plane.sa_kubeconfig = plane.write_kubeconfig(Path(plane.workdir) / "sa.kubeconfig", token)
+        plane.apply_manifest(RBAC)
+        plane.sa_kubeconfig = plane.service_account_kubeconfig(*SA, Path(plane.workdir) / "sa.kubeconfig")
         yield plane
     finally:
         plane.stop()
