@@ -14,22 +14,32 @@ from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.schema import declared_keys, parse_section
 from ray_nodeless.core.settings import ProviderSettings, node_types_of, parse_provider
 from ray_nodeless.errors import CatalogError, ConfigError
-from ray_nodeless.providers import backend_class, backend_names
-from ray_nodeless.providers.base import MachineBackend
+from ray_nodeless.providers import backend_class, backend_config, backend_names
+from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.registrations import registration_class
 
 logger = logging.getLogger(__name__)
+
+# What the config checks call: a backend's BackendConfig, or (a backend registered without one) its class.
+BackendChecks = type[BackendConfig] | type[MachineBackend]
 
 
 def load_provider(provider: Any) -> tuple[ProviderSettings, type[MachineBackend]]:
     """Validate the whole provider block (core, backend and registration keys) and return the core settings and
     the backend class. Errors name the key."""
+    settings, _ = load_provider_config(provider)
+    return settings, backend_class(settings.cloud)
+
+
+def load_provider_config(provider: Any) -> tuple[ProviderSettings, BackendChecks]:
+    """`load_provider` without importing the backend: the same checks and errors, and the backend's config-time
+    half (`providers.backend_config`: no cloud SDK, no Ray) instead of its class."""
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
     cloud = provider.get("cloud", "local")
     if not isinstance(cloud, str) or cloud not in backend_names():
         raise ConfigError("provider.cloud", f"{cloud!r} is not one of {backend_names()}")
-    cls = backend_class(cloud)
+    cls = backend_config(cloud)
     reg = registration_class(provider.get("registration", "vm"))
     known = declared_keys(cls.settings_model, reg.settings_model)
     settings = parse_provider(provider, clouds=backend_names(), known_keys=known)
@@ -39,7 +49,7 @@ def load_provider(provider: Any) -> tuple[ProviderSettings, type[MachineBackend]
 
 
 def check_node_types(cluster_config: Mapping[str, Any], provider: Mapping[str, Any],
-                     cls: type[MachineBackend]) -> None:
+                     cls: BackendChecks) -> None:
     for name, nt in node_types_of(cluster_config).items():
         node_config = nt.get("node_config") or {}
         if not isinstance(node_config, Mapping):
@@ -84,7 +94,7 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
     if not isinstance(cluster_config, Mapping):
         raise ConfigError("cluster", "a cluster YAML must be a mapping")
     provider = cluster_config.get("provider")
-    settings, cls = load_provider(provider)
+    settings, cls = load_provider_config(provider)
     check_node_types(cluster_config, provider, cls)
     catalog = catalog or catalog_for(settings)
     return plan_cluster(cluster_config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),

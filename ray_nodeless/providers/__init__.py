@@ -1,6 +1,9 @@
 """Machine backends (local, aws, gcp), one subpackage each, behind the contract in `base.py`.
 
-The registry is lazy: a backend's cloud client library is loaded only when that backend is used.
+The registry is lazy: a backend's cloud client library is loaded only when that backend is used. Each built-in
+backend's config-time half (`BackendConfig`: provider-block keys, node_config checks, requirement overrides) is
+registered apart from it and imports no cloud SDK and no Ray: validating and planning a YAML (`ray-nodeless plan`,
+the checks of `bootstrap_config`) loads only that.
 """
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import importlib
 from typing import Any
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.providers.base import MachineBackend
+from ray_nodeless.providers.base import BackendConfig, MachineBackend
 
 _BACKENDS = {
     "local": ("ray_nodeless.providers.local.backend", "LocalBackend"),
@@ -16,10 +19,21 @@ _BACKENDS = {
     "gcp": ("ray_nodeless.providers.gcp.backend", "GcpBackend"),
 }
 
+_CONFIGS = {
+    "local": ("ray_nodeless.providers.local.settings", "LocalConfig"),
+    "aws": ("ray_nodeless.providers.aws.settings", "AwsConfig"),
+    "gcp": ("ray_nodeless.providers.gcp.node_config", "GcpConfig"),
+}
 
-def register_backend(cloud: str, module: str, class_name: str) -> None:
-    """Make `provider.cloud: <cloud>` load `module.class_name` (a MachineBackend). For third-party backends."""
+
+def register_backend(cloud: str, module: str, class_name: str, config: tuple[str, str] | None = None) -> None:
+    """Make `provider.cloud: <cloud>` load `module.class_name` (a MachineBackend). For third-party backends.
+    `config` (module, class name) is its `BackendConfig`; without it the config checks load the backend class."""
     _BACKENDS[cloud] = (module, class_name)
+    if config is None:
+        _CONFIGS.pop(cloud, None)
+    else:
+        _CONFIGS[cloud] = config
 
 
 def backend_names() -> list[str]:
@@ -30,6 +44,17 @@ def backend_class(cloud: str) -> type[MachineBackend]:
     if cloud not in _BACKENDS:
         raise ConfigError("provider.cloud", f"{cloud!r} is not one of {sorted(_BACKENDS)}")
     module, name = _BACKENDS[cloud]
+    return getattr(importlib.import_module(module), name)
+
+
+def backend_config(cloud: str) -> type[BackendConfig] | type[MachineBackend]:
+    """What the config checks need of `cloud`'s backend (settings_model, check_node_config, requirement_overrides),
+    without importing its cloud SDK: its BackendConfig, else (a backend registered without one) the class."""
+    if cloud not in _BACKENDS:
+        raise ConfigError("provider.cloud", f"{cloud!r} is not one of {sorted(_BACKENDS)}")
+    if cloud not in _CONFIGS:
+        return backend_class(cloud)
+    module, name = _CONFIGS[cloud]
     return getattr(importlib.import_module(module), name)
 
 

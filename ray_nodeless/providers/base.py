@@ -20,7 +20,8 @@ Four methods do the work: `launch`, `list_machines`, `terminate`, `set_tags`. Ev
   cluster's are never touched.
 
 Config-time checks are class-level (`settings_model`, `check_node_config`, `requirement_overrides`), so
-`ray up`'s bootstrap and `ray-nodeless plan` validate a YAML without building a client.
+`ray up`'s bootstrap and `ray-nodeless plan` validate a YAML without building a client; each built-in backend also
+has them in a `BackendConfig` that imports no cloud SDK (what `plan` loads).
 """
 from __future__ import annotations
 
@@ -80,6 +81,26 @@ class Machine:
     internal_ip: str | None = None
     external_ip: str | None = None
     launched_at: float = 0.0            # epoch seconds
+
+
+class BackendConfig:
+    """The config-time half of a backend: its provider-block keys and node_config checks, importable without the
+    backend (no client, no cloud SDK, no Ray), so `ray-nodeless plan` stays fast. Each built-in backend has one,
+    registered in `ray_nodeless.providers` next to the backend class; the backend class answers the same calls."""
+
+    cloud: ClassVar[str] = ""
+    settings_model: ClassVar[type[Section]] = Section
+
+    @classmethod
+    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
+                          key: str) -> None:
+        """Raise ConfigError (naming `key`.<field>) for backend keys of node_config that cannot work, given the
+        provider block `provider`. No client, no network."""
+
+    @classmethod
+    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
+        """Requirement keys implied by backend keys, e.g. AWS `InstanceType: x` -> `{"instance_types": [x]}`."""
+        return {}
 
 
 class MachineBackend(abc.ABC):

@@ -9,7 +9,7 @@ from typing import Any
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
-from ray_nodeless.launch.config import check_cluster, check_node_types, load_provider
+from ray_nodeless.launch.config import check_cluster, check_node_types, load_provider, load_provider_config
 from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
 from ray_nodeless.registrations.vm_boot import BOOT_KEY
@@ -74,7 +74,7 @@ def settle_images(config: dict[str, Any], cloud: str) -> None:
     """Static, before planning: a node type's image as Ray would default it (AWS: Ray's default AMI per region)."""
     if cloud == "aws":
         from ray_nodeless.core.schema import parse_section
-        from ray_nodeless.providers.aws.bootstrap import fill_default_images
+        from ray_nodeless.providers.aws.images import fill_default_images
         from ray_nodeless.providers.aws.settings import AwsSettings
 
         fill_default_images(config, parse_section(AwsSettings, config["provider"], "provider"))
@@ -123,7 +123,7 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
     if not types:
         return config
     provider = config.get("provider")
-    settings, cls = load_provider(provider)
+    settings, cls = load_provider_config(provider)
     cp = plan_cluster(config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
                       catalog=catalog_for(settings), settings=settings)
     for name, plan in cp.plans.items():

@@ -44,13 +44,12 @@ from typing import Any, Iterator, Mapping
 
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers.aws.images import LATEST_DLAMI, default_ami, fill_default_images  # noqa: F401 (API)
 from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.providers.aws.subnets import SUBNET_DISCOVERY_TAG
 
 logger = logging.getLogger(__name__)
 
-# Ray's special ImageId value meaning "the default Deep Learning AMI of the region".
-LATEST_DLAMI = "latest_dlami"
 # The node_config keys Ray's steps fill and that are copied back into ours.
 FILLED_KEYS = ("ImageId", "KeyName", "SubnetIds", "SecurityGroupIds")
 # Ray's own retries for the resources its bootstrap creates (ray.autoscaler._private.aws.utils.BOTO_MAX_RETRIES).
@@ -69,47 +68,6 @@ _PATCH_LOCK = threading.Lock()       # Ray's module globals are patched for the 
 
 class _RayAbort(Exception):
     """Ray's `cli_logger.abort` (or `doassert`) inside one of its bootstrap steps."""
-
-
-def default_ami(region: str) -> str | None:
-    """Ray's default AMI for `region` (its DEFAULT_AMI map), or None."""
-    from ray.autoscaler._private.aws.config import DEFAULT_AMI
-    return DEFAULT_AMI.get(region)
-
-
-def fill_default_images(config: dict[str, Any], settings: AwsSettings) -> None:
-    """Settle every node type's AMI without an API call, as Ray's `_check_ami` does: an empty ImageId or
-    `latest_dlami` becomes provider.image_id (when set) or Ray's default AMI of the region; with neither it is a
-    ConfigError naming the key. Node types with a LaunchTemplate are settled after the template is read."""
-    region = settings.region
-    types_ = config.get("available_node_types")
-    if not isinstance(types_, dict):
-        return                              # the config checks name the key
-    for name, nt in types_.items():
-        nc = nt.setdefault("node_config", {}) if isinstance(nt, dict) else None
-        if not isinstance(nc, dict):
-            continue
-        ami = str(nc.get("ImageId") or "").strip()
-        if ami and ami.lower() != LATEST_DLAMI:
-            continue
-        if not ami and "LaunchTemplate" in nc:
-            continue
-        if not ami and settings.image_id:
-            continue                        # the backend uses provider.image_id for it
-        fallback = (settings.image_id if ami.lower() != LATEST_DLAMI else None) or default_ami(region)
-        if not fallback:
-            raise ConfigError(
-                f"available_node_types.{name}.node_config.ImageId",
-                f"no AMI: {'latest_dlami' if ami else 'no ImageId'} and Ray has no default AMI for region "
-                f"{region!r} (it has one for {sorted(_default_ami_regions())}); set node_config.ImageId (or "
-                "provider.image_id) to an AMI of that region")
-        nc["ImageId"] = fallback
-        logger.info("%s: ImageId %s (Ray's default AMI for %s)", name, fallback, region)
-
-
-def _default_ami_regions() -> list[str]:
-    from ray.autoscaler._private.aws.config import DEFAULT_AMI
-    return list(DEFAULT_AMI)
 
 
 def custom_endpoint(settings: AwsSettings) -> bool:

@@ -21,15 +21,19 @@ ray_nodeless cannot honour is an error naming it (`cache_stopped_nodes: true`, a
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
+import os
+import re
 from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
-from ray_nodeless.core.schema import Section
+from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers.base import BackendConfig
 
 # Attempts per EC2 call, the first one included: botocore's for every call but RunInstances, ours for RunInstances.
 # Five rides out a typical throttling burst (RequestLimitExceeded) without holding an autoscaler update for long.
@@ -143,11 +147,42 @@ def availability_zones(value: str | None, region: str) -> list[str] | None:
 def accepted_node_config_keys() -> frozenset[str]:
     """node_config keys this backend accepts: every RunInstances parameter of the installed botocore (what Ray's
     AWS provider passes on), SubnetIds, and the requirement keys (the raw node_config may still hold them)."""
+    return (run_instances_members() | EXTRA_KEYS | REQUIREMENT_KEYS) - MANAGED_KEYS
+
+
+def run_instances_members() -> frozenset[str]:
+    """The RunInstances parameters of the installed botocore. From the list scripts/vendor_cloud_schemas.py wrote
+    when the installed botocore is the version it was written from and no other EC2 model can shadow botocore's
+    own (AWS_DATA_PATH, ~/.aws/models/ec2), so a config check does not import botocore; else from botocore."""
+    from ray_nodeless.providers.aws import run_instances_keys as vendored
+
+    if installed_botocore_version() == vendored.BOTOCORE_VERSION and not _other_ec2_models():
+        return vendored.RUN_INSTANCES_MEMBERS
     import botocore.session
 
     service = botocore.session.get_session().get_service_model("ec2")
-    run_instances = frozenset(service.operation_model("RunInstances").input_shape.members)
-    return (run_instances | EXTRA_KEYS | REQUIREMENT_KEYS) - MANAGED_KEYS
+    return frozenset(service.operation_model("RunInstances").input_shape.members)
+
+
+def installed_botocore_version() -> str | None:
+    """botocore's version as installed (its __init__.py), read without importing it."""
+    spec = importlib.util.find_spec("botocore")
+    if spec is None or not spec.origin:
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", f.read(), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def _other_ec2_models() -> bool:
+    """Would botocore's loader find an EC2 model outside its own data directory (its search path: ~/.aws/models,
+    then AWS_DATA_PATH's entries, then botocore/data)?"""
+    paths = [os.path.expanduser(os.path.join("~", ".aws", "models"))]
+    paths += [os.path.expanduser(p) for p in os.environ.get("AWS_DATA_PATH", "").split(os.pathsep) if p]
+    return any(os.path.isdir(os.path.join(p, "ec2")) for p in paths)
 
 
 def check_node_config(settings: AwsSettings, node_config: Mapping[str, Any], key: str) -> None:
@@ -288,3 +323,20 @@ def requirement_overrides(settings: AwsSettings, node_config: Mapping[str, Any])
     if zones is not None:
         out["zones"] = zones
     return out
+
+
+class AwsConfig(BackendConfig):
+    """The AWS backend's config-time half (see providers/base.py): AwsSettings and the checks above, without boto3
+    or botocore."""
+
+    cloud = "aws"
+    settings_model = AwsSettings
+
+    @classmethod
+    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
+                          key: str) -> None:
+        check_node_config(parse_section(AwsSettings, provider, "provider"), node_config, key)
+
+    @classmethod
+    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
+        return requirement_overrides(parse_section(AwsSettings, provider, "provider"), node_config)

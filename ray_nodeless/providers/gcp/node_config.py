@@ -11,14 +11,19 @@ per-GB rates to price them), `instanceTerminationAction: STOP`, `automaticRestar
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
+import sys
+from pathlib import Path
 from typing import Any, Mapping
 
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers.base import BackendConfig
 from ray_nodeless.providers.gcp.labels import LABEL_KEY_RE, LABEL_VALUE_RE
+from ray_nodeless.providers.gcp.settings import GcpSettings
 
 logger = logging.getLogger(__name__)
 
@@ -158,9 +163,6 @@ def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str,
                       provider: Mapping[str, Any] | None = None) -> None:
     """Raise ConfigError naming `key`.<field> for node_config keys an insert could not take, or that Ray would
     honour and ray_nodeless could not."""
-    from google.cloud import compute_v1
-    from google.protobuf import json_format
-
     for k in node_config:
         if k not in INSTANCE_FIELDS:
             raise ConfigError(f"{key}.{k}", f"not a Compute Engine Instance field (node type {node_type!r}); "
@@ -172,13 +174,10 @@ def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str,
     body = dict(node_config)
     if "scheduling" in body:
         body["scheduling"] = scheduling_map(body["scheduling"], f"{key}.scheduling")
-    # Nested keys and JSON types: parse with the client's own proto schema (what insert would send).
-    try:
-        compute_v1.Instance.from_json(json.dumps(body))
-    except (json_format.ParseError, TypeError, ValueError) as e:
-        m = re.search(r'at "?Instance\.?([\w.\[\]]*)', str(e))
-        sub = f".{m.group(1)}" if m and m.group(1) else ""
-        raise ConfigError(f"{key}{sub}", str(e).splitlines()[0]) from None
+    # Nested keys and JSON types, as insert would send them: a body the vendored schema shows the client's parser
+    # accepts needs no client; anything else is parsed by the client itself, for its exact error.
+    if not surely_parses(body):
+        parse_with_client(body, key)
     accs = node_config.get("guestAccelerators") or []
     if accs and not node_config.get("machineType"):
         raise ConfigError(f"{key}.guestAccelerators", "needs a machineType beside it; to choose GPUs by "
@@ -192,6 +191,100 @@ def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str,
                                                     "with a letter, at most 63 characters")
     _check_scheduling(body.get("scheduling") or {}, f"{key}.scheduling")
     availability_zones(provider)
+
+
+def parse_with_client(body: Mapping[str, Any], key: str) -> None:
+    """Parse `body` with google-cloud-compute's own Instance schema (what insert would send); a ConfigError naming
+    the nested key on failure."""
+    from google.cloud import compute_v1
+    from google.protobuf import json_format
+
+    try:
+        compute_v1.Instance.from_json(json.dumps(body))
+    except (json_format.ParseError, TypeError, ValueError) as e:
+        m = re.search(r'at "?Instance\.?([\w.\[\]]*)', str(e))
+        sub = f".{m.group(1)}" if m and m.group(1) else ""
+        raise ConfigError(f"{key}{sub}", str(e).splitlines()[0]) from None
+
+
+# Integer ranges of the proto integer kinds, as the client's parser checks them.
+_INT_RANGES = {"int32": (-(2 ** 31), 2 ** 31 - 1), "int64": (-(2 ** 63), 2 ** 63 - 1),
+               "uint32": (0, 2 ** 32 - 1), "uint64": (0, 2 ** 64 - 1)}
+# The client's parser refuses strings with an unpaired surrogate.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def installed_compute_version() -> str | None:
+    """google-cloud-compute's version as installed (its gapic_version.py), read without importing it."""
+    for base in sys.path:
+        p = Path(base or ".") / "google" / "cloud" / "compute_v1" / "gapic_version.py"
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.M)
+        return m.group(1) if m else None
+    return None
+
+
+@functools.cache
+def vendored_schema() -> dict[str, dict[str, tuple[str, bool, str]]] | None:
+    """The Instance schema written by scripts/vendor_cloud_schemas.py, when the installed google-cloud-compute is
+    the version it was written from (else None: every body goes to the client's parser)."""
+    from ray_nodeless.providers.gcp import instance_schema
+
+    if installed_compute_version() != instance_schema.COMPUTE_VERSION:
+        return None
+    return instance_schema.SCHEMA
+
+
+def surely_parses(body: Mapping[str, Any]) -> bool:
+    """True when the client's JSON parser (`Instance.from_json(json.dumps(body))`) is certain to accept `body`, by
+    the vendored schema: known fields only, each of its kind. Conservative: any value it is not sure of (a null, an
+    integral float, a number as a string, ...) gives False, and the client decides."""
+    schema = vendored_schema()
+    return schema is not None and _message_ok(schema, "Instance", body)
+
+
+def _message_ok(schema: dict[str, dict[str, tuple[str, bool, str]]], message: str, value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    fields = schema.get(message)
+    if fields is None:
+        return False
+    seen: set[tuple[str, bool, str] | int] = set()
+    for name, v in value.items():
+        spec = fields.get(name) if isinstance(name, str) else None
+        if spec is None:
+            return False
+        # One field given under both its JSON and its proto name is an error of the parser's: leave it to it.
+        ident = (spec, name.replace("_", "").lower())
+        if ident in seen:
+            return False
+        seen.add(ident)
+        kind, repeated, target = spec
+        if repeated:
+            if not isinstance(v, list) or not all(_value_ok(schema, kind, target, item) for item in v):
+                return False
+        elif not _value_ok(schema, kind, target, v):
+            return False
+    return True
+
+
+def _value_ok(schema: dict[str, dict[str, tuple[str, bool, str]]], kind: str, target: str, v: Any) -> bool:
+    if kind == "string":
+        return isinstance(v, str) and not _SURROGATE.search(v)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind in _INT_RANGES:
+        lo, hi = _INT_RANGES[kind]
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+    if kind == "message":
+        return _message_ok(schema, target, v)
+    if kind == "map":
+        return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) and not _SURROGATE.search(k)
+                                           and not _SURROGATE.search(x) for k, x in v.items())
+    return False
 
 
 def check_machine_type(node_config: Mapping[str, Any], key: str) -> None:
@@ -232,3 +325,20 @@ def _check_scheduling(sched: Mapping[str, Any], key: str) -> None:
     if capacity == "spot" and sched.get("onHostMaintenance") == "MIGRATE":
         raise ConfigError(f"{key}.onHostMaintenance", "MIGRATE cannot be honoured for spot / preemptible VMs "
                                                       "(GCE terminates them on maintenance); remove it")
+
+
+class GcpConfig(BackendConfig):
+    """The gcp backend's config-time half (see providers/base.py): GcpSettings and the checks above, without the
+    Compute client."""
+
+    cloud = "gcp"
+    settings_model = GcpSettings
+
+    @classmethod
+    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
+                          key: str) -> None:
+        check_node_config(node_type, node_config, key, provider)
+
+    @classmethod
+    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
+        return requirement_overrides(node_config, provider)

@@ -27,6 +27,7 @@ from pydantic import ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core.schema import Section
+from ray_nodeless.providers.base import BackendConfig
 from ray_nodeless.providers.local.slots import DEFAULT_PORT_BASE, MAX_PORT_BASE, MIN_PORT_BASE
 
 # Ray's default head port: what `ray start --head` listens on without --port.
@@ -100,3 +101,10 @@ class LocalPlayerSettings(NodeProcessSettings):
     """The local-player registration's provider-block keys."""
 
     player_state_dir: str | None = Field(None, min_length=1)  # None: default_state_dir(cluster_name, "-player")
+
+
+class LocalConfig(BackendConfig):
+    """The local backend's config-time half (no node_config keys of its own; see providers/base.py)."""
+
+    cloud = "local"
+    settings_model = LocalSettings
