@@ -125,8 +125,11 @@ def provider_catalog(settings: ProviderSettings, provider: Mapping[str, Any]) ->
             return refresh_aws_catalog(settings.region, session_kwargs=provider.get("aws_credentials"),
                                        endpoint_url=provider.get("endpoint_url"))
         from ray_nodeless.providers.gcp.catalog import refresh_gcp_catalog
+        from ray_nodeless.providers.gcp.settings import GcpSettings
+
+        credentials = parse_section(GcpSettings, provider, "provider").client_credentials()
         return refresh_gcp_catalog(settings.region, provider.get("project_id", ""),
-                                   api_endpoint=provider.get("api_endpoint"), credentials=provider.get("credentials"))
+                                   api_endpoint=provider.get("api_endpoint"), credentials=credentials)
     except Exception as e:
         logger.warning("live catalog unavailable (%s); using the embedded catalog", e)
         return load_catalog("embedded")

@@ -4,9 +4,9 @@ What it does, in order:
 1. Ray's own defaults for the cloud are merged exactly as `ray up` merges them (`ray_defaults.merge_ray_defaults`),
    and Ray's own checks must accept the YAML as it is (`prepare_config` + `validate_config`).
 2. The provider block is swapped: `type: external`, `module: ray_nodeless.NodelessProvider`, `cloud: aws|gcp`;
-   every other key is kept (region, availability_zone, project_id, aws_credentials, use_internal_ips, ...), except
-   what ray_nodeless cannot honour: `cache_stopped_nodes: true` is dropped with a note, `gcp_credentials` and a null
-   `project_id` (without `--project-id`) stop the conversion with an error naming the key.
+   every other key is kept (region, availability_zone, project_id, aws_credentials, gcp_credentials,
+   use_internal_ips, ...), except what ray_nodeless cannot honour: `cache_stopped_nodes: true` is dropped with a
+   note, and a null `project_id` (without `--project-id`) stops the conversion with an error naming the key.
 3. Node types keep their launch keys. Two of Ray's bootstrap-time fill-ins are written out: an AWS node type
    without ImageId (or with `latest_dlami`) gets Ray's default AMI of the region; a GCP `scheduling` in Ray's list
    form becomes one mapping. A pinned type is kept (`InstanceType` / `machineType` + `guestAccelerators`: the
@@ -222,11 +222,6 @@ def _swap_provider(cloud: str, ray_provider: Mapping[str, Any], project_id: str 
                                        "reuses stopped ones (a stopped instance would keep a type and zone "
                                        "outside the plan)")
             continue
-        if k == "gcp_credentials":
-            raise ConfigError("provider.gcp_credentials",
-                              "the ray_nodeless gcp backend does not read it: it uses Application Default "
-                              "Credentials (`gcloud auth application-default login`, or GOOGLE_APPLICATION_"
-                              "CREDENTIALS=<service account key file>); remove the key and set those")
         out[k] = v
     if cloud == "gcp":
         if project_id:

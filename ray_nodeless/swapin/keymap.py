@@ -35,10 +35,11 @@ KEYMAP: tuple[KeyMapping, ...] = (
     KeyMapping("aws", "provider.aws_credentials", "boto3 Session arguments (kept)", "providers/aws/settings.py"),
     KeyMapping("aws", "provider.cache_stopped_nodes", "true cannot be honoured (instances are terminated, never "
                "stopped): error; convert drops it with a note", "providers/aws/settings.py"),
-    KeyMapping("gcp", "provider.cache_stopped_nodes", "convert drops it with a note (GCE VMs are deleted)",
-               "swapin/convert.py"),
-    KeyMapping("gcp", "provider.gcp_credentials", "not honoured by the gcp backend (Application Default "
-               "Credentials are used): convert stops with an error naming it", "swapin/convert.py"),
+    KeyMapping("gcp", "provider.cache_stopped_nodes", "true cannot be honoured (VMs are deleted, never stopped): "
+               "error; convert drops it with a note", "providers/gcp/settings.py"),
+    KeyMapping("gcp", "provider.gcp_credentials", "the clients' credentials, built as Ray builds them "
+               "(service_account: the key's JSON; credentials_token: an access token) (kept)",
+               "providers/gcp/settings.py GcpCredentials"),
     KeyMapping("aws", "node_config.InstanceType", "instance_types: [it] (pinned); --free-instance-types: its "
                "CPUs, GPUs, GPU model and memory", "providers/aws/settings.py requirement_overrides"),
     KeyMapping("aws", "node_config.InstanceMarketOptions {MarketType: spot}", "capacity: [spot]; "

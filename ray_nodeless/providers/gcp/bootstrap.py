@@ -14,12 +14,13 @@ done for `cloud: gcp` (registration `vm`: the machines are reached over SSH by R
                       with googleapiclient IAM / Resource Manager
                       clients
 
-These go through `provider.api_endpoint` and `provider.credentials` like the backend's calls, so a fake or private
-Compute endpoint serves them. Not covered against a fake: the service-account step needs the IAM and Cloud Resource
-Manager APIs, which neither google-cloud-compute nor the fake GCE server (ray_nodeless.testing.fake_gce) provides;
-it runs only with real credentials (`credentials` unset: Application Default Credentials) and is skipped, with a
-warning, with `credentials: anonymous`. Ray's `_configure_project` (which *creates* a missing project) is not
-reused: a missing project is an error of the first Compute call instead.
+These go through `provider.api_endpoint` and `provider.credentials` (or Ray's `gcp_credentials`) like the backend's
+calls, so a fake or private Compute endpoint serves them. Not covered against a fake: the service-account step needs
+the IAM and Cloud Resource Manager APIs, which neither google-cloud-compute nor the fake GCE server
+(ray_nodeless.testing.fake_gce) provides; it runs only with real credentials (`credentials` unset: Application
+Default Credentials, or `gcp_credentials`) and is skipped, with a warning, with `credentials: anonymous`. Ray's
+`_configure_project` (which *creates* a missing project) is not reused: a missing project is an error of the first
+Compute call instead.
 
 `local-player` and `kubernetes` registrations run none of these steps (no SSH; the backend's default network).
 """
@@ -68,7 +69,7 @@ def _configure_ssh_key(config: dict[str, Any], settings: GcpSettings) -> None:
     ssh_user = auth.get("ssh_user")
     if not ssh_user:
         raise ConfigError("auth.ssh_user", "required: the user Ray's updater logs in as (Ray's GCP default: ubuntu)")
-    kwargs = compute_client_kwargs(settings.api_endpoint, settings.credentials)
+    kwargs = compute_client_kwargs(settings.api_endpoint, settings.client_credentials())
     projects = compute_v1.ProjectsClient(**kwargs)
     try:
         project = projects.get(project=settings.project_id, timeout=settings.call_timeout_s)
@@ -114,7 +115,8 @@ def _add_project_ssh_key(projects: Any, settings: GcpSettings, line: str) -> Non
     from google.api_core import exceptions as gexc
     from google.cloud import compute_v1
 
-    ops = compute_v1.GlobalOperationsClient(**compute_client_kwargs(settings.api_endpoint, settings.credentials))
+    ops = compute_v1.GlobalOperationsClient(**compute_client_kwargs(settings.api_endpoint,
+                                                                    settings.client_credentials()))
     try:
         for attempt in range(METADATA_ATTEMPTS):
             project = projects.get(project=settings.project_id, timeout=settings.call_timeout_s)
@@ -150,7 +152,8 @@ def _configure_subnet(config: dict[str, Any], settings: GcpSettings) -> None:
     node_configs = [nt.setdefault("node_config", {}) for nt in config["available_node_types"].values()]
     if all("networkInterfaces" in nc for nc in node_configs):
         return
-    client = compute_v1.SubnetworksClient(**compute_client_kwargs(settings.api_endpoint, settings.credentials))
+    client = compute_v1.SubnetworksClient(**compute_client_kwargs(settings.api_endpoint,
+                                                                  settings.client_credentials()))
     try:
         subnets = list(client.list(project=settings.project_id, region=settings.region,
                                    timeout=settings.call_timeout_s))
@@ -183,7 +186,7 @@ def _configure_service_account(config: dict[str, Any], settings: GcpSettings) ->
     from googleapiclient import discovery
     from ray.autoscaler._private.gcp import config as rc
 
-    creds = settings.credentials if settings.credentials is not None else None
+    creds = settings.client_credentials()      # None: Application Default Credentials
     crm = discovery.build("cloudresourcemanager", "v1", credentials=creds, cache_discovery=False)
     iam = discovery.build("iam", "v1", credentials=creds, cache_discovery=False)
     view = {"provider": {"project_id": settings.project_id, "region": settings.region},

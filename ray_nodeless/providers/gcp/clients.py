@@ -44,7 +44,7 @@ class ComputeClients:
     def connect(cls, settings: GcpSettings) -> "ComputeClients":
         from google.cloud import compute_v1
 
-        kwargs = compute_client_kwargs(settings.api_endpoint, settings.credentials)
+        kwargs = compute_client_kwargs(settings.api_endpoint, settings.client_credentials())
         return cls(compute_v1.InstancesClient(**kwargs), compute_v1.ZoneOperationsClient(**kwargs))
 
     def close(self) -> None:

@@ -9,6 +9,10 @@
       disk_size_gb: 50             # the default boot disk (when node_config has no `disks`)
       api_endpoint: ...            # another Compute endpoint (a fake server in tests)
       credentials: anonymous       # omit for Application Default Credentials
+      gcp_credentials:             # Ray's key, with Ray's meaning (instead of `credentials`):
+        type: service_account      #   service_account: `credentials` is the key file's JSON (a string, as in Ray)
+        credentials: '{"type": "service_account", ...}'   # credentials_token: an OAuth2 access token
+      cache_stopped_nodes: false   # Ray's key: only false can be honoured (VMs are deleted, never stopped)
       call_timeout_s: 60           # one API call, its retries included
       max_attempts: 6              # attempts per call when GCE throttles or answers 5xx
       retry_base_s: 0.5            # first backoff (full jitter, doubling) ...
@@ -18,9 +22,10 @@
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import Any, Literal, Mapping
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core.schema import Section
@@ -52,6 +57,82 @@ RETRY_MAX_S = 16.0
 POLL_INTERVAL_S = 1.0
 
 
+# Keys google.oauth2.service_account.Credentials.from_service_account_info needs in a service account key.
+SERVICE_ACCOUNT_KEYS = ("client_email", "private_key", "token_uri")
+
+
+class GcpCredentials(Section):
+    """Ray's `provider.gcp_credentials` (ray.autoscaler._private.gcp.config.construct_clients_from_provider_config):
+    `type: service_account` with the key file's JSON as a string in `credentials`, or `type: credentials_token`
+    with an OAuth2 access token. Checked here, without google.auth; built into credentials only for a client."""
+
+    model_config = Section.model_config | {"extra": "forbid"}
+
+    type: Literal["service_account", "credentials_token"]
+    credentials: SecretStr            # never in a repr, a log line or a traceback
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mapping(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise PydanticCustomError("dict_type", "must be a mapping ({type: service_account|credentials_token, "
+                                                   "credentials: ...})")
+        # A misspelt key may hold the secret, and errors quote the value they reject.
+        return {k: (v if k in cls.model_fields else "<hidden>") for k, v in data.items()}
+
+    @field_validator("credentials")
+    @classmethod
+    def _usable(cls, value: SecretStr, info: ValidationInfo) -> SecretStr:
+        if info.data.get("type") == "service_account":
+            service_account_info(value.get_secret_value())     # raises with the reason
+        elif not value.get_secret_value().strip():
+            raise PydanticCustomError("credentials", "an empty access token")
+        return value
+
+    def build(self) -> Any:
+        """google.auth credentials, as Ray builds them from this key."""
+        secret = self.credentials.get_secret_value()
+        if self.type == "service_account":
+            from google.oauth2 import service_account
+
+            return service_account.Credentials.from_service_account_info(service_account_info(secret))
+        from google.oauth2.credentials import Credentials as OAuthCredentials
+
+        return OAuthCredentials(secret)
+
+
+class _Secret(str):
+    """A string value whose repr hides it (pydantic quotes rejected values in errors)."""
+
+    def __repr__(self) -> str:
+        return "'<hidden>'"
+
+
+def hide_gcp_credentials(provider: Any) -> Any:
+    """`provider` with `gcp_credentials.credentials` wrapped so that no error message can quote it."""
+    gc = provider.get("gcp_credentials") if isinstance(provider, Mapping) else None
+    if not isinstance(gc, Mapping) or not isinstance(gc.get("credentials"), str):
+        return provider
+    return {**provider, "gcp_credentials": {**gc, "credentials": _Secret(gc["credentials"])}}
+
+
+def service_account_info(text: str) -> dict[str, Any]:
+    """The service account key of `gcp_credentials.credentials` (its JSON, as Ray parses it); a
+    PydanticCustomError naming what is wrong, never quoting the key."""
+    try:
+        info = json.loads(text)
+    except ValueError:
+        raise PydanticCustomError("credentials", "not JSON: for type service_account it is the service account key "
+                                                 "file's contents, as a string (as in Ray)") from None
+    if not isinstance(info, dict):
+        raise PydanticCustomError("credentials", "the service account key must be a JSON object")
+    missing = [k for k in SERVICE_ACCOUNT_KEYS if not info.get(k)]
+    if missing:
+        raise PydanticCustomError("credentials", "the service account key lacks {missing}",
+                                  {"missing": ", ".join(missing)})
+    return info
+
+
 class GcpSettings(Section):
     """The gcp backend's provider-block keys (the core's `region` too: the backend reads it)."""
 
@@ -69,6 +150,39 @@ class GcpSettings(Section):
     retry_base_s: float = Field(RETRY_BASE_S, gt=0)
     retry_max_s: float = Field(RETRY_MAX_S, gt=0)
     poll_interval_s: float = Field(POLL_INTERVAL_S, gt=0)
+    # Ray's keys, with Ray's meaning.
+    gcp_credentials: GcpCredentials | None = None
+    cache_stopped_nodes: bool | None = None            # only `false` can be honoured
+
+    @field_validator("cache_stopped_nodes")
+    @classmethod
+    def _never_stopped(cls, value: bool | None) -> bool | None:
+        if value:
+            raise PydanticCustomError(
+                "cache_stopped_nodes", "ray_nodeless deletes VMs on scale-down and never reuses stopped ones (a "
+                                       "stopped VM keeps its machine type and zone, outside the plan); remove the "
+                                       "key or set it to false")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secrets_hidden(cls, data: Any) -> Any:
+        return hide_gcp_credentials(data)
+
+    @field_validator("gcp_credentials")
+    @classmethod
+    def _one_credentials_key(cls, value: GcpCredentials | None, info: ValidationInfo) -> GcpCredentials | None:
+        if value is not None and info.data.get("credentials") is not None:
+            raise PydanticCustomError("gcp_credentials", "set either `credentials` or Ray's `gcp_credentials`, "
+                                                         "not both")
+        return value
+
+    def client_credentials(self) -> Any:
+        """What the clients are built with: `credentials` ("anonymous", a Credentials object or None for
+        Application Default Credentials), or the credentials Ray's `gcp_credentials` describes."""
+        if self.gcp_credentials is not None:
+            return self.gcp_credentials.build()
+        return self.credentials
 
     @field_validator("credentials")
     @classmethod
