@@ -86,6 +86,17 @@ def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None
             click.echo(f"catalog: {p.catalog_id}")
 
 
+def _template_note(cloud: str, node_config: dict[str, Any]) -> list[str]:
+    """An AWS launch template is read by `ray up` (bootstrap_config), which pins the InstanceType and spot market it
+    sets; `plan` makes no API call and cannot read it, so it says so where that could change the plan."""
+    ref = node_config.get("LaunchTemplate")
+    if cloud != "aws" or not isinstance(ref, dict) or "InstanceType" in node_config:
+        return []
+    which = ref.get("LaunchTemplateName") or ref.get("LaunchTemplateId") or "?"
+    return [f"    note: LaunchTemplate {which} is read by `ray up`: an InstanceType or spot InstanceMarketOptions "
+            "it sets pins this node type then (this preview makes no API call and cannot read it)"]
+
+
 def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
     from ray_nodeless.launch.config import check_cluster, prepare_like_ray_up
     from ray_nodeless.ray_adapter.bootstrap import settle_images
@@ -111,6 +122,7 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
             role = f"workers {int(nt.get('min_workers', 0))}..{int(nt.get('max_workers', cp.global_max_workers))}"
         lines = _plan_lines(name, p, alternatives)
         lines[0] = f"[{role}] " + lines[0]
+        lines += _template_note(s.cloud, (nt.get("node_config") or {}))
         click.echo("\n".join(lines))
     c = cp.cost
     click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "

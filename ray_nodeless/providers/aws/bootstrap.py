@@ -4,7 +4,8 @@ copying what they filled back into ours:
 
     step                       Ray function                   fills (as Ray does)
     default AMI                DEFAULT_AMI / _check_ami       node_config.ImageId (Ray's DLAMI of the region)
-    launch templates, NICs     _configure_from_launch_template, _configure_from_network_interfaces (read only)
+    launch templates, NICs     _configure_from_launch_template, _configure_from_network_interfaces (read; a
+                               template's InstanceType / InstanceMarketOptions are pinned into node_config)
     head IAM role + profile    _configure_iam_role            head_node.IamInstanceProfile (head only, like Ray)
     key pair                   _configure_key_pair            node_config.KeyName, auth.ssh_private_key
     subnets                    _configure_subnet              node_config.SubnetIds (+ `zones`: see below)
@@ -45,13 +46,15 @@ from typing import Any, Iterator, Mapping
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.aws.images import LATEST_DLAMI, default_ami, fill_default_images  # noqa: F401 (API)
-from ray_nodeless.providers.aws.settings import AwsSettings
+from ray_nodeless.providers.aws.settings import AwsSettings, market_options
 from ray_nodeless.providers.aws.subnets import SUBNET_DISCOVERY_TAG
 
 logger = logging.getLogger(__name__)
 
 # The node_config keys Ray's steps fill and that are copied back into ours.
 FILLED_KEYS = ("ImageId", "KeyName", "SubnetIds", "SecurityGroupIds")
+# The keys of a launch template that decide what is launched, pinned into the node_config (see _template_pins).
+TEMPLATE_PINNED_KEYS = ("InstanceType", "InstanceMarketOptions")
 # Ray's own retries for the resources its bootstrap creates (ray.autoscaler._private.aws.utils.BOTO_MAX_RETRIES).
 RAY_BOTO_MAX_RETRIES = 12
 # Environment variables that point botocore at another endpoint (then there is no IAM propagation to wait for).
@@ -84,6 +87,8 @@ def bootstrap_aws_resources(config: dict[str, Any], settings: AwsSettings, regis
     with _ray_aws(settings) as rc:
         view = _step("launch templates", "available_node_types.*.node_config.LaunchTemplate",
                      rc._configure_from_launch_template, view)
+        template_pins = {name: _template_pins(name, node_types[name].get("node_config") or {}, t["node_config"])
+                         for name, t in view["available_node_types"].items()}
         view = _step("network interfaces", "available_node_types.*.node_config.NetworkInterfaces",
                      rc._configure_from_network_interfaces, view)
         fed: set[str] = set()
@@ -107,6 +112,9 @@ def bootstrap_aws_resources(config: dict[str, Any], settings: AwsSettings, regis
 
     for name, nt in node_types.items():
         ours = nt.setdefault("node_config", {})
+        for key, value in template_pins[name].items():
+            ours[key] = value
+            logger.info("%s: %s %s from its launch template (pinned: the plan honours it)", name, key, value)
         theirs = view["available_node_types"][name]["node_config"]
         for key in FILLED_KEYS:
             if key in theirs and key not in before[name] and key not in ours:
@@ -126,6 +134,31 @@ def bootstrap_aws_resources(config: dict[str, Any], settings: AwsSettings, regis
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+
+
+def _template_pins(name: str, ours: Mapping[str, Any], merged: Mapping[str, Any]) -> dict[str, Any]:
+    """What a node type's launch template decides about the instance, as node_config keys to pin: its
+    InstanceType and InstanceMarketOptions, unless the node_config sets them itself (they override the template in
+    RunInstances, in Ray's provider too). `merged` is the node_config Ray's `_configure_from_launch_template` merged
+    the template into. Without these pins the planner would pick its own type and capacity and the launch would
+    override the template's with them: silently not what the template says. A template that chooses types by
+    InstanceRequirements cannot be honoured (ray_nodeless launches the one type it planned): an error."""
+    if "LaunchTemplate" not in ours:
+        return {}
+    key = f"available_node_types.{name}.node_config.LaunchTemplate"
+    if "InstanceRequirements" in merged and "InstanceType" not in merged:
+        raise ConfigError(key, "the launch template chooses instance types by InstanceRequirements, which "
+                               "ray_nodeless cannot honour (it launches the one instance type it planned); state "
+                               "the shape in the node type's resources and rules, or pin node_config.InstanceType")
+    pins = {k: copy.deepcopy(merged[k]) for k in TEMPLATE_PINNED_KEYS if k in merged and k not in ours}
+    if "InstanceMarketOptions" in pins:
+        try:
+            market_options(pins["InstanceMarketOptions"], "InstanceMarketOptions")
+        except ConfigError as e:
+            raise ConfigError(key, f"the launch template's {e}") from None
+    if "InstanceType" in pins and (not isinstance(pins["InstanceType"], str) or not pins["InstanceType"]):
+        raise ConfigError(key, f"the launch template's InstanceType {pins['InstanceType']!r} is not a type name")
+    return pins
 
 
 def _ray_view(config: Mapping[str, Any], settings: AwsSettings,
