@@ -82,6 +82,10 @@ class GcpBackend(MachineBackend):
         self.region = self.settings.region
         self._policy = CallPolicy(self.settings)
         self._known = _Known()
+        # Launch tokens whose instances this backend deleted after a failed launch -> how many times. GCE answers a
+        # re-sent requestId with the first operation (DONE, success) even after that instance was deleted, so a
+        # retry of the same token must not reuse the requestIds (nor the names) of the deleted instances.
+        self._cleaned: dict[str, int] = {}
         self._clients = ComputeClients.connect(self.settings)
 
     def close(self) -> None:
@@ -112,8 +116,9 @@ class GcpBackend(MachineBackend):
         first_error: BackendError | None = None
         stray: PendingOp | None = None
         for i in range(spec.count):
-            name = instance_name(self.cluster_name, spec.request_token, i)
-            rid = request_id_for(spec.request_token, i)
+            token = self._token_generation(spec.request_token)
+            name = instance_name(self.cluster_name, token, i)
+            rid = request_id_for(token, i)
             body = instance_body(spec, name, rid, self.settings)
             request = compute_v1.InsertInstanceRequest(
                 project=self.project, zone=zone, request_id=rid,
@@ -140,11 +145,20 @@ class GcpBackend(MachineBackend):
         # Never leave a machine behind when raising: delete every instance of this launch that may exist,
         # including the failed ones (a failed insert can leave a stopped instance).
         self._cleanup(issued + ([stray] if stray is not None else []), what)
+        with self._known.lock:
+            self._cleaned[spec.request_token] = self._cleaned.get(spec.request_token, 0) + 1
         if first_error is not None:
             raise first_error
         # report a capacity error first: it is the one the launcher acts on (next candidate)
         name, c = sorted(failed.items(), key=lambda kv: kv[1].kind != "capacity")[0]
         raise backend_error(c, f"{what}: instance {name}")
+
+    def _token_generation(self, token: str) -> str:
+        """The token the names and requestIds of this launch derive from: the launch token itself, or after this
+        backend deleted what an earlier attempt of it created, a new generation of it."""
+        with self._known.lock:
+            n = self._cleaned.get(token, 0)
+        return token if n == 0 else f"{token}#{n}"
 
     def _insert(self, request: Any, name: str, rid: str, what: str) -> Any:
         """instances.insert, retried on the same requestId; 409 on our own earlier attempt is success."""
