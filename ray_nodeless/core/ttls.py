@@ -31,6 +31,12 @@ LAST_KNOWN_LIMIT = 10_000
 # consistent: EC2 DescribeInstances can lag RunInstances by seconds) does not show it yet. After this long,
 # the cloud's answer wins.
 LAUNCH_GRACE_S = 120.0
+# EC2 is eventually consistent: TerminateInstances / CreateTags on an instance RunInstances returned moments ago
+# may answer InvalidInstanceID.NotFound (AWS documents retrying with exponential backoff). Within LAUNCH_GRACE_S of
+# its launch such an answer is retried this many times in the same call (backing off from the backend's retry
+# base delay, 0.5 s: about 3.5 s at most), then reported as transient so the next refresh tries again; only an
+# older instance's NotFound means it is gone.
+NOT_FOUND_RETRIES = 3
 # Ray v2 sends one launch request as several create_node calls (batches of AUTOSCALER_MAX_LAUNCH_BATCH = 5, for
 # several node types) under one request id; we number the batches per (request id, node type) and remember the
 # counters this long, far beyond the few seconds a request's batches are submitted in.
@@ -58,6 +64,8 @@ TABLE: tuple[Limit, ...] = (
     Limit("list_cache_s", LIST_CACHE_S, "s", "list_cache_s", "one cloud listing per autoscaler update"),
     Limit("last_known_limit", LAST_KNOWN_LIMIT, "machines", None, "bounded memory of vanished machines"),
     Limit("launch_grace_s", LAUNCH_GRACE_S, "s", None, "new machines stay visible while the cloud's listing lags"),
+    Limit("not_found_retries", NOT_FOUND_RETRIES, "retries", None,
+          "NotFound for an instance launched within launch_grace_s is eventual consistency, not gone: retried"),
     Limit("request_memory_s", REQUEST_MEMORY_S, "s", None, "batch counters per (launch request, node type)"),
     Limit("max_candidates_per_launch", MAX_CANDIDATES_PER_LAUNCH, "candidates", "max_candidates_per_launch",
           "bounded candidate walk per create_node and capacity type"),

@@ -77,6 +77,19 @@ def ec2_error(request: AWSPreparedRequest, code: str, message: str = "injected",
     return AWSResponse(request.url, status, {"Content-Type": "text/xml"}, _Raw(body))
 
 
+def ec2_empty_describe(request: AWSPreparedRequest) -> AWSResponse:
+    """A DescribeInstances answer with no reservation at all (a lagging or glitched listing)."""
+    body = (b'<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+            b'<requestId>injected-empty</requestId><reservationSet/></DescribeInstancesResponse>')
+    return AWSResponse(request.url, 200, {"Content-Type": "text/xml"}, _Raw(body))
+
+
+def ec2_not_found(request: AWSPreparedRequest, instance_ids: list[str]) -> AWSResponse:
+    """InvalidInstanceID.NotFound naming `instance_ids`, as EC2 answers for an instance it does not know (yet)."""
+    ids = ", ".join(f"'{i}'" for i in instance_ids)
+    return ec2_error(request, "InvalidInstanceID.NotFound", f"The instance IDs {ids} do not exist", 400)
+
+
 def forward(request: AWSPreparedRequest) -> requests.Response:
     """Send the request to the server itself (so it takes effect) and return the real response."""
     body = request.body

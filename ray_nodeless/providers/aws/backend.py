@@ -12,6 +12,11 @@ What this backend guarantees beyond what EC2 gives for free (see `ray_nodeless.p
   for the instance and its volumes (`launch_params.py`).
 - `terminate` and `set_tags` only touch instances that were seen carrying `ray-cluster-name=<cluster>` (in the last
   listing, a launch, or a filtered describe of the ids it does not know).
+- EC2 is eventually consistent: right after RunInstances, DescribeInstances may not show an instance and
+  TerminateInstances / CreateTags may answer `InvalidInstanceID.NotFound`. For an instance launched within
+  `ttls.LAUNCH_GRACE_S` none of that means "gone": it stays known across listings that miss it, and a NotFound is
+  retried with backoff (`ttls.NOT_FOUND_RETRIES`), then reported as a `TransientBackendError` (category
+  NotYetVisible) so the caller tries again later. Only an older instance's NotFound means it is gone.
 
 Stopped instances: ray_nodeless never stops instances (spot ones are launched with interruption behaviour
 `terminate`), so a stopped instance of this cluster was stopped by someone else. It is not a Ray node and is not
@@ -33,6 +38,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 
 from botocore.client import BaseClient
 
+from ray_nodeless.core import ttls
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError, TransientBackendError
 from ray_nodeless.providers.aws import settings as aws_settings
@@ -71,23 +77,40 @@ _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 
 @dataclass
 class _Known:
-    """What this backend last saw of its cluster's instances: the set terminate/set_tags may touch."""
+    """What this backend last saw of its cluster's instances: the set terminate/set_tags may touch, and when each
+    was launched. An instance launched within `ttls.LAUNCH_GRACE_S` is "young": EC2 may not show it yet (a listing
+    without it, InvalidInstanceID.NotFound), and none of that means it is gone."""
 
     tags: dict[str, dict[str, str]] = field(default_factory=dict)
+    born: dict[str, float] = field(default_factory=dict)       # id -> launch time, epoch seconds
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, instance_id: str, tags: dict[str, str]) -> None:
+    def add(self, instance_id: str, tags: dict[str, str], born: float | None = None) -> None:
         with self.lock:
             self.tags[instance_id] = dict(tags)
+            if born:
+                self.born[instance_id] = born
 
-    def replace(self, mapping: dict[str, dict[str, str]]) -> None:
+    def replace(self, mapping: dict[str, dict[str, str]], born: dict[str, float]) -> None:
+        """A new listing's instances; young ones the listing does not show yet are kept."""
         with self.lock:
-            self.tags = mapping
+            kept = {i: t for i, t in self.tags.items() if i not in mapping and self._young(i)}
+            self.tags = {**mapping, **kept}
+            self.born = {i: b for i, b in {**self.born, **born}.items() if i in self.tags}
 
     def discard(self, ids: Iterable[str]) -> None:
         with self.lock:
             for i in ids:
                 self.tags.pop(i, None)
+                self.born.pop(i, None)
+
+    def young(self, instance_id: str) -> bool:
+        with self.lock:
+            return self._young(instance_id)
+
+    def _young(self, instance_id: str) -> bool:
+        born = self.born.get(instance_id)
+        return born is not None and time.time() - born < ttls.LAUNCH_GRACE_S
 
     def has(self, instance_id: str) -> bool:
         with self.lock:
@@ -101,6 +124,11 @@ class _Known:
 
 def _tags_of(instance: dict[str, Any]) -> dict[str, str]:
     return {t["Key"]: t.get("Value", "") for t in instance.get("Tags", []) or []}
+
+
+def _launch_time(instance: dict[str, Any]) -> float:
+    launched = instance.get("LaunchTime")
+    return launched.timestamp() if hasattr(launched, "timestamp") else 0.0
 
 
 def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
@@ -183,8 +211,9 @@ class AwsBackend(MachineBackend):
                 self._terminate_ids(ids)
                 raise BackendError(f"ec2:RunInstances returned {len(ids)} instances for MinCount=MaxCount="
                                    f"{spec.count}; terminated them", category="PartialLaunch")
+            now = time.time()
             for i in ids:
-                self._known.add(i, tags)
+                self._known.add(i, tags, born=now)
             logger.info("launched %s (%s in %s, %s)", ",".join(ids), off.instance_type.name, off.zone, off.capacity)
             return ids
         # Out of attempts: one last look before reporting failure, so a launch that did happen is not lost.
@@ -238,7 +267,7 @@ class AwsBackend(MachineBackend):
                 f"failure; terminated them", category="PartialLaunch")
         for inst in found:
             if inst["InstanceId"] in ids:
-                self._known.add(inst["InstanceId"], _tags_of(inst))
+                self._known.add(inst["InstanceId"], _tags_of(inst), born=_launch_time(inst) or time.time())
         logger.info("launch token %s already ran: %s", spec.request_token, ",".join(ids))
         return ids
 
@@ -264,6 +293,7 @@ class AwsBackend(MachineBackend):
             raise api_error("DescribeInstances", e) from e
         machines: list[Machine] = []
         known: dict[str, dict[str, str]] = {}
+        born: dict[str, float] = {}
         for inst in instances:
             tags = _tags_of(inst)
             if tags.get(TAG_CLUSTER) != self.cluster_name:
@@ -271,28 +301,31 @@ class AwsBackend(MachineBackend):
             iid = inst["InstanceId"]
             state = inst.get("State", {}).get("Name", "")
             known[iid] = tags
+            born[iid] = _launch_time(inst)
             if state not in LIVE_STATES:
                 if iid not in self._warned_stopped:
                     self._warned_stopped.add(iid)
                     logger.warning("instance %s of cluster %s is %s (not by ray_nodeless); it is not a Ray node "
                                    "and still costs EBS storage: terminate it", iid, self.cluster_name, state)
                 continue
-            launched = inst.get("LaunchTime")
             machines.append(Machine(
                 id=iid,
                 tags=tags,
                 state=MACHINE_PENDING if state == "pending" else MACHINE_RUNNING,
                 internal_ip=inst.get("PrivateIpAddress"),
                 external_ip=inst.get("PublicIpAddress"),
-                launched_at=launched.timestamp() if hasattr(launched, "timestamp") else 0.0,
+                launched_at=born[iid],
             ))
-        self._known.replace(known)
+        self._known.replace(known, born)
         return machines
 
     # ------------------------------------------------------------------ terminate / tags
 
-    def _ours(self, ids: list[str]) -> list[str]:
-        """The subset of `ids` that carries this cluster's tag and is not terminated (known, else one describe)."""
+    def _ours(self, ids: list[str], refresh: bool = False) -> list[str]:
+        """The subset of `ids` that carries this cluster's tag and is not terminated (known, else one describe;
+        with `refresh`, a describe of every id but the young ones, which a describe may not show yet)."""
+        if refresh:
+            self._known.discard([i for i in ids if not self._known.young(i)])
         ours = [i for i in ids if self._known.has(i)]
         unknown = [i for i in ids if not self._known.has(i)]
         for chunk in _chunks(unknown, FILTER_VALUES_CHUNK):
@@ -324,27 +357,56 @@ class AwsBackend(MachineBackend):
         self._terminate_ids([i for i in ids if i in ours])
 
     def _terminate_ids(self, ids: list[str]) -> None:
+        unconfirmed: list[str] = []
         for chunk in _chunks(list(ids), TERMINATE_CHUNK):
-            remaining = chunk
-            # EC2 fails the whole call if one id no longer exists; drop the ids it names and try again.
-            for _ in range(TERMINATE_PASSES):
-                if not remaining:
-                    break
-                try:
-                    self.ec2.terminate_instances(InstanceIds=remaining)
-                    logger.info("terminated %s", ",".join(remaining))
-                    break
-                except CALL_ERRORS as e:
-                    if error_code(e) not in NOT_FOUND_CODES:
+            young = self._terminate_chunk(chunk)
+            unconfirmed += young
+            self._known.discard([i for i in chunk if i not in young])
+        if unconfirmed:
+            # Not skipped as "already gone": the caller keeps them and terminates them again once EC2 shows them.
+            raise TransientBackendError(
+                f"ec2:TerminateInstances: just-launched instances {unconfirmed} are not visible to EC2 yet "
+                f"(InvalidInstanceID.NotFound, eventual consistency); retry the terminate", category="NotYetVisible")
+
+    def _terminate_chunk(self, chunk: list[str]) -> list[str]:
+        """Terminate `chunk`; ids EC2 names as gone are dropped, unless launched within the launch grace: those
+        are retried after a backoff (`ttls.NOT_FOUND_RETRIES`) and returned if EC2 still does not know them."""
+        remaining, deferred = list(chunk), []
+        passes = waits = 0
+        while remaining and passes < TERMINATE_PASSES:
+            try:
+                self.ec2.terminate_instances(InstanceIds=remaining)
+                logger.info("terminated %s", ",".join(remaining))
+                break
+            except CALL_ERRORS as e:
+                if error_code(e) not in NOT_FOUND_CODES:
+                    raise api_error("TerminateInstances", e) from e
+                named = set(_INSTANCE_ID.findall(error_message(e))) & set(remaining)
+                if not named:
+                    # Message not parseable: ask which ones still exist (young ones count as existing) ...
+                    named = set(remaining) - set(self._ours(remaining, refresh=True))
+                    if not named:      # ... all of them, as far as a describe tells: the young ones are the suspects
+                        named = {i for i in remaining if self._known.young(i)}
+                    if not named:
                         raise api_error("TerminateInstances", e) from e
-                    gone = set(_INSTANCE_ID.findall(error_message(e)))
-                    if not gone & set(remaining):
-                        # Message not parseable: ask which ones still exist.
-                        self._known.discard(remaining)
-                        gone = set(remaining) - set(self._ours(remaining))
-                    logger.info("terminate: already gone %s", sorted(gone))
-                    remaining = [i for i in remaining if i not in gone]
-            self._known.discard(chunk)
+                young = {i for i in named if self._known.young(i)}
+                if young:
+                    waits += 1
+                    if waits > ttls.NOT_FOUND_RETRIES:
+                        deferred += sorted(young)
+                        named -= young     # set aside: terminate the others now
+                    else:
+                        delay = self._backoff(waits)
+                        logger.info("terminate: %s launched moments ago but EC2 does not know them yet; retrying "
+                                    "in %.1f s", sorted(young), delay)
+                        time.sleep(delay)
+                        named -= young
+                        passes -= 1        # a wait for a young instance is not a pass over gone ids
+                if named:
+                    logger.info("terminate: already gone %s", sorted(named))
+                remaining = [i for i in remaining if i not in named and i not in deferred]
+                passes += 1
+        return deferred
 
     def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
         if not tags:
@@ -359,14 +421,23 @@ class AwsBackend(MachineBackend):
             logger.warning("set_tags: %s is gone or not tagged %s=%s; not tagging", machine_id, TAG_CLUSTER,
                            self.cluster_name)
             return
-        try:
-            self.ec2.create_tags(Resources=[machine_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
-        except CALL_ERRORS as e:
-            if error_code(e) in NOT_FOUND_CODES:
-                self._known.discard([machine_id])
-                logger.warning("set_tags: %s vanished", machine_id)
-                return
-            raise api_error("CreateTags", e) from e
+        for attempt in range(ttls.NOT_FOUND_RETRIES + 1):
+            try:
+                self.ec2.create_tags(Resources=[machine_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
+                break
+            except CALL_ERRORS as e:
+                if error_code(e) not in NOT_FOUND_CODES:
+                    raise api_error("CreateTags", e) from e
+                if not self._known.young(machine_id):
+                    self._known.discard([machine_id])
+                    logger.warning("set_tags: %s vanished", machine_id)
+                    return
+                if attempt == ttls.NOT_FOUND_RETRIES:
+                    # Launched moments ago and still unknown to EC2: not gone; the caller writes the tags again.
+                    raise TransientBackendError(
+                        f"ec2:CreateTags: {machine_id} was just launched and is not visible to EC2 yet "
+                        f"(InvalidInstanceID.NotFound, eventual consistency)", category="NotYetVisible") from e
+                time.sleep(self._backoff(attempt + 1))
         self._known.merge_tags(machine_id, tags)
 
     def close(self) -> None:

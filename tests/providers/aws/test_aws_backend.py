@@ -260,10 +260,15 @@ def test_terminate_ignores_gone_ids(moto: MotoServer) -> None:
     assert terminates.calls == 0                                  # nothing of ours left to terminate
 
 
-def test_terminate_retries_without_ids_ec2_says_are_gone(moto: MotoServer) -> None:
+def test_terminate_retries_without_ids_ec2_says_are_gone(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray_nodeless.core import ttls
+
     b = make_backend(moto)
     ids = b.launch(make_spec(count=3))
     b.list_machines()
+    # Instances past the launch grace: a NotFound means gone (for a younger one it is eventual consistency and is
+    # retried: tests/providers/aws/test_aws_not_found.py).
+    monkeypatch.setattr(ttls, "LAUNCH_GRACE_S", 0.0)
 
     def vanish(request, n):
         if n == 1:   # as if ids[0] had vanished between our listing and this call (EC2 fails the whole call)
