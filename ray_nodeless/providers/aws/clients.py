@@ -6,11 +6,14 @@ after a lost response would create a second set of machines wherever ClientToken
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import botocore.exceptions
+import botocore.loaders
+import botocore.session
 from botocore.client import BaseClient
 from botocore.config import Config
 
@@ -25,10 +28,35 @@ CATALOG_CONNECT_TIMEOUT_S = 10
 CATALOG_READ_TIMEOUT_S = 60
 
 
+_loader: botocore.loaders.Loader | None = None
+_loader_lock = threading.Lock()
+
+
+def _shared_loader() -> botocore.loaders.Loader:
+    """One botocore data loader per process. Each session would otherwise parse the EC2 service model (megabytes
+    of JSON) again: about 0.3 s per client, paid by every provider object (a monitor restart, each CLI call)."""
+    global _loader
+    with _loader_lock:
+        if _loader is None:
+            _loader = botocore.loaders.create_loader()
+        return _loader
+
+
 def session(session_kwargs: dict[str, Any] | None = None) -> boto3.session.Session:
     """A boto3 session with these `boto3.session.Session` arguments (provider.aws_credentials)."""
+    kwargs = dict(session_kwargs or {})
+    shared = kwargs.get("botocore_session") is None     # a session given by the caller is used as it is
+    if shared:
+        kwargs["botocore_session"] = botocore.session.Session()
+        kwargs["botocore_session"].register_component("data_loader", _shared_loader())
     try:
-        return boto3.session.Session(**(session_kwargs or {}))
+        s = boto3.session.Session(**kwargs)
+        if shared:
+            kwargs["botocore_session"].get_scoped_config()     # an unknown profile fails here, as without the loader
+            loader = _shared_loader()
+            with _loader_lock:      # boto3 appends its data path to the loader of every session: keep it once
+                loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
+        return s
     except botocore.exceptions.ProfileNotFound as e:
         raise ConfigError("provider.aws_credentials.profile_name", str(e)) from None
 

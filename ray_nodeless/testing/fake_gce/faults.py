@@ -1,5 +1,5 @@
 """Fault injection: capacity errors in the insert operation, quota 403, throttling (429, or 403 with reason
-rateLimitExceeded), "ambiguous" 5xx answered after the work was done, any method failing with any status."""
+rateLimitExceeded), "ambiguous" 5xx answered after the work was done, any method failing with any status, a list answered empty."""
 from __future__ import annotations
 
 import threading
@@ -23,13 +23,16 @@ class Fault:
     after: bool = False                # ambiguous: perform the call, then answer the error
     leave_instance: bool = False       # insert-op: the failed instance stays behind (as GCE sometimes shows)
     skip: int = 0                      # let this many matching calls through first (fail the Nth instance)
+    spot: bool | None = None           # insert only: fail spot (True) or standard (False) instances; None: both
 
-    def matches(self, method: str, zone: str | None, machine_type: str | None) -> bool:
+    def matches(self, method: str, zone: str | None, machine_type: str | None, spot: bool | None = None) -> bool:
         if method not in self.methods or self.times == 0:
             return False
         if self.zone is not None and zone != self.zone:
             return False
         if self.machine_type is not None and machine_type != self.machine_type:
+            return False
+        if self.spot is not None and spot is not None and spot != self.spot:
             return False
         return True
 
@@ -52,12 +55,14 @@ class FaultInjection:
 
     def fail_insert(self, zone: str | None = None, machine_type: str | None = None,
                     code: str = "ZONE_RESOURCE_POOL_EXHAUSTED", times: int | None = 1, message: str | None = None,
-                    http_status: int = 503, leave_instance: bool = False, skip: int = 0) -> Fault:
-        """The insert is accepted, but its operation ends DONE with `error.errors[0].code = code`."""
+                    http_status: int = 503, leave_instance: bool = False, skip: int = 0,
+                    spot: bool | None = None) -> Fault:
+        """The insert is accepted, but its operation ends DONE with `error.errors[0].code = code` (only for spot
+        instances if `spot` is True, only for standard ones if False)."""
         msg = message or (f"The zone 'projects/{self.project}/zones/{zone or 'ZONE'}' does not have enough "
                           f"resources available to fulfill the request. Try a different zone, or try again later.")
         f = Fault("insert-op", ("instances.insert",), times, zone=zone, machine_type=machine_type, code=code,
-                  message=msg, status=http_status, leave_instance=leave_instance, skip=skip)
+                  message=msg, status=http_status, leave_instance=leave_instance, skip=skip, spot=spot)
         self.faults.append(f)
         return f
 
@@ -90,9 +95,16 @@ class FaultInjection:
         self.faults.append(f)
         return f
 
-    def _take_fault(self, method: str, zone: str | None, machine_type: str | None, kind: str) -> Fault | None:
+    def empty_list(self, method: str = "instances.aggregatedList", times: int | None = 1) -> Fault:
+        """Answer a list with no items at all (an eventually consistent or glitched page), doing nothing."""
+        f = Fault("empty", (method,), times)
+        self.faults.append(f)
+        return f
+
+    def _take_fault(self, method: str, zone: str | None, machine_type: str | None, kind: str,
+                    spot: bool | None = None) -> Fault | None:
         with self.lock:
             for f in self.faults:
-                if f.kind == kind and f.matches(method, zone, machine_type) and f.consume():
+                if f.kind == kind and f.matches(method, zone, machine_type, spot) and f.consume():
                     return f
         return None

@@ -46,7 +46,7 @@ class ComputeHandlers:
     _ids: itertools.count
     _ips: itertools.count
 
-    _take_fault: Callable[[str, str | None, str | None, str], Fault | None]     # from FaultInjection
+    _take_fault: Callable[..., Fault | None]     # from FaultInjection
 
     # ---- resources
     def _zone_url(self, zone: str) -> str:
@@ -169,7 +169,9 @@ class ComputeHandlers:
                 raise ApiError(409, f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' "
                                     "already exists", reason="alreadyExists")
             mt = last_segment(body["machineType"])
-            fault = self._take_fault("instances.insert", zone, mt, kind="insert-op")
+            sched = body.get("scheduling") or {}
+            spot = sched.get("provisioningModel") == "SPOT" or sched.get("preemptible") is True
+            fault = self._take_fault("instances.insert", zone, mt, kind="insert-op", spot=spot)
             if fault is not None:
                 op = self._new_op(zone, "insert", name, error={"errors": [
                     {"code": fault.code, "message": fault.message}]},

@@ -236,7 +236,10 @@ class FakeGce(FaultInjection, ComputeHandlers):
             fault = self._take_fault(method, zone, machine_type, kind="http")
             if fault is not None and not fault.after:
                 raise ApiError(fault.status, fault.message, reason=fault.reason, domain=fault.domain)
-            status, payload = 200, getattr(self, "_" + method.replace(".", "_"))(query, req.body, **params)
+            if self._take_fault(method, zone, None, kind="empty") is not None:
+                status, payload = 200, {"items": {} if method.endswith("aggregatedList") else []}
+            else:
+                status, payload = 200, getattr(self, "_" + method.replace(".", "_"))(query, req.body, **params)
             if fault is not None:  # ambiguous: the work is done, but the caller sees an error
                 raise ApiError(fault.status, fault.message, reason=fault.reason, domain=fault.domain)
         except ApiError as e:
