@@ -103,12 +103,9 @@ class BackendConfig:
         return {}
 
 
-class MachineBackend(abc.ABC):
-    """A place where machines run: local processes, EC2, Compute Engine."""
-
-    cloud: ClassVar[str] = ""
-    # The backend's own provider-block keys, declared once (see core/schema.py). The core knows none of them.
-    settings_model: ClassVar[type[Section]] = Section
+class MachineBackend(BackendConfig, abc.ABC):
+    """A place where machines run: local processes, EC2, Compute Engine. A built-in backend class also derives from
+    its BackendConfig (`class AwsBackend(AwsConfig, MachineBackend)`), so both answer the config calls alike."""
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str):
         self.provider_config = provider_config
@@ -133,17 +130,6 @@ class MachineBackend(abc.ABC):
 
     def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
         """Merge `tags` into the machine's tags. Backends that cannot store tags after launch may no-op."""
-
-    @classmethod
-    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
-                          key: str) -> None:
-        """Raise ConfigError (naming `key`.<field>) for backend keys of node_config that cannot work, given the
-        provider block `provider`. No client, no network."""
-
-    @classmethod
-    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        """Requirement keys implied by backend keys, e.g. AWS `InstanceType: x` -> `{"instance_types": [x]}`."""
-        return {}
 
     def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
                        process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):

@@ -34,20 +34,19 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, Iterable
 
 from botocore.client import BaseClient
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError, TransientBackendError
-from ray_nodeless.providers.aws import settings as aws_settings
 from ray_nodeless.providers.aws.clients import ec2_clients
 from ray_nodeless.providers.aws.errors import (
     CALL_ERRORS, IDEMPOTENT_MISMATCH, NOT_FOUND_CODES, api_error, describe, error_code, error_message, is_ambiguous,
 )
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, instance_tags, run_instances_params
-from ray_nodeless.providers.aws.settings import AwsSettings
+from ray_nodeless.providers.aws.settings import AwsConfig, AwsSettings
 from ray_nodeless.providers.aws.subnets import Subnets
 from ray_nodeless.providers.base import (
     MACHINE_PENDING,
@@ -136,11 +135,8 @@ def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
         yield items[i:i + size]
 
 
-class AwsBackend(MachineBackend):
-    """EC2 instances, one RunInstances per LaunchSpec. Provider keys: `AwsSettings`."""
-
-    cloud = "aws"
-    settings_model: ClassVar[type[AwsSettings]] = AwsSettings
+class AwsBackend(AwsConfig, MachineBackend):
+    """EC2 instances, one RunInstances per LaunchSpec. Provider keys and node_config checks: `AwsConfig`."""
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str):
         super().__init__(provider_config, cluster_name)
@@ -156,17 +152,6 @@ class AwsBackend(MachineBackend):
     def clients(self) -> tuple[BaseClient, BaseClient]:
         """The botocore clients this backend calls through (for event hooks in tests and benchmarks)."""
         return (self.ec2, self.ec2_launch)
-
-    # ------------------------------------------------------------------ config
-
-    @classmethod
-    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
-                          key: str) -> None:
-        aws_settings.check_node_config(parse_section(AwsSettings, provider, "provider"), node_config, key)
-
-    @classmethod
-    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        return aws_settings.requirement_overrides(parse_section(AwsSettings, provider, "provider"), node_config)
 
     # ------------------------------------------------------------------ launch
 

@@ -14,14 +14,13 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError, TransientBackendError
 from ray_nodeless.providers.base import (
     MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend,
 )
-from ray_nodeless.providers.gcp import node_config as node_config_checks
 from ray_nodeless.providers.gcp.clients import ComputeClients
 from ray_nodeless.providers.gcp.errors import Classified, backend_error, classify_http_error
 from ray_nodeless.providers.gcp.instance_body import instance_body, instance_name, request_id_for, resource_name
@@ -31,6 +30,7 @@ from ray_nodeless.providers.gcp.labels import (
 )
 from ray_nodeless.providers.gcp.operations import PendingOp, wait_all
 from ray_nodeless.providers.gcp.retries import CallPolicy
+from ray_nodeless.providers.gcp.node_config import GcpConfig
 from ray_nodeless.providers.gcp.settings import GcpSettings
 
 logger = logging.getLogger(__name__)
@@ -69,11 +69,9 @@ class _Known:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class GcpBackend(MachineBackend):
-    """Compute Engine instances. Instance names are the machine ids (unique per project)."""
-
-    cloud = "gcp"
-    settings_model = GcpSettings
+class GcpBackend(GcpConfig, MachineBackend):
+    """Compute Engine instances. Instance names are the machine ids (unique per project). Provider keys and
+    node_config checks: `GcpConfig`."""
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str):
         super().__init__(provider_config, cluster_name)
@@ -90,16 +88,6 @@ class GcpBackend(MachineBackend):
 
     def close(self) -> None:
         self._clients.close()
-
-    # ---- config checks (class-level: no client)
-    @classmethod
-    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        return node_config_checks.requirement_overrides(node_config, provider)
-
-    @classmethod
-    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
-                          key: str) -> None:
-        node_config_checks.check_node_config(node_type, node_config, key, provider)
 
     # ---- calls
     def _wait_all(self, ops: list[PendingOp], what: str) -> dict[str, Classified | None]:

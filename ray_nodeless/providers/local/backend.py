@@ -23,17 +23,14 @@ from ray_nodeless.providers.local.ray_start import instance_env
 from ray_nodeless.providers.local.records import NodeRecord
 from ray_nodeless.providers.local.runner import LocalCommandRunner, runner_marker
 from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
-from ray_nodeless.providers.local.settings import LocalSettings, default_state_dir
+from ray_nodeless.providers.local.settings import LocalConfig, LocalSettings, default_state_dir
 from ray_nodeless.providers.local.slots import default_head_ip
 
 logger = logging.getLogger(__name__)
 
 
-class LocalBackend(MachineBackend):
-    """Machines are local Ray node processes; its provider-block keys are `LocalSettings`."""
-
-    cloud = "local"
-    settings_model = LocalSettings
+class LocalBackend(LocalConfig, MachineBackend):
+    """Machines are local Ray node processes; its provider-block keys are `LocalSettings` (`LocalConfig`)."""
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str):
         super().__init__(provider_config, cluster_name)
