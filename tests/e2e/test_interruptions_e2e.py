@@ -34,7 +34,9 @@ from ray_nodeless.testing.fake_metadata import FakeMetadataServer
 from ray_nodeless.testing.moto_server import CREDS, REGION, MotoServer, unique
 from ray_nodeless.testing.ray_processes import gcs_nodes, poll_until, ray_head, stop_everything, wait_for
 
-pytestmark = pytest.mark.e2e
+# A hang must fail with a traceback, not hold the serialised e2e suite (one unexplained 10-minute stall in the
+# queue test or the module teardown was seen once, on a host with load average 5; not reproduced in 4 later runs).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 CLUSTER = unique("spot")
 A_ID = "i-0a11ce0000000000a"      # node A's cloud instance id (RAY_CLOUD_INSTANCE_ID): the watched machine
