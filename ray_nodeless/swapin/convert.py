@@ -38,6 +38,35 @@ from ray_nodeless.swapin import keymap, ray_defaults, yaml_text
 MODULE = "ray_nodeless.NodelessProvider"
 NODE_TYPES = "available_node_types"
 
+# Retired / previous-generation EC2 types that Ray's examples and users still pin, which the catalog (current
+# offerings only) no longer lists: name -> (vCPU, memory GiB, GPU model, GPU count, GPU memory GiB per GPU).
+# Source: AWS EC2 documentation, "Previous generation instances" / accelerated computing specifications
+# (https://aws.amazon.com/ec2/previous-generation/, https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html).
+# Used only by `--free-instance-types`, to know the shape such a pin implies; never priced nor launched.
+RETIRED_AWS_TYPES: dict[str, tuple[int, float, str, int, float]] = {
+    "p2.xlarge": (4, 61, "K80", 1, 12),
+    "p2.8xlarge": (32, 488, "K80", 8, 12),
+    "p2.16xlarge": (64, 732, "K80", 16, 12),
+    "g3s.xlarge": (4, 30.5, "M60", 1, 8),
+    "g3.4xlarge": (16, 122, "M60", 1, 8),
+    "g3.8xlarge": (32, 244, "M60", 2, 8),
+    "g3.16xlarge": (64, 488, "M60", 4, 8),
+    "p3.2xlarge": (8, 61, "V100", 1, 16),
+    "p3.8xlarge": (32, 244, "V100", 4, 16),
+    "p3.16xlarge": (64, 488, "V100", 8, 16),
+}
+
+
+def retired_aws_type(name: str) -> catalog_mod.InstanceType | None:
+    """The shape of a retired EC2 type of RETIRED_AWS_TYPES, as an InstanceType (not in the catalog)."""
+    spec = RETIRED_AWS_TYPES.get(name)
+    if spec is None:
+        return None
+    vcpus, mem, model, count, gpu_mem = spec
+    return catalog_mod.InstanceType(cloud="aws", name=name, family=name.split(".", 1)[0], vcpus=vcpus,
+                                    memory_gib=mem, gpu_model=model, gpu_count=count, gpu_memory_gib=gpu_mem,
+                                    machine_type=name)
+
 
 @dataclass(frozen=True)
 class Side:
@@ -261,7 +290,8 @@ def _pinned_type(cloud: str, nc: Mapping[str, Any], catalog: catalog_mod.Catalog
                  ) -> catalog_mod.InstanceType | None:
     """The instance type a Ray node_config pins, from the catalog, or (GCP custom machine types) from its name."""
     if cloud == "aws":
-        return catalog.instance_type("aws", str(nc["InstanceType"]))
+        name = str(nc["InstanceType"])
+        return catalog.instance_type("aws", name) or retired_aws_type(name)
     from ray_nodeless.providers.gcp import node_config as gcp_nc
 
     machine, model, count = gcp_nc.pinned_machine(nc, key)
@@ -290,37 +320,67 @@ def _free(cloud: str, name: str, nt: dict[str, Any], head: str, catalog: catalog
     pin_key = "InstanceType" if cloud == "aws" else "machineType"
     t = _pinned_type(cloud, nc, catalog, key)
     if t is None:
-        raise ConfigError(f"{key}.{pin_key}", f"{nc[pin_key]!r} is not in the catalog's {cloud} instance types, so "
-                                              "the shape it implies is unknown; replace it by the node type's "
-                                              "resources (CPU, GPU, memory)")
+        raise ConfigError(f"{key}.{pin_key}", f"{nc[pin_key]!r} is not in the catalog's {cloud} instance types, nor "
+                                              "among the retired types convert knows, so the shape it implies is "
+                                              "unknown; replace it by the node type's resources (CPU, GPU, memory)")
     if t.accelerator:
         notes.add((NODE_TYPES, name, "node_config", pin_key),
                   f"kept: {t.name} carries {t.accelerator} accelerators, which the planner cannot choose by shape")
         return False
-    if t.gpu_count:
-        _check_gpu_offered(cloud, t.gpu_model, catalog, region, f"{key}.{_gpu_key(cloud)}")
+    if cloud == "aws" and catalog.instance_type("aws", t.name) is None:
+        notes.add((NODE_TYPES, name, "node_config", pin_key),
+                  f"{t.name} is a retired EC2 type (not in the catalog, so neither priced nor launched): its shape "
+                  f"is taken from AWS's previous-generation specifications ({_shape_text(t, t.gpu_model)})")
+    elif cloud == "gcp" and gcp_custom(t.machine_type):
+        notes.add((NODE_TYPES, name, "node_config", pin_key),
+                  f"{t.machine_type} is a GCE custom machine type (not in the catalog, which has no custom rates): "
+                  f"its shape is read from its name, {t.vcpus:g} vCPU and {int(round(t.memory_gib * 1024))} MiB")
+    model = t.gpu_model
+    if t.gpu_count and not _gpu_offered(cloud, model, catalog, region):
+        where = ("retired" if not any(x.gpu_model == model for x in catalog.types(cloud))
+                 else "not offered")
+        notes.add((NODE_TYPES, name, "node_config", pin_key),
+                  f"{model} is {where} in {cloud} {region}: {t.gpu_count} GPU(s) of any model (models there: "
+                  f"{', '.join(_gpu_models(cloud, catalog, region)) or 'none'}); add `accelerator_type:<MODEL>` "
+                  "to the node type's resources, or `gpus` / `exclude_gpus` rules, to narrow")
+        model = ""
     declared = dict(nt.get("resources") or {})
     is_head = name == head
     if cloud == "gcp" and {"CPU", "GPU"} & set(declared):
         resources = declared             # what Ray's GCP provider leaves them as
     else:
         resources = ray_filled_resources(t, declared, is_head)
+        if t.gpu_count and not model:
+            # Ray's fill-in names the pinned model (`accelerator_type:K80`); no offering has it any more.
+            for k in [k for k in resources if k.startswith("accelerator_type:") and k not in declared]:
+                del resources[k]
     implied = {"min_memory_gib": round(t.memory_gib, 4)}
     if float(resources.get("CPU", 0)) < t.vcpus:
         implied["min_vcpus"] = t.vcpus
     if t.gpu_count:
-        implied["gpus"] = [t.gpu_model]
+        if model:
+            implied["gpus"] = [model]
         if not resources.get("GPU"):
             implied["allow_gpu_instances"] = True
     for k in (("InstanceType",) if cloud == "aws" else ("machineType", "guestAccelerators")):
         nc.pop(k, None)
     nc.update(implied)
     nt["resources"] = resources
-    gpu = f", {t.gpu_count}x{t.gpu_model}" if t.gpu_count else ""
     notes.add((NODE_TYPES, name, "node_config", pin_key),
-              f"{t.name} freed (--free-instance-types): any type with at least its {t.vcpus:g} vCPU, "
-              f"{t.memory_gib:g} GiB{gpu} may be chosen")
+              f"{t.name} freed (--free-instance-types): any type with at least its {_shape_text(t, model)} may be "
+              "chosen")
     return True
+
+
+def gcp_custom(machine_type: str) -> bool:
+    from ray_nodeless.providers.gcp.node_config import CUSTOM_MACHINE_TYPE
+
+    return bool(CUSTOM_MACHINE_TYPE.match(machine_type or ""))
+
+
+def _shape_text(t: catalog_mod.InstanceType, model: str) -> str:
+    gpu = (f", {t.gpu_count}x{model}" if model else f", {t.gpu_count} GPU(s) of any model") if t.gpu_count else ""
+    return f"{t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}"
 
 
 def _gpu_key(cloud: str) -> str:
@@ -332,15 +392,23 @@ def _offered(catalog: catalog_mod.Catalog, cloud: str, region: str) -> set[catal
     return {rc.types[int(i)] for i in set(rc.o_type.tolist())}
 
 
+def _gpu_offered(cloud: str, model: str, catalog: catalog_mod.Catalog, region: str) -> bool:
+    return any(t.gpu_model == model for t in _offered(catalog, cloud, region))
+
+
+def _gpu_models(cloud: str, catalog: catalog_mod.Catalog, region: str) -> list[str]:
+    return sorted({t.gpu_model for t in _offered(catalog, cloud, region) if t.gpu_model})
+
+
 def _check_gpu_offered(cloud: str, model: str, catalog: catalog_mod.Catalog, region: str, key: str) -> None:
-    offered = _offered(catalog, cloud, region)
-    if any(t.gpu_model == model for t in offered):
+    if _gpu_offered(cloud, model, catalog, region):
         return
-    here = sorted({t.gpu_model for t in offered if t.gpu_model})
+    here = _gpu_models(cloud, catalog, region)
     anywhere = any(t.gpu_model == model for t in catalog.types(cloud))
     why = (f"the catalog has no {model} machines in {cloud} {region}" if anywhere else
            f"the catalog has no {model} machines in {cloud} at all (a GPU the cloud no longer offers)")
-    raise ConfigError(key, f"{why}; GPU models there: {', '.join(here) or 'none'}")
+    raise ConfigError(key, f"{why}; GPU models there: {', '.join(here) or 'none'}; `ray-nodeless convert "
+                           "--free-instance-types` keeps the GPU count and lets the planner choose the model")
 
 
 def _check_pinned_offered(cloud: str, name: str, nc: Mapping[str, Any], launch: keymap.RayLaunch,
@@ -364,7 +432,10 @@ def _check_pinned_offered(cloud: str, name: str, nc: Mapping[str, Any], launch: 
                           f"{launch.instance_type!r} is not in the catalog's {cloud} instance types (retired, or "
                           "unknown), so ray_nodeless can neither price nor launch it; pin a current type "
                           f"(`ray-nodeless catalog list --cloud {cloud} --region {region}`) or replace it by the "
-                          "node type's resources (CPU, GPU, memory) and let the planner choose")
+                          "node type's resources (CPU, GPU, memory) and let the planner choose"
+                          + (f" (`ray-nodeless convert --free-instance-types` writes that: it knows "
+                             f"{launch.instance_type}'s shape)"
+                             if cloud == "aws" and launch.instance_type in RETIRED_AWS_TYPES else ""))
     if keymap.cheapest_offering(catalog, cloud, region, launch) is None:
         where = f"{cloud} {region}" + (f" zones {list(launch.zones)}" if launch.zones else "")
         hint = " (--free-instance-types lets the planner pick an equivalent type)" if not free else ""

@@ -41,7 +41,8 @@ KEYMAP: tuple[KeyMapping, ...] = (
                "(service_account: the key's JSON; credentials_token: an access token) (kept)",
                "providers/gcp/settings.py GcpCredentials"),
     KeyMapping("aws", "node_config.InstanceType", "instance_types: [it] (pinned); --free-instance-types: its "
-               "CPUs, GPUs, GPU model and memory", "providers/aws/settings.py requirement_overrides"),
+               "CPUs, GPUs, GPU model and memory (retired types from convert's RETIRED_AWS_TYPES; a GPU model no "
+               "offering has any more: any model)", "providers/aws/settings.py requirement_overrides"),
     KeyMapping("aws", "node_config.InstanceMarketOptions {MarketType: spot}", "capacity: [spot]; "
                "SpotOptions.MaxPrice -> max_hourly_price; other market types / SpotOptions values: error",
                "providers/aws/settings.py market_options"),
@@ -52,7 +53,8 @@ KEYMAP: tuple[KeyMapping, ...] = (
     KeyMapping("aws", "node_config.<other RunInstances keys>", "passed to RunInstances as Ray passes them",
                "providers/aws/launch_params.py"),
     KeyMapping("gcp", "node_config.machineType", "instance_types: [it] (pinned); custom-N-M: error (the catalog "
-               "has no per-vCPU / per-GB rates); --free-instance-types: its shape",
+               "has no per-vCPU / per-GB rates); --free-instance-types: its shape (custom-N-M: N vCPU, M MiB; a "
+               "GPU model no offering has any more: any model)",
                "providers/gcp/node_config.py requirement_overrides"),
     KeyMapping("gcp", "node_config.guestAccelerators", "GPU model and count of the pinned type "
                "(`n1-standard-8+1xT4`); more than one entry, or one beside a machine type with built-in GPUs: "
