@@ -47,6 +47,8 @@ def test_plan_of_a_cluster_yaml_imports_no_cloud_sdk_and_no_ray(config):
     assert code == 0, out
     assert "idle cost:" in out
     assert forbidden(modules) == []
+    # Nor numpy: the planner's plain-Python path (proven equal in tests/core/test_planner_pure.py) runs instead.
+    assert "numpy" not in modules
     # Only the command that ran was imported.
     assert not {"ray_nodeless.cli.simulate", "ray_nodeless.cli.convert", "ray_nodeless.cli.sweep"} & modules
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 CLOUDS = ("aws", "gcp")
 # Index in this tuple is the capacity id stored in the region arrays.
@@ -76,12 +77,16 @@ class Offering:
 
 
 class RegionCatalog:
-    """The offerings of one cloud region, as parallel numpy arrays in the base order (price, name, zone, capacity).
+    """The offerings of one cloud region, as parallel columns in the base order (price, name, zone, capacity).
 
-    `types` is the cloud's whole type table (the arrays index into it); a type without a row here is not offered
+    `types` is the cloud's whole type table (the columns index into it); a type without a row here is not offered
     in the region. The base order is the documented ranking without the capacity preference, which depends on the
     request; the planner applies that with one stable sort over the survivors. A catalog file already holds the
-    rows in that order (`region_entry` sorts them when a catalog is built), so loading is a few array conversions.
+    rows in that order (`region_entry` sorts them when a catalog is built), so loading is a few conversions.
+
+    The columns are kept as Python lists (`type_ids`, `zone_ids`, `cap_ids`, `prices`, None = unknown price) and,
+    on first use, as numpy arrays (`o_type`, `o_zone`, `o_cap`, `o_price`, NaN = unknown): a one-off plan in a
+    fresh process (`ray-nodeless plan`) never imports numpy (issue 10).
     """
 
     def __init__(self, cloud: str, region: str, types: Sequence[InstanceType], entry: Mapping):
@@ -89,33 +94,59 @@ class RegionCatalog:
         self.region = region
         self.types: tuple[InstanceType, ...] = tuple(types)
         self.zones: tuple[str, ...] = tuple(entry["zones"])
-        self.o_type = np.asarray(entry["type"], dtype=np.int32)
-        self.o_zone = np.asarray(entry["zone"], dtype=np.int32)
-        self.o_cap = np.asarray(entry["capacity"], dtype=np.int8)
-        self.o_price = np.array(entry["price"], dtype=np.float64)   # None (unknown price) becomes NaN
-        n = len(self.o_type)
-        if not (len(self.o_zone) == len(self.o_cap) == len(self.o_price) == n):
+        cols = _plain_columns(entry, len(self.types), len(self.zones))
+        if cols is None:
+            # Anything but plain in-range ints and float/None prices: the numpy conversion decides (it casts what
+            # it can and raises the errors a bad catalog has always reported), and the lists come from its result.
+            self._to_arrays(entry)
+            cols = (self.o_type.tolist(), self.o_zone.tolist(), self.o_cap.tolist(),
+                    [None if p != p else p for p in self.o_price.tolist()])
+        self.type_ids: list[int] = cols[0]
+        self.zone_ids: list[int] = cols[1]
+        self.cap_ids: list[int] = cols[2]
+        self.prices: list[float | None] = cols[3]
+
+    def _to_arrays(self, entry: Mapping) -> None:
+        import numpy as np
+
+        cloud, region = self.cloud, self.region
+        o_type = np.asarray(entry["type"], dtype=np.int32)
+        o_zone = np.asarray(entry["zone"], dtype=np.int32)
+        o_cap = np.asarray(entry["capacity"], dtype=np.int8)
+        o_price = np.array(entry["price"], dtype=np.float64)   # None (unknown price) becomes NaN
+        n = len(o_type)
+        if not (len(o_zone) == len(o_cap) == len(o_price) == n):
             raise ValueError(f"{cloud} {region}: region arrays differ in length")
-        if n and (int(self.o_type.min()) < 0 or int(self.o_type.max()) >= len(self.types)
-                  or int(self.o_zone.min()) < 0 or int(self.o_zone.max()) >= len(self.zones)
-                  or int(self.o_cap.min()) < 0 or int(self.o_cap.max()) >= len(CAPACITY_TYPES)):
+        if n and (int(o_type.min()) < 0 or int(o_type.max()) >= len(self.types)
+                  or int(o_zone.min()) < 0 or int(o_zone.max()) >= len(self.zones)
+                  or int(o_cap.min()) < 0 or int(o_cap.max()) >= len(CAPACITY_TYPES)):
             raise ValueError(f"{cloud} {region}: a row refers to a type, zone or capacity the catalog does not have")
+        for arr in (o_type, o_zone, o_cap, o_price):
+            arr.flags.writeable = False
+        self.__dict__.update(o_type=o_type, o_zone=o_zone, o_cap=o_cap, o_price=o_price)
+
+    def __getattr__(self, name: str):
+        # o_type / o_zone / o_cap / o_price: the numpy arrays, built on first use.
+        if name in ("o_type", "o_zone", "o_cap", "o_price"):
+            self._to_arrays({"type": self.type_ids, "zone": self.zone_ids, "capacity": self.cap_ids,
+                             "price": self.prices})
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __len__(self) -> int:
-        return int(self.o_type.shape[0])
+        return len(self.type_ids)
 
     @cached_property
     def type_by_name(self) -> dict[str, int]:
         return {t.name: i for i, t in enumerate(self.types)}
 
     def offering(self, i: int) -> Offering:
-        price = float(self.o_price[i])
         return Offering(
-            instance_type=self.types[int(self.o_type[i])],
+            instance_type=self.types[self.type_ids[i]],
             region=self.region,
-            zone=self.zones[int(self.o_zone[i])],
-            capacity=CAPACITY_TYPES[int(self.o_cap[i])],
-            hourly_price=None if math.isnan(price) else price,
+            zone=self.zones[self.zone_ids[i]],
+            capacity=CAPACITY_TYPES[self.cap_ids[i]],
+            hourly_price=self.prices[i],
         )
 
     def offerings(self) -> Iterator[Offering]:
@@ -127,6 +158,35 @@ class RegionCatalog:
         t = self.type_by_name.get(instance_type)
         if t is None or zone not in self.zones or capacity not in CAPACITY_TYPES:
             return None
-        hit = np.nonzero((self.o_type == t) & (self.o_zone == self.zones.index(zone))
-                         & (self.o_cap == CAPACITY_TYPES.index(capacity)))[0]
-        return self.offering(int(hit[0])) if len(hit) else None
+        z, c = self.zones.index(zone), CAPACITY_TYPES.index(capacity)
+        for i, (ti, zi, ci) in enumerate(zip(self.type_ids, self.zone_ids, self.cap_ids)):
+            if ti == t and zi == z and ci == c:
+                return self.offering(i)
+        return None
+
+
+def _plain_columns(entry: Mapping, n_types: int, n_zones: int) -> tuple[list, list, list, list] | None:
+    """The region columns as lists when they are plain: equal lengths, in-range ints, float/int/None prices (what
+    every catalog file holds). None for anything else, which the numpy conversion then judges."""
+    cols = []
+    for key, bound in (("type", n_types), ("zone", n_zones), ("capacity", len(CAPACITY_TYPES))):
+        col = entry[key]
+        if type(col) is not list or not all(type(v) is int and 0 <= v < bound for v in col):
+            return None
+        cols.append(col)
+    prices = entry["price"]
+    if type(prices) is not list:
+        return None
+    out: list[float | None] = []
+    for p in prices:
+        if p is None:
+            out.append(None)
+        elif type(p) is float:
+            out.append(None if p != p else p)
+        elif type(p) is int and -2**53 <= p <= 2**53:
+            out.append(float(p))
+        else:
+            return None
+    if not (len(cols[0]) == len(cols[1]) == len(cols[2]) == len(out)):
+        return None
+    return cols[0], cols[1], cols[2], out
