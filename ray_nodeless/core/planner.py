@@ -16,7 +16,7 @@ are broadcast to offerings. Plans are cached per request (requests are hashable)
 the same shape again costs a dict look-up.
 
 A process that has not imported numpy (a one-off `ray-nodeless plan`: importing numpy costs more than planning
-a whole cluster) gets the same evaluation in plain Python (`_PyRegionIndex`, `Planner._compute_py`): the same
+a whole cluster) gets the same evaluation in plain Python (core/planner_py.py, `Planner._compute_py`): the same
 checks in the same order on the same values, so the same plans, rejection counts and errors
 (tests/core/test_planner_pure.py compares the two over many requests in every region of both clouds).
 """
@@ -27,112 +27,18 @@ import logging
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable
 
-from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, Offering, RegionCatalog
-from ray_nodeless.errors import NoFeasibleOffering
+from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, RegionCatalog
+from ray_nodeless.core.plan import _SIZE_REASONS, REASONS, Plan  # noqa: F401  (Plan, REASONS: re-exported)
+from ray_nodeless.core.planner_py import _PyRegionIndex, py_compute
 from ray_nodeless.core.requirements import Request, names_explicitly
+from ray_nodeless.errors import NoFeasibleOffering
 
 if TYPE_CHECKING:
     import numpy as np
 
 logger = logging.getLogger(__name__)
-
-# Rejection reasons in attribution order. Type-level checks first, then offering-level ones.
-REASONS = (
-    "instance_type_not_allowed",   # not in an `instance_types` allow-list
-    "instance_type_excluded",      # matches `exclude_instance_types` / provider.exclude.instance_types
-    "family_not_allowed",          # not in `families`
-    "family_excluded",             # in `exclude_families` / provider.exclude.families
-    "arch",                        # not in `arch` (default x86_64)
-    "burstable",                   # burstable family, not named explicitly
-    "non_gpu_accelerator",         # Inferentia/Trainium, not named explicitly
-    "gpu_not_requested",           # has GPUs, the shape asks for GPU 0 (unless allow_gpu_instances or named)
-    "gpu_model_not_allowed",       # GPU model not in `gpus` (or the shape's accelerator_type)
-    "gpu_model_excluded",          # GPU model in `exclude_gpus` / provider.exclude.gpus
-    "too_few_vcpus",
-    "too_little_memory",
-    "too_few_gpus",
-    "capacity_type",               # capacity type not in `capacity`
-    "zone",                        # not in `zones`
-    "unknown_price",               # the catalog has no price for it
-    "over_max_hourly_price",
-)
-_SIZE_REASONS = frozenset({"too_few_vcpus", "too_little_memory", "too_few_gpus"})
-
-
-@dataclass
-class Plan:
-    """The ordered candidates for one request, and why everything else was rejected."""
-
-    request: Request
-    catalog_id: str
-    region: RegionCatalog
-    candidate_index: np.ndarray | list[int]   # offering indices into `region`, in ranking order
-    considered: int
-    # Counting rejections by reason costs about as much as finding the candidates, and a launch never needs it:
-    # it is computed on first use (explain(), the CLI) and kept.
-    _attribute: Callable[[], dict[str, int]] = field(repr=False, default=dict)
-    _rejected: dict[str, int] | None = field(default=None, repr=False)
-    _cache: dict[int, Offering] = field(default_factory=dict, repr=False)
-
-    @property
-    def rejected(self) -> dict[str, int]:
-        """Reason -> count, in REASONS order, zero counts left out."""
-        if self._rejected is None:
-            self._rejected = self._attribute()
-            self._attribute = dict   # release the masks the closure held
-        return self._rejected
-
-    def __len__(self) -> int:
-        return len(self.candidate_index)
-
-    def offering(self, rank: int) -> Offering:
-        hit = self._cache.get(rank)
-        if hit is None:
-            hit = self._cache[rank] = self.region.offering(int(self.candidate_index[rank]))
-        return hit
-
-    @property
-    def chosen(self) -> Offering:
-        return self.offering(0)
-
-    def top(self, n: int) -> list[Offering]:
-        return [self.offering(i) for i in range(min(n, len(self)))]
-
-    def candidates(self, skip: Callable[[Offering], bool] | None = None) -> Iterator[Offering]:
-        """Offerings in ranking order, leaving out those `skip` says (e.g. recently out of capacity)."""
-        for i in range(len(self)):
-            o = self.offering(i)
-            if skip is None or not skip(o):
-                yield o
-
-    def explain(self, alternatives: int = 4) -> dict:
-        """A JSON-ready record of the decision (what `ray-nodeless plan --json` prints per node type)."""
-        chosen = self.chosen
-        return {
-            "node_type": self.request.node_type or None,
-            "shape": self.request.shape.describe(),
-            "rule": self.request.rule,
-            "catalog_id": self.catalog_id,
-            "cloud": self.request.cloud,
-            "region": self.request.region,
-            **_offering_record(chosen),
-            "considered": self.considered,
-            "candidates": len(self),
-            "rejected": dict(self.rejected),
-            "unknown_price_skipped": self.rejected.get("unknown_price", 0),
-            "alternatives": [_offering_record(o) for o in self.top(alternatives + 1)[1:]],
-        }
-
-
-def _offering_record(o: Offering) -> dict:
-    t = o.instance_type
-    return {
-        "instance_type": t.name, "zone": o.zone, "capacity": o.capacity, "hourly_price": o.hourly_price,
-        "vcpus": t.vcpus, "memory_gib": t.memory_gib, "gpu_model": t.gpu_model or None, "gpu_count": t.gpu_count,
-    }
 
 
 class _RegionIndex:
@@ -329,7 +235,7 @@ class Planner:
         return plan
 
     def _compute_py(self, request: Request) -> Plan:
-        return _py_compute(self, request)
+        return py_compute(self, request)
 
     @staticmethod
     def _attribute(idx: _RegionIndex, type_checks, offering_checks) -> dict[str, int]:
@@ -402,199 +308,3 @@ class Planner:
         return (f"no offering in {request.cloud} {request.region} fits {who}{request.shape.describe()} under rule "
                 f"{request.rule!r} (catalog {self.catalog.catalog_id}; {len(rc)} offerings considered; "
                 f"rejected: {counts}). Nearest offerings:\n" + "\n".join(lines))
-
-
-class _PyRegionIndex:
-    """`_RegionIndex` in plain Python lists: per-type columns, name -> code tables not needed (`in` on values)."""
-
-    def __init__(self, rc: RegionCatalog):
-        self.rc = rc
-        types = rc.types
-        self.names = [t.name for t in types]
-        self.vcpus = [float(t.vcpus) for t in types]
-        self.mem = [float(t.memory_gib) for t in types]
-        self.gpus = [t.gpu_count for t in types]
-        self.burstable = [bool(t.burstable) for t in types]
-        self.accel = [bool(t.accelerator) for t in types]
-        self.family = [t.family for t in types]
-        self.gpu_model = [t.gpu_model for t in types]
-        self.arch = [t.arch for t in types]
-        self.zone_names = list(rc.zones)
-        per_type = [0] * len(types)
-        for ti in rc.type_ids:
-            per_type[ti] += 1
-        self.offerings_per_type = per_type
-        self.known_price = [p is not None for p in rc.prices]
-        self.n_types = len(types)
-        self._glob_cache: dict[str, list[bool]] = {}
-        self._lock = threading.Lock()
-
-    def glob_mask(self, pattern: str) -> list[bool]:
-        hit = self._glob_cache.get(pattern)
-        if hit is None:
-            hit = [fnmatch.fnmatchcase(n, pattern) for n in self.names]
-            with self._lock:
-                self._glob_cache[pattern] = hit
-        return hit
-
-    def any_glob(self, patterns) -> list[bool]:
-        out = [False] * self.n_types
-        for p in patterns:
-            out = [a or b for a, b in zip(out, self.glob_mask(p))]
-        return out
-
-
-def _and(a: Sequence[bool], b: Sequence[bool]) -> list[bool]:
-    return [x and y for x, y in zip(a, b)]
-
-
-def _not(a: Sequence[bool]) -> list[bool]:
-    return [not x for x in a]
-
-
-def _py_type_checks(idx: _PyRegionIndex, request: Request) -> list[tuple[str, list[bool]]]:
-    """`Planner._type_checks`, per type in plain Python (same checks, same order, same values)."""
-    req = request.requirements
-    shape = request.shape
-    n = idx.n_types
-    ones = [True] * n
-    none = [False] * n
-    named = none
-    allowed_types = ones
-    for group in req.instance_types:
-        allowed_types = _and(allowed_types, idx.any_glob(group))
-        explicit = idx.any_glob([p for p in group if names_explicitly(p)])
-        named = [a or b for a, b in zip(named, explicit)]
-    families_ok = ones if req.families is None else [f in req.families for f in idx.family]
-    if req.families is not None:
-        named = [a or b for a, b in zip(named, families_ok)]
-    named = _and(named, allowed_types)
-    excluded_types = idx.any_glob(req.exclude_instance_types) if req.exclude_instance_types else none
-    fam_excluded = [f in req.exclude_families for f in idx.family] if req.exclude_families else none
-    arch_ok = [a in request.arch for a in idx.arch]
-    has_gpu = [g > 0 for g in idx.gpus]
-    gpu_allowed = req.gpus
-    if shape.accelerator_type:
-        gpu_allowed = (frozenset({shape.accelerator_type}) if gpu_allowed is None
-                       else gpu_allowed & {shape.accelerator_type})
-    if gpu_allowed is None:
-        gpu_model_ok = ones
-    else:
-        gpu_model_ok = [not h or m in gpu_allowed for h, m in zip(has_gpu, idx.gpu_model)]
-    gpu_excl = ([m in req.exclude_gpus and h for h, m in zip(has_gpu, idx.gpu_model)]
-                if req.exclude_gpus else none)
-    gpu_unwanted = (_and(has_gpu, _not(named)) if (shape.gpu == 0 and not req.allow_gpu_instances) else none)
-    min_cpu = max(shape.cpu, req.min_vcpus)
-    min_mem = max(shape.memory_gib, req.min_memory_gib)
-    return [
-        ("instance_type_not_allowed", allowed_types),
-        ("instance_type_excluded", _not(excluded_types)),
-        ("family_not_allowed", families_ok),
-        ("family_excluded", _not(fam_excluded)),
-        ("arch", arch_ok),
-        ("burstable", [not (b and not m) for b, m in zip(idx.burstable, named)]),
-        ("non_gpu_accelerator", [not (a and not m) for a, m in zip(idx.accel, named)]),
-        ("gpu_not_requested", _not(gpu_unwanted)),
-        ("gpu_model_not_allowed", gpu_model_ok),
-        ("gpu_model_excluded", _not(gpu_excl)),
-        ("too_few_vcpus", [v >= min_cpu for v in idx.vcpus]),
-        ("too_little_memory", [m >= min_mem for m in idx.mem]),
-        ("too_few_gpus", [g >= shape.gpu for g in idx.gpus]),
-    ]
-
-
-def _py_offering_checks(idx: _PyRegionIndex, request: Request) -> list[tuple[str, list[bool]]]:
-    """`Planner._offering_checks`, per offering in plain Python."""
-    rc = idx.rc
-    req = request.requirements
-    cap_lut = [c in request.capacity for c in CAPACITY_TYPES]
-    cap_ok = [cap_lut[c] for c in rc.cap_ids]
-    n = len(rc)
-    if req.zones is None:
-        zone_ok = [True] * n
-    else:
-        zone_lut = [z in req.zones for z in idx.zone_names]
-        zone_ok = [zone_lut[z] for z in rc.zone_ids]
-    known = idx.known_price
-    if req.max_hourly_price is None:
-        under = [True] * n
-    else:
-        limit = req.max_hourly_price + 1e-12
-        under = [p is None or p <= limit for p in rc.prices]
-    return [("capacity_type", cap_ok), ("zone", zone_ok), ("unknown_price", known),
-            ("over_max_hourly_price", under)]
-
-
-def _py_attribute(idx: _PyRegionIndex, type_checks, offering_checks) -> dict[str, int]:
-    """`Planner._attribute` in plain Python."""
-    per_type = idx.offerings_per_type
-    still = [True] * idx.n_types
-    out: dict[str, int] = {}
-    for reason, passes in type_checks:
-        n = sum(c for s, p, c in zip(still, passes, per_type) if s and not p)
-        if n:
-            out[reason] = n
-        still = _and(still, passes)
-    alive = [still[t] for t in idx.rc.type_ids]
-    for reason, passes in offering_checks:
-        n = sum(1 for a, p in zip(alive, passes) if a and not p)
-        if n:
-            out[reason] = n
-        alive = _and(alive, passes)
-    return out
-
-
-def _py_compute(planner: Planner, request: Request) -> Plan:
-    key = (request.cloud, request.region)
-    idx = planner._py_indexes.get(key)
-    if idx is None:
-        idx = _PyRegionIndex(planner.catalog.region(request.cloud, request.region))
-        with planner._lock:
-            idx = planner._py_indexes.setdefault(key, idx)
-    rc = idx.rc
-    type_checks = _py_type_checks(idx, request)
-    type_ok = [True] * idx.n_types
-    for _, passes in type_checks:
-        type_ok = _and(type_ok, passes)
-    offering_checks = _py_offering_checks(idx, request)
-    (_, cap_ok), (_, zone_ok), (_, known), (_, under) = offering_checks
-    candidates = [i for i, t in enumerate(rc.type_ids) if type_ok[t] and cap_ok[i] and zone_ok[i] and known[i]
-                  and under[i]]
-    if candidates:
-        pref = {c: i for i, c in enumerate(request.capacity)}
-        cap_rank = [pref.get(c, len(pref)) for c in CAPACITY_TYPES]
-        cap_ids = rc.cap_ids
-        candidates.sort(key=lambda i: cap_rank[cap_ids[i]])   # stable, as numpy's kind="stable"
-    plan = Plan(request=request, catalog_id=planner.catalog.catalog_id, region=rc, candidate_index=candidates,
-                considered=len(rc), _attribute=lambda: _py_attribute(idx, type_checks, offering_checks))
-    if not candidates:
-        raise NoFeasibleOffering(_py_failure_message(planner, idx, request, type_checks, offering_checks,
-                                                     plan.rejected), explanation=plan)
-    return plan
-
-
-def _py_failure_message(planner: Planner, idx: _PyRegionIndex, request: Request, type_checks, offering_checks,
-                        rejected: dict[str, int], nearest: int = 3) -> str:
-    """`Planner._failure_message` in plain Python: the same nearest offerings in the same order."""
-    rc = idx.rc
-    t_fails = [0] * idx.n_types
-    t_misfits = [0] * idx.n_types
-    for reason, passes in type_checks:
-        size = reason in _SIZE_REASONS
-        for t, p in enumerate(passes):
-            if not p:
-                t_fails[t] += 1
-                if size:
-                    t_misfits[t] += 1
-    fails = [t_fails[t] for t in rc.type_ids]
-    for _, passes in offering_checks:
-        fails = [f + (not p) for f, p in zip(fails, passes)]
-    misfits = [t_misfits[t] for t in rc.type_ids]
-    order = sorted(range(len(rc)), key=lambda i: (misfits[i], fails[i], i))
-
-    def why_of(i: int) -> list[str]:
-        t = rc.type_ids[i]
-        return ([reason for reason, passes in type_checks if not passes[t]]
-                + [reason for reason, passes in offering_checks if not passes[i]])
-
-    return planner._failure_text(rc, request, order, why_of, rejected, nearest)

@@ -1,0 +1,107 @@
+"""A plan: the ordered candidate offerings for one request, and why everything else was rejected (`REASONS`).
+Made by the planner (planner.py, or planner_py.py in a process without numpy)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ray_nodeless.core.catalog import Offering, RegionCatalog
+from ray_nodeless.core.requirements import Request
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# Rejection reasons in attribution order. Type-level checks first, then offering-level ones.
+REASONS = (
+    "instance_type_not_allowed",   # not in an `instance_types` allow-list
+    "instance_type_excluded",      # matches `exclude_instance_types` / provider.exclude.instance_types
+    "family_not_allowed",          # not in `families`
+    "family_excluded",             # in `exclude_families` / provider.exclude.families
+    "arch",                        # not in `arch` (default x86_64)
+    "burstable",                   # burstable family, not named explicitly
+    "non_gpu_accelerator",         # Inferentia/Trainium, not named explicitly
+    "gpu_not_requested",           # has GPUs, the shape asks for GPU 0 (unless allow_gpu_instances or named)
+    "gpu_model_not_allowed",       # GPU model not in `gpus` (or the shape's accelerator_type)
+    "gpu_model_excluded",          # GPU model in `exclude_gpus` / provider.exclude.gpus
+    "too_few_vcpus",
+    "too_little_memory",
+    "too_few_gpus",
+    "capacity_type",               # capacity type not in `capacity`
+    "zone",                        # not in `zones`
+    "unknown_price",               # the catalog has no price for it
+    "over_max_hourly_price",
+)
+_SIZE_REASONS = frozenset({"too_few_vcpus", "too_little_memory", "too_few_gpus"})
+
+
+@dataclass
+class Plan:
+    """The ordered candidates for one request, and why everything else was rejected."""
+
+    request: Request
+    catalog_id: str
+    region: RegionCatalog
+    candidate_index: np.ndarray | list[int]   # offering indices into `region`, in ranking order
+    considered: int
+    # Counting rejections by reason costs about as much as finding the candidates, and a launch never needs it:
+    # it is computed on first use (explain(), the CLI) and kept.
+    _attribute: Callable[[], dict[str, int]] = field(repr=False, default=dict)
+    _rejected: dict[str, int] | None = field(default=None, repr=False)
+    _cache: dict[int, Offering] = field(default_factory=dict, repr=False)
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Reason -> count, in REASONS order, zero counts left out."""
+        if self._rejected is None:
+            self._rejected = self._attribute()
+            self._attribute = dict   # release the masks the closure held
+        return self._rejected
+
+    def __len__(self) -> int:
+        return len(self.candidate_index)
+
+    def offering(self, rank: int) -> Offering:
+        hit = self._cache.get(rank)
+        if hit is None:
+            hit = self._cache[rank] = self.region.offering(int(self.candidate_index[rank]))
+        return hit
+
+    @property
+    def chosen(self) -> Offering:
+        return self.offering(0)
+
+    def top(self, n: int) -> list[Offering]:
+        return [self.offering(i) for i in range(min(n, len(self)))]
+
+    def candidates(self, skip: Callable[[Offering], bool] | None = None) -> Iterator[Offering]:
+        """Offerings in ranking order, leaving out those `skip` says (e.g. recently out of capacity)."""
+        for i in range(len(self)):
+            o = self.offering(i)
+            if skip is None or not skip(o):
+                yield o
+
+    def explain(self, alternatives: int = 4) -> dict:
+        """A JSON-ready record of the decision (what `ray-nodeless plan --json` prints per node type)."""
+        chosen = self.chosen
+        return {
+            "node_type": self.request.node_type or None,
+            "shape": self.request.shape.describe(),
+            "rule": self.request.rule,
+            "catalog_id": self.catalog_id,
+            "cloud": self.request.cloud,
+            "region": self.request.region,
+            **_offering_record(chosen),
+            "considered": self.considered,
+            "candidates": len(self),
+            "rejected": dict(self.rejected),
+            "unknown_price_skipped": self.rejected.get("unknown_price", 0),
+            "alternatives": [_offering_record(o) for o in self.top(alternatives + 1)[1:]],
+        }
+
+
+def _offering_record(o: Offering) -> dict:
+    t = o.instance_type
+    return {
+        "instance_type": t.name, "zone": o.zone, "capacity": o.capacity, "hourly_price": o.hourly_price,
+        "vcpus": t.vcpus, "memory_gib": t.memory_gib, "gpu_model": t.gpu_model or None, "gpu_count": t.gpu_count,
+    }
