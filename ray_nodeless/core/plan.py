@@ -34,6 +34,14 @@ REASONS = (
 _SIZE_REASONS = frozenset({"too_few_vcpus", "too_little_memory", "too_few_gpus"})
 
 
+def allowed_gpu_models(request: Request) -> frozenset[str] | None:
+    """The GPU models the request allows (None: any): its `gpus`, narrowed to the shape's accelerator_type."""
+    allowed, wanted = request.requirements.gpus, request.shape.accelerator_type
+    if wanted:
+        allowed = frozenset({wanted}) if allowed is None else allowed & {wanted}
+    return allowed
+
+
 @dataclass
 class Plan:
     """The ordered candidates for one request, and why everything else was rejected."""

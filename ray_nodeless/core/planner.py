@@ -30,7 +30,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, RegionCatalog
-from ray_nodeless.core.plan import _SIZE_REASONS, REASONS, Plan  # noqa: F401  (Plan, REASONS: re-exported)
+from ray_nodeless.core.plan import _SIZE_REASONS, REASONS, Plan, allowed_gpu_models  # noqa: F401  (re-exports)
 from ray_nodeless.core.planner_py import _PyRegionIndex, py_compute
 from ray_nodeless.core.requirements import Request, names_explicitly
 from ray_nodeless.errors import NoFeasibleOffering
@@ -161,10 +161,7 @@ class Planner:
                         if req.exclude_families else idx.no_types)
         arch_ok = idx.code_mask(idx.arches, idx.arch, request.arch)
         has_gpu = idx.gpus > 0
-        gpu_allowed = req.gpus
-        if shape.accelerator_type:
-            gpu_allowed = (frozenset({shape.accelerator_type}) if gpu_allowed is None
-                           else gpu_allowed & {shape.accelerator_type})
+        gpu_allowed = allowed_gpu_models(request)
         if gpu_allowed is None:
             gpu_model_ok = ones
         else:

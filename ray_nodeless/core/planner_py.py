@@ -9,7 +9,7 @@ import threading
 from typing import TYPE_CHECKING, Sequence
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, RegionCatalog
-from ray_nodeless.core.plan import _SIZE_REASONS, Plan
+from ray_nodeless.core.plan import _SIZE_REASONS, Plan, allowed_gpu_models
 from ray_nodeless.core.requirements import Request, names_explicitly
 from ray_nodeless.errors import NoFeasibleOffering
 
@@ -86,10 +86,7 @@ def _py_type_checks(idx: _PyRegionIndex, request: Request) -> list[tuple[str, li
     fam_excluded = [f in req.exclude_families for f in idx.family] if req.exclude_families else none
     arch_ok = [a in request.arch for a in idx.arch]
     has_gpu = [g > 0 for g in idx.gpus]
-    gpu_allowed = req.gpus
-    if shape.accelerator_type:
-        gpu_allowed = (frozenset({shape.accelerator_type}) if gpu_allowed is None
-                       else gpu_allowed & {shape.accelerator_type})
+    gpu_allowed = allowed_gpu_models(request)
     if gpu_allowed is None:
         gpu_model_ok = ones
     else:

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from ray_nodeless.providers.local.backend import LocalBackend
+from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
 from ray_nodeless.testing.moto_server import MotoServer
 from ray_nodeless.testing.ray_processes import free_port
 from tests import REPO_ROOT
@@ -87,3 +89,14 @@ def cmdline(pid: int) -> str:
         return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
     except OSError:
         return "?"
+
+
+def end_local_cluster(cfg: dict) -> None:
+    """A test's finally: end whatever a local-backend cluster still has (machines, then the head's processes)."""
+    backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
+    try:
+        ids = [m.id for m in backend.list_machines()]
+        if ids:
+            backend.terminate(ids)
+    finally:
+        stop_marked_processes(backend.runner_marker, force=True)

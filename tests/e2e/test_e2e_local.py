@@ -22,7 +22,7 @@ from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
-from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, write_config
+from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, end_local_cluster, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -64,16 +64,6 @@ def _wait(predicate, timeout: float, what: str):
             return got
         time.sleep(1)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _cleanup(cfg: dict) -> None:
-    backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
-    try:
-        ids = [m.id for m in backend.list_machines()]
-        if ids:
-            backend.terminate(ids)
-    finally:
-        stop_marked_processes(backend.runner_marker, force=True)
 
 
 def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp_path):
@@ -152,7 +142,7 @@ def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp
         assert sorted(p.name for p in (tmp_path / "state").rglob("*.json")) == ["counter.json", "faults.json"]
         assert stop_marked_processes(backend.runner_marker) == 0, "ray down left processes behind"
     finally:
-        _cleanup(cfg)
+        end_local_cluster(cfg)
 
 
 def test_v1_autoscaler_launches_and_removes_a_gpu_node(tmp_path):
@@ -184,4 +174,4 @@ def test_v1_autoscaler_launches_and_removes_a_gpu_node(tmp_path):
         assert tags["nodeless-instance-type"] == plan_cluster(cfg).plans["gpu_worker"].chosen.instance_type.name
         _wait(lambda: list(_machines(cfg)) == [head_id], 120, "the idle GPU node to be removed under v1")
     finally:
-        _cleanup(cfg)
+        end_local_cluster(cfg)

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from ray_nodeless.providers.local.backend import LocalBackend
-from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
 from ray_nodeless.testing.ray_processes import free_port
-from tests.e2e.clusters import BIN, RAY_ENV, write_config
+from tests.e2e.clusters import BIN, RAY_ENV, end_local_cluster, write_config
 
 pytestmark = pytest.mark.e2e
 
@@ -77,10 +76,4 @@ def test_request_resources_launches_a_worker_of_the_pinned_type(tmp_path: Path) 
         assert down.returncode == 0, down.stderr[-2000:]
         assert _machines(cfg) == {}
     finally:
-        backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
-        try:
-            ids = [m.id for m in backend.list_machines()]
-            if ids:
-                backend.terminate(ids)
-        finally:
-            stop_marked_processes(backend.runner_marker, force=True)
+        end_local_cluster(cfg)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes.client.rest import ApiException
 
@@ -127,29 +127,11 @@ class Housekeeping:
             logger.warning("kubernetes: cannot cordon Node %s: %s", node, e)
 
     def _delete_node(self, node: str) -> bool:
-        try:
-            self.core.delete_node(node)
-            logger.info("kubernetes: deleted Node %s", node)
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return True
-            logger.warning("kubernetes: cannot delete Node %s: %s %s", node, e.status, e.reason)
-        except Exception as e:
-            logger.warning("kubernetes: cannot delete Node %s: %s", node, e)
-        return False
+        return _deleted(f"Node {node}", lambda: self.core.delete_node(node), announce=True)
 
     def _delete_pod(self, name: str, grace: int) -> bool:
-        try:
-            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace)
-            return True
-        except ApiException as e:
-            if e.status == 404:
-                return True
-            logger.warning("kubernetes: cannot delete pod %s: %s %s", name, e.status, e.reason)
-        except Exception as e:
-            logger.warning("kubernetes: cannot delete pod %s: %s", name, e)
-        return False
+        return _deleted(f"pod {name}",
+                        lambda: self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=grace))
 
     def _reap(self, mid: str, pods: list[str], nodes: list[str]) -> None:
         """After a terminate: wait for the pods to go (their kubelet confirms), then delete the Node(s); a pod still
@@ -245,3 +227,19 @@ def _created(obj) -> float:
     ts = obj.metadata.creation_timestamp if obj.metadata else None
     return ts.timestamp() if ts is not None else time.time()
 
+
+def _deleted(what: str, delete: Callable[[], object], announce: bool = False) -> bool:
+    """Run a delete call: True when the object is gone (deleted now, logged if `announce`; or 404: gone already);
+    False, with a warning, when the API refused or could not be reached (the caller retries on its next pass)."""
+    try:
+        delete()
+        if announce:
+            logger.info("kubernetes: deleted %s", what)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return True
+        logger.warning("kubernetes: cannot delete %s: %s %s", what, e.status, e.reason)
+    except Exception as e:
+        logger.warning("kubernetes: cannot delete %s: %s", what, e)
+    return False
