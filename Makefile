@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench catalog clean k8s
+.PHONY: demo test install bench catalog clean k8s wheel
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,18 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
+
+# The plugin's wheel for cloud heads (ray-nodeless is on no package index): the cloud configs in cluster-configs/
+# carry WHEEL_DIR to the head with file_mounts and pip-install the wheel in head_setup_commands. Rebuilt every time,
+# from a clean build/ (setuptools would otherwise ship modules deleted since the last build); the directory holds
+# only this build's wheel, ray_nodeless-<version>-py3-none-any.whl.
+WHEEL_DIR ?= dist/ray_nodeless_wheel
+
+wheel: $(BIN)/python
+	rm -rf build ray_nodeless.egg-info
+	rm -f $(WHEEL_DIR)/ray_nodeless-*.whl
+	$(BIN)/python -m pip wheel --no-deps -q -w $(WHEEL_DIR) .
+	@ls $(WHEEL_DIR)/ray_nodeless-*.whl
 
 # A real kube-apiserver, scheduler, controller-manager and etcd for the Kubernetes tests, built from Debian's sources
 # once and cached in ~/.cache/ray-nodeless/k8s (the first build takes 5-20 minutes on 2 cores; then it is instant).
@@ -37,4 +49,4 @@ catalog: $(STAMP)
 	$(BIN)/python scripts/build_catalog.py --source ../shared/catalog --out ray_nodeless/data/catalog
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,6 +1,7 @@
 """Hypothesis profiles: CI replays a fixed set of examples (a red CI must mean a change broke something, not that
 a new random example was drawn); developers explore with fresh random examples. HYPOTHESIS_PROFILE overrides."""
 import os
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -64,3 +65,21 @@ def moto_iam(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:
     switch when it rebuilds the IAM backend on the test's first IAM call (seconds of its time: ask only if needed)."""
     monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
     return moto
+
+
+@pytest.fixture(scope="session")
+def plugin_wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the wheel `make wheel` builds from this checkout (what the cloud configs mount on the
+    head), built once per test session: xdist workers share one build (under a lock) through the session's base
+    temp directory."""
+    from filelock import FileLock
+
+    from tests.packaging.wheel import build_wheel
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "ray_nodeless_wheel"
+    with FileLock(str(shared / "ray_nodeless_wheel.lock")):
+        if not list(out.glob("ray_nodeless-*.whl")):
+            build_wheel(out)
+    return out

@@ -10,8 +10,10 @@ from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
 from ray_nodeless.launch.config import check_cluster, check_node_types, load_provider, load_provider_config
+from ray_nodeless.launch.plugin_install import check_file_mounts
 from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
+from ray_nodeless.registrations.vm import BOOT_CLOUDS
 from ray_nodeless.registrations.vm_boot import BOOT_KEY
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,10 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
         allowed = {name: p.request.requirements.zones for name, p in cp.plans.items()}
         if _cloud_bootstrap(config, settings.cloud, settings.registration, allowed):
             cp = check_cluster(config)          # on the zones the filled subnets allow
+        # Last, so that a config mistake is named first: file_mounts sources (the plugin's wheel: `make wheel`)
+        # exist here, and self-booting workers run no command that needs one (launch/plugin_install.py).
+        check_file_mounts(config, workers_boot_themselves=bool(provider.get("disable_node_updaters"))
+                          and settings.registration == "vm" and settings.cloud in BOOT_CLOUDS)
     except (NoFeasibleOffering, CatalogError, BackendError, ConfigError) as e:
         if not teardown:
             raise

@@ -172,6 +172,7 @@ def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, so
     new_provider = _swap_provider(cloud, merged["provider"], project_id, notes)
     converted = _ordered(ray_config, merged)
     converted["provider"] = new_provider
+    _install_plugin(converted, notes)
     region = new_provider.get("region")
     settings, _ = load_provider(new_provider)
     catalog = catalog or catalog_for(settings)
@@ -266,6 +267,14 @@ def _ordered(user: Mapping[str, Any], merged: Mapping[str, Any]) -> dict[str, An
     out = {k: copy.deepcopy(merged[k]) for k in user if k in merged}
     out.update({k: copy.deepcopy(v) for k, v in merged.items() if k not in out})
     return out
+
+
+def _install_plugin(config: dict[str, Any], notes: _Notes) -> None:
+    """The head gets ray_nodeless from its wheel (file_mounts + head_setup_commands: launch/plugin_install.py)."""
+    from ray_nodeless.launch.plugin_install import install_on_head
+
+    for key, text in install_on_head(config, ray_defaults.ray_version()).items():
+        notes.add((key,), text)
 
 
 # --------------------------------------------------------------------------------------------- node types
