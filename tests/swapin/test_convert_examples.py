@@ -3,6 +3,7 @@ naming the key that cannot be honoured; a converted YAML passes Ray's own config
 shows is what launches (against moto and the fake Compute Engine server)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,7 +166,7 @@ def test_comments_survive(name: str) -> None:
 
 
 def _launch_each(config: dict[str, Any], extra_provider: dict[str, Any],
-                 bootstrap: bool = False) -> dict[str, dict[str, str]]:
+                 bootstrap: bool = False, wheel_dir: Path | None = None) -> dict[str, dict[str, str]]:
     """Every node type launched once, the way Ray's autoscaler calls the provider after `ray up` (Ray's
     prepare_config, our fill-in, Ray's validate_config, with `bootstrap` our bootstrap_config against the cloud):
     returns the instance type and zone the provider reports per node type, and checks the plan the launch used."""
@@ -177,6 +178,12 @@ def _launch_each(config: dict[str, Any], extra_provider: dict[str, Any],
 
     cfg = prepared(config)
     cfg["provider"].update(extra_provider)
+    if wheel_dir is not None:
+        # The converted YAML mounts this checkout's dist/ray_nodeless_wheel, there after `make wheel`; the test's
+        # own build of that wheel stands in (bootstrap_config checks that the mounted wheel exists).
+        from ray_nodeless.launch.plugin_install import WHEEL_MOUNT
+
+        cfg["file_mounts"][WHEEL_MOUNT] = str(wheel_dir)
     ready = NodelessProvider.fillout_available_node_types_resources(cfg)
     validate_config(ready)
     if bootstrap:
@@ -201,10 +208,10 @@ def _launch_each(config: dict[str, Any], extra_provider: dict[str, Any],
 
 
 @pytest.mark.parametrize("name, free", [c for c in CASES if c[0].startswith("aws")])
-def test_plan_equals_launch_on_moto(name: str, free: bool, moto_iam: Any) -> None:
+def test_plan_equals_launch_on_moto(name: str, free: bool, moto_iam: Any, plugin_wheel_dir: Path) -> None:
     moto = moto_iam
     conv = converted(name, free)
-    launched = _launch_each(conv.config, {"endpoint_url": moto.url}, bootstrap=True)
+    launched = _launch_each(conv.config, {"endpoint_url": moto.url}, bootstrap=True, wheel_dir=plugin_wheel_dir)
     ec2 = moto.client(region=conv.region)
     by_type = {}
     for r in ec2.describe_instances()["Reservations"]:
