@@ -2,7 +2,8 @@
 # Smoke test of ray_nodeless against a real cloud account (or moto / the fake GCE server by endpoint):
 #   scripts/smoke.sh aws|gcp [CLUSTER_YAML]
 # 1. `ray-nodeless plan` (the cost preview; a YAML `ray up` would refuse is refused here, naming the key)
-# 2. `ray up -y`
+# 2. `make wheel` when the YAML mounts the plugin's wheel (the cloud configs: their head installs ray_nodeless from
+#    ./dist/ray_nodeless_wheel), then `ray up -y` from the checkout's root
 # 3. a task that needs {GPU: 1}, run on the head with `ray exec`: prints the instance it ran on and its type
 # 4. `ray-nodeless status` (machines, prices, cost so far)
 # 5. `ray down -y` (also when a step above failed)
@@ -35,6 +36,7 @@ FAILED=0
 UP_STARTED=0
 
 [ -f "$YAML" ] || { log "FAILED: no cluster YAML at $YAML"; exit 2; }
+YAML="$(cd "$(dirname "$YAML")" && pwd)/$(basename "$YAML")"     # absolute: `ray up` runs from $ROOT
 for tool in "$RAY" "$RAY_NODELESS" "$PYTHON"; do
   command -v "$tool" >/dev/null 2>&1 || { log "FAILED: '$tool' not found (activate the venv with ray and ray-nodeless)"; exit 2; }
 done
@@ -73,6 +75,11 @@ if ! run plan "$RAY_NODELESS" plan "$YAML"; then
   exit 1
 fi
 
+if grep -q "ray_nodeless_wheel" "$YAML" && ! run wheel make -s -C "$ROOT" wheel; then
+  log "FAILED: make wheel (the plugin's wheel the YAML mounts for the head); nothing was launched"
+  exit 1
+fi
+cd "$ROOT"
 UP_STARTED=1
 if ! run up timeout "$UP_TIMEOUT" "$RAY" up -y "$YAML"; then
   fail "ray up failed or timed out after ${UP_TIMEOUT}s (see $WORK/up.log)"

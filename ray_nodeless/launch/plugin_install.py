@@ -92,7 +92,7 @@ def install_on_head(config: dict[str, Any], ray_version: str) -> dict[str, str]:
     return {"file_mounts": f"{WHEEL_MOUNT}: {local}, {where} wheel of ray_nodeless for the head (no package index "
                            f"has it); {MAKE_WHEEL} before `ray up`",
             "head_setup_commands": f"the last command installs that wheel with Ray pinned to the client's "
-                                   f"{ray_version}; workers need no ray_nodeless"}
+                                   f"{ray_version} (only the head runs the plugin)"}
 
 
 # --------------------------------------------------------------------------------------------- the check
