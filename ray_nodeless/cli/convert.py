@@ -7,30 +7,12 @@ With --json the report is one JSON document on stdout (without -o, no YAML is wr
 """
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import click
 
 from ray_nodeless.cli.errors import user_errors
-
-# Ray's config preparation logs every default it fills in; the report says what matters.
-_RAY_LOGGERS = ("ray.autoscaler", "ray.autoscaler._private.util")
-
-
-@contextmanager
-def _quiet_ray() -> Iterator[None]:
-    loggers = [logging.getLogger(n) for n in _RAY_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+from ray_nodeless.ray_adapter.compat.defaults import quiet_config_logs
 
 
 @click.command("convert")
@@ -50,7 +32,7 @@ def convert_command(ray_yaml: str, output: str | None, free_instance_types: bool
     from ray_nodeless.swapin.convert import convert_file
 
     with user_errors():
-        with _quiet_ray():
+        with quiet_config_logs():
             conv = convert_file(ray_yaml, free_instance_types=free_instance_types, project_id=project_id)
         if output:
             p = Path(output)

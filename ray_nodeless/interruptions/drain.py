@@ -1,8 +1,8 @@
 """Draining a Ray node through Ray's own drain API (GCS `DrainNode`), the call autoscaler v2 makes itself.
 
-Ray 2.60: `ray._raylet.GcsClient(address=...).drain_node(node_id=<hex>, reason=<DrainNodeReason>,
-reason_message=..., deadline_timestamp_ms=...) -> (accepted, rejection message)`; `ray drain-node` and autoscaler
-v2's RayStopper call exactly this. With `DRAIN_NODE_REASON_PREEMPTION` the raylet cannot refuse: it stops taking
+Ray 2.60: `GcsClient(address=...).drain_node(node_id=<hex>, reason=<DrainNodeReason>, reason_message=...,
+deadline_timestamp_ms=...) -> (accepted, rejection message)` (ray_adapter/compat/gcs.py); `ray drain-node` and
+autoscaler v2's RayStopper call exactly this. With `DRAIN_NODE_REASON_PREEMPTION` the raylet cannot refuse: it stops taking
 new work at once (the scheduler places new and retried tasks elsewhere), lets running tasks go on until the machine
 dies, and exits by itself if it becomes idle first. The deadline is what Ray reports to users ("the node will be
 preempted at ..."), so we pass the cloud's own.
@@ -19,15 +19,16 @@ from typing import Any, Iterable
 
 from ray_nodeless.errors import DrainError
 from ray_nodeless.interruptions.notices import Notice
+from ray_nodeless.ray_adapter.compat import gcs
 
 logger = logging.getLogger(__name__)
 
 # GCS node-table reads: long enough for a loaded head, short enough that a dead GCS does not stall the caller.
 GCS_TIMEOUT_S = 10
 
-NODE_ALIVE = "ALIVE"
-NODE_DRAINING = "DRAINING"
-NODE_DEAD = "DEAD"
+NODE_ALIVE = gcs.ALIVE
+NODE_DRAINING = gcs.DRAINING
+NODE_DEAD = gcs.DEAD
 
 
 @dataclass(frozen=True)
@@ -40,16 +41,8 @@ class RayNode:
 
 
 def _node(info: Any) -> RayNode:
-    from ray.core.generated import gcs_pb2
-
-    if info.state == gcs_pb2.GcsNodeInfo.DEAD:
-        state = NODE_DEAD
-    elif info.state_snapshot.state == gcs_pb2.NodeSnapshot.DRAINING:
-        state = NODE_DRAINING
-    else:
-        state = NODE_ALIVE
     return RayNode(node_id=info.node_id.hex(), ip=info.node_manager_address, instance_id=info.instance_id,
-                   state=state, is_head=bool(info.is_head_node))
+                   state=gcs.node_state(info), is_head=bool(info.is_head_node))
 
 
 def match_node(nodes: Iterable[RayNode], instance_id: str | None = None, ip: str | None = None) -> RayNode | None:
@@ -80,9 +73,8 @@ class RayDrainer:
         if self._client is None:
             if not self.gcs_address:
                 raise DrainError("no GCS address to drain through")
-            from ray._raylet import GcsClient
             try:
-                self._client = GcsClient(address=self.gcs_address)
+                self._client = gcs.gcs_client(self.gcs_address)
             except Exception as e:    # RpcError / RaySystemError: GCS not reachable (yet)
                 raise DrainError(f"cannot reach Ray's GCS at {self.gcs_address}: {e}") from None
         return self._client
@@ -101,12 +93,10 @@ class RayDrainer:
 
     def drain(self, node: RayNode, notice: Notice) -> None:
         """Drain `node` for preemption with the notice's deadline. Raises DrainError if GCS refuses or fails."""
-        from ray.core.generated import autoscaler_pb2
-
         try:
             accepted, why = self._gcs().drain_node(
                 node_id=node.node_id,
-                reason=autoscaler_pb2.DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION,
+                reason=gcs.preemption_reason(),
                 reason_message=notice.describe(),
                 deadline_timestamp_ms=notice.deadline_ms,
             )

@@ -19,6 +19,8 @@ import copy
 import logging
 from typing import Any
 
+from ray_nodeless.ray_adapter.compat.defaults import default_config
+
 logger = logging.getLogger(__name__)
 
 # Keys Ray reads with config[key] after bootstrap (commands.py, updater, autoscaler): filled when missing.
@@ -37,8 +39,7 @@ def ray_defaults(cloud: str) -> dict[str, Any]:
     """The installed Ray's defaults.yaml of `cloud` ({} for clouds Ray has none for)."""
     if cloud not in RAY_DEFAULT_CLOUDS:
         return {}
-    from ray.autoscaler._private.providers import _get_default_config
-    return _get_default_config({"type": cloud})
+    return default_config({"type": cloud})
 
 
 def fill_ray_defaults(config: dict[str, Any]) -> list[str]:

@@ -50,5 +50,5 @@ class BareVM(Registration):
         """`provider.head_ip`, else this process's address (the monitor that launches workers runs on the head)."""
         if self.head_ip:
             return self.head_ip
-        from ray._private.services import get_node_ip_address
-        return get_node_ip_address()
+        from ray_nodeless.ray_adapter.compat.node_ip import node_ip_address
+        return node_ip_address()

@@ -26,6 +26,7 @@ import logging
 import random
 from typing import Any, Mapping
 
+from ray_nodeless.ray_adapter.compat.scheduler import demand_scheduler, no_availability, quiet_scheduler
 from ray_nodeless.simulate.model import (
     DEFAULT_LAUNCH_MINUTES, EPS, TICK_MS, JobRun, SimConfig, SimNode, SimulationError, TaskRun,
 )
@@ -278,8 +279,7 @@ class Simulator:
     # -- the autoscaler -------------------------------------------------------------------------------------
     def _ray_scheduler(self):
         if self._scheduler is None:
-            from ray.autoscaler._private.resource_demand_scheduler import ResourceDemandScheduler
-            self._scheduler = ResourceDemandScheduler(
+            self._scheduler = demand_scheduler(
                 _ProviderView(self.live), self.cfg.node_types, self.cfg.max_workers, self.cfg.head_node_type,
                 self.cfg.upscaling_speed)
         return self._scheduler
@@ -303,14 +303,9 @@ class Simulator:
             for name, nt in self.cfg.node_types.items())
         if not self.pending and not min_short:
             return
-        from ray.autoscaler._private.node_provider_availability_tracker import NodeAvailabilitySummary
         ready = [n for n in self.live.values() if n.ready_ms <= self.now]
         self.scheduler_calls += 1
-        # Ray warns on every call while demand exceeds max_workers; in a replay that is expected, not news.
-        rds_logger = logging.getLogger("ray.autoscaler._private.resource_demand_scheduler")
-        level = rds_logger.level
-        rds_logger.setLevel(logging.ERROR)
-        try:
+        with quiet_scheduler():
             to_launch, _ = self._ray_scheduler().get_nodes_to_launch(
                 nodes=[n.node_id for n in sorted(self.live.values(), key=lambda n: n.seq)],
                 launching_nodes={},
@@ -319,10 +314,8 @@ class Simulator:
                 pending_placement_groups=[],
                 max_resources_by_ip={n.ip: dict(n.total) for n in ready},
                 ensure_min_cluster_size=[],
-                node_availability_summary=NodeAvailabilitySummary(node_availabilities={}),
+                node_availability_summary=no_availability(),
             )
-        finally:
-            rds_logger.setLevel(level)
         for node_type in sorted(to_launch):
             for _ in range(int(to_launch[node_type])):
                 self._add_node(node_type, False, self.now + self.launch_latency_ms)

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.ray_adapter.compat import aws_amis
+from ray_nodeless.ray_adapter.compat import defaults as ray_own
 
 logger = logging.getLogger(__name__)
 
@@ -20,18 +22,15 @@ RAY_CLOUDS = ("aws", "gcp")
 
 
 def ray_version() -> str:
-    import ray
-
-    return ray.__version__
+    return ray_own.ray_version()
 
 
 def defaults_path(cloud: str) -> Path:
     """The installed Ray's defaults.yaml for `cloud`, found the way Ray finds it."""
-    from ray.autoscaler._private.providers import _DEFAULT_CONFIGS
-
-    if cloud not in RAY_CLOUDS or cloud not in _DEFAULT_CONFIGS:
+    path = ray_own.defaults_file(cloud) if cloud in RAY_CLOUDS else None
+    if path is None:
         raise ConfigError("provider.type", f"{cloud!r}: ray_nodeless converts Ray YAMLs for {list(RAY_CLOUDS)}")
-    return Path(_DEFAULT_CONFIGS[cloud]())
+    return path
 
 
 def defaults_text(cloud: str) -> str:
@@ -43,12 +42,10 @@ def merge_ray_defaults(config: Mapping[str, Any]) -> dict[str, Any]:
     in `ray up`): top-level keys the YAML lacks come from defaults.yaml; legacy `head_node` / `worker_nodes`
     configs are rewritten and empty ones dropped, as Ray does. The setup-command merge and the per-node-type
     min/max workers that `prepare_config` adds next are left to `ray up` (baking them in would apply them twice)."""
-    from ray.autoscaler._private.util import fillout_defaults
-
     cloud = (config.get("provider") or {}).get("type")
     defaults_path(cloud)     # the error for a provider type that is not a Ray cloud
     try:
-        return fillout_defaults(copy.deepcopy(dict(config)))
+        return ray_own.fillout_defaults(copy.deepcopy(dict(config)))
     except (KeyError, TypeError, ValueError, AssertionError, AttributeError) as e:
         raise ConfigError("cluster", f"Ray's own merge of its {cloud} defaults failed: {e!r}") from e
 
@@ -57,17 +54,16 @@ def ray_checks(config: Mapping[str, Any]) -> dict[str, Any]:
     """Ray's own path of `ray up` for a cluster YAML, up to the provider: `prepare_config` then `validate_config`
     (its JSON schema and cross-key checks). Returns the prepared config; failures are ConfigErrors naming the key."""
     import jsonschema
-    from ray.autoscaler._private.util import prepare_config, validate_config
 
     try:
-        prepared = prepare_config(copy.deepcopy(dict(config)))
+        prepared = ray_own.prepare_config(copy.deepcopy(dict(config)))
     except KeyError as e:
         key = str(e.args[0]) if e.args else "cluster"
         raise ConfigError(key, "missing: Ray's config preparation needs it") from e
     except (TypeError, ValueError, AssertionError, AttributeError) as e:
         raise ConfigError("cluster", f"Ray's config preparation refused it: {e}") from e
     try:
-        validate_config(prepared)
+        ray_own.validate_config(prepared)
     except jsonschema.ValidationError as e:
         key = ".".join(str(p) for p in e.absolute_path) or "cluster"
         raise ConfigError(key, f"Ray's cluster schema refused it: {e.message}") from e
@@ -78,6 +74,4 @@ def ray_checks(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def default_ami(region: str) -> str | None:
     """The AMI Ray's AWS bootstrap (`_check_ami`) uses for a node type without ImageId in `region`."""
-    from ray.autoscaler._private.aws.config import DEFAULT_AMI
-
-    return DEFAULT_AMI.get(region)
+    return aws_amis.default_ami(region)

@@ -21,6 +21,7 @@ from typing import Callable, Iterator, TypeVar
 from ray_nodeless.providers.local.pids import live_processes
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
 from ray_nodeless.providers.local.ray_start import READY_MARKER, ray_executable
+from ray_nodeless.ray_adapter.compat.gcs import node_infos
 
 T = TypeVar("T")
 
@@ -127,8 +128,7 @@ def ray_head() -> Iterator[str]:
 
 def gcs_nodes(gcs_address: str) -> list:
     """Node table straight from GCS: GcsNodeInfo protos, with instance_id (= RAY_CLOUD_INSTANCE_ID)."""
-    from ray._raylet import GcsClient
-    return list(GcsClient(address=gcs_address).get_all_node_info(timeout=10).values())
+    return node_infos(gcs_address, timeout_s=10)
 
 
 def alive_nodes_by_instance(gcs_address: str) -> dict[str, object]:

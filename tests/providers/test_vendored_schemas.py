@@ -17,6 +17,7 @@ from ray_nodeless.providers.aws import images, run_instances_keys
 from ray_nodeless.providers.aws import settings as aws_settings
 from ray_nodeless.providers.gcp import instance_schema
 from ray_nodeless.providers.gcp import node_config as gcp_nc
+from ray_nodeless.ray_adapter.compat import aws_amis
 from tests import REPO_ROOT
 
 KEY = "available_node_types.w.node_config"
@@ -66,7 +67,7 @@ def test_an_ec2_model_in_aws_data_path_reads_botocore_itself(monkeypatch, tmp_pa
 def test_ray_default_amis_from_source_equal_rays():
     from ray.autoscaler._private.aws.config import DEFAULT_AMI
 
-    assert images._default_amis_from_source() == DEFAULT_AMI
+    assert aws_amis.default_amis_from_source() == DEFAULT_AMI
     assert images.ray_default_amis() == DEFAULT_AMI     # the live module, now that it is imported
 
 

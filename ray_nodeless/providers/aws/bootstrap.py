@@ -1,5 +1,5 @@
-"""What Ray's own AWS bootstrap (`ray.autoscaler._private.aws.config.bootstrap_aws`) does for a `type: aws` YAML,
-done for `cloud: aws` by calling the installed Ray's own step functions on a Ray-shaped copy of the config and
+"""What Ray's own AWS bootstrap (its `bootstrap_aws`) does for a `type: aws` YAML, done for `cloud: aws` by calling
+the installed Ray's own step functions (ray_adapter/compat/aws_bootstrap.py) on a Ray-shaped copy of the config and
 copying what they filled back into ours:
 
     step                       Ray function                   fills (as Ray does)
@@ -19,9 +19,10 @@ Differences from Ray, on purpose:
   `zones` requirement is narrowed to the zones of those subnets: the planner never picks a zone it cannot launch
   into (plan == launch). `provider.subnets` ({zone: subnet}) and subnets tagged `ray-nodeless-subnet` are handed to
   Ray's step as the node type's subnets (validated the same way; the security group goes into their VPC).
-- The boto3 resources Ray's steps create are ours: the provider block's `aws_credentials` (profile_name too, which
-  Ray's own `aws_credentials` cannot take), `region`, and `endpoint_url` for every service the steps call (EC2 and
-  IAM); without `endpoint_url`, botocore's own endpoint resolution applies (AWS_ENDPOINT_URL and
+- Ray's steps build their boto3 resources from the Ray-shaped config's `provider.aws_credentials`, which carries
+  the credentials our provider block resolves to (its `aws_credentials`, profile_name too, which Ray's own
+  `aws_credentials` cannot take, else the default chain), and `endpoint_url` for every service the steps call (EC2
+  and IAM); without `endpoint_url`, botocore's own endpoint resolution applies (AWS_ENDPOINT_URL and
   AWS_ENDPOINT_URL_<SERVICE> honoured).
 - Ray waits 15 s (twice) after creating the IAM profile and role, for IAM propagation. Against a custom endpoint
   (`endpoint_url` or AWS_ENDPOINT_URL set: moto, a proxy) that wait is skipped.
@@ -34,20 +35,17 @@ Ray's SSH, IAM and security-group set-up does not apply to them).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
-import threading
-import time
-import types
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.aws.images import LATEST_DLAMI, default_ami, fill_default_images  # noqa: F401 (API)
 from ray_nodeless.providers.aws.settings import AwsSettings, market_options
 from ray_nodeless.providers.aws.subnets import SUBNET_DISCOVERY_TAG
+from ray_nodeless.ray_adapter.compat.aws_bootstrap import RayAwsSteps, aborts, ray_aws_steps
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +53,6 @@ logger = logging.getLogger(__name__)
 FILLED_KEYS = ("ImageId", "KeyName", "SubnetIds", "SecurityGroupIds")
 # The keys of a launch template that decide what is launched, pinned into the node_config (see _template_pins).
 TEMPLATE_PINNED_KEYS = ("InstanceType", "InstanceMarketOptions")
-# Ray's own retries for the resources its bootstrap creates (ray.autoscaler._private.aws.utils.BOTO_MAX_RETRIES).
-RAY_BOTO_MAX_RETRIES = 12
 # Environment variables that point botocore at another endpoint (then there is no IAM propagation to wait for).
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_IAM")
 
@@ -65,12 +61,6 @@ STEPS_BY_REGISTRATION = {
     "local-player": ("subnet", "security_group"),
     "kubernetes": (),
 }
-
-_PATCH_LOCK = threading.Lock()       # Ray's module globals are patched for the duration of one bootstrap
-
-
-class _RayAbort(Exception):
-    """Ray's `cli_logger.abort` (or `doassert`) inside one of its bootstrap steps."""
 
 
 def custom_endpoint(settings: AwsSettings) -> bool:
@@ -84,13 +74,14 @@ def bootstrap_aws_resources(config: dict[str, Any], settings: AwsSettings, regis
     steps = STEPS_BY_REGISTRATION.get(registration, STEPS_BY_REGISTRATION["vm"])
     node_types = config["available_node_types"]
     view = _ray_view(config, settings, allowed_zones)
-    with _ray_aws(settings) as rc:
+    view["provider"]["aws_credentials"] = _ray_credentials(settings)
+    with ray_aws_steps(wait_for_iam_propagation=not custom_endpoint(settings)) as rc:
         view = _step("launch templates", "available_node_types.*.node_config.LaunchTemplate",
-                     rc._configure_from_launch_template, view)
+                     rc.launch_template, view)
         template_pins = {name: _template_pins(name, node_types[name].get("node_config") or {}, t["node_config"])
                          for name, t in view["available_node_types"].items()}
         view = _step("network interfaces", "available_node_types.*.node_config.NetworkInterfaces",
-                     rc._configure_from_network_interfaces, view)
+                     rc.network_interfaces, view)
         fed: set[str] = set()
         if "subnet" in steps:
             fed = _step("subnets", "provider.subnets", lambda v: _feed_subnets(v, settings, rc), view)
@@ -98,15 +89,15 @@ def bootstrap_aws_resources(config: dict[str, Any], settings: AwsSettings, regis
         head = config["head_node_type"]
         if "iam" in steps:
             view = _step("head IAM instance profile",
-                         f"available_node_types.{head}.node_config.IamInstanceProfile", rc._configure_iam_role, view)
+                         f"available_node_types.{head}.node_config.IamInstanceProfile", rc.iam_role, view)
         if "key_pair" in steps:
-            view = _step("key pair", "auth.ssh_private_key (with node_config.KeyName)", rc._configure_key_pair, view)
+            view = _step("key pair", "auth.ssh_private_key (with node_config.KeyName)", rc.key_pair, view)
         if "subnet" in steps:
-            view = _step("subnets", "available_node_types.*.node_config.SubnetIds", rc._configure_subnet, view)
+            view = _step("subnets", "available_node_types.*.node_config.SubnetIds", rc.subnet, view)
         if "security_group" in steps:
             view = _step("security group", "available_node_types.*.node_config.SecurityGroupIds",
-                         rc._configure_security_group, view)
-        _step("AMI", "available_node_types.*.node_config.ImageId", lambda v: rc._check_ami(v) or v, view)
+                         rc.security_group, view)
+        _step("AMI", "available_node_types.*.node_config.ImageId", lambda v: rc.check_ami(v) or v, view)
         subnet_zones = _step("subnets", "available_node_types.*.node_config.SubnetIds",
                              lambda v: _subnet_zones(v, rc), view) if "subnet" in steps else {}
 
@@ -186,11 +177,11 @@ def _ray_view(config: Mapping[str, Any], settings: AwsSettings,
             "auth": copy.deepcopy(config.get("auth") or {}), "provider": provider}
 
 
-def _feed_subnets(view: dict[str, Any], settings: AwsSettings, rc: Any) -> set[str]:
+def _feed_subnets(view: dict[str, Any], settings: AwsSettings, rc: RayAwsSteps) -> set[str]:
     """Node types without subnets get provider.subnets, else the subnets tagged SUBNET_DISCOVERY_TAG, as theirs."""
     configured = list(dict.fromkeys((settings.subnets or {}).values()))
     if not configured:
-        ec2 = rc._resource("ec2", view)
+        ec2 = rc.resource("ec2", view)
         configured = sorted(s.subnet_id for s in ec2.subnets.filter(
             Filters=[{"Name": "tag-key", "Values": [SUBNET_DISCOVERY_TAG]}]))
     if not configured:
@@ -204,11 +195,11 @@ def _feed_subnets(view: dict[str, Any], settings: AwsSettings, rc: Any) -> set[s
     return fed
 
 
-def _subnet_zones(view: Mapping[str, Any], rc: Any) -> dict[str, tuple[str, str]]:
+def _subnet_zones(view: dict[str, Any], rc: RayAwsSteps) -> dict[str, tuple[str, str]]:
     ids = sorted({s for t in view["available_node_types"].values() for s in t["node_config"].get("SubnetIds") or []})
     if not ids:
         return {}
-    ec2 = rc._resource("ec2", view)
+    ec2 = rc.resource("ec2", view)
     return {s.subnet_id: (s.availability_zone, getattr(s, "availability_zone_id", "") or "")
             for s in ec2.subnets.filter(Filters=[{"Name": "subnet-id", "Values": ids}])}
 
@@ -242,57 +233,32 @@ def _step(what: str, key: str, fn: Any, view: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("provider.aws_credentials", f"Ray's AWS bootstrap ({what}) needs AWS credentials: {e} "
                                                       "(set provider.aws_credentials, AWS_PROFILE or AWS_ACCESS_KEY_ID)"
                           ) from None
-    except (_RayAbort, AssertionError, ValueError) as e:
+    except (*aborts(), ValueError) as e:
         raise ConfigError(key, f"Ray's AWS bootstrap ({what}) refused the config: {e}") from None
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
         raise ConfigError(key, f"Ray's AWS bootstrap ({what}) failed: {e}; set this key to an existing "
                                "resource to skip the step, or grant the permission it needs") from None
 
 
-@contextlib.contextmanager
-def _ray_aws(settings: AwsSettings) -> Iterator[Any]:
-    """Ray's AWS config module with its boto3 resources built from our settings, its aborts raised as exceptions
-    and, against a custom endpoint, no IAM propagation wait."""
-    from botocore.config import Config
-    from ray.autoscaler._private.aws import config as rc
-    from ray.autoscaler._private.cli_logger import cli_logger
+def _ray_credentials(settings: AwsSettings) -> dict[str, str]:
+    """`provider.aws_credentials` for Ray's steps (keyword arguments of `boto3.resource`): the credentials our
+    provider block resolves to, frozen (Ray's resources take no profile), and our endpoint. None resolved: Ray's
+    default chain, which finds none either, and the step names provider.aws_credentials."""
+    import botocore.exceptions
 
     from ray_nodeless.providers.aws.clients import session
 
-    s = session(settings.session_kwargs())
-    cache: dict[str, Any] = {}
-
-    def resource(name: str, _config: Any = None) -> Any:
-        if name not in cache:
-            kw: dict[str, Any] = {"region_name": settings.region,
-                                  "config": Config(retries={"max_attempts": RAY_BOTO_MAX_RETRIES})}
-            if settings.endpoint_url:
-                kw["endpoint_url"] = settings.endpoint_url
-            cache[name] = s.resource(name, **kw)
-        return cache[name]
-
-    def abort(msg: str | None = None, *args: Any, exc: Any = None, **kwargs: Any) -> None:
-        if exc is not None:
-            raise exc
-        text = str(msg or "aborted")
-        try:
-            text = text.format(*args, **kwargs)
-        except (IndexError, KeyError, ValueError):
-            pass
-        raise _RayAbort(text)
-
-    sleep = (lambda _s: None) if custom_endpoint(settings) else time.sleep
-    with _PATCH_LOCK:
-        saved = rc._resource, rc.time
-        rc._resource = resource
-        rc.time = types.SimpleNamespace(sleep=sleep, time=time.time, monotonic=time.monotonic)
-        cli_logger.abort = abort            # an instance attribute: shadows the method until deleted
-        try:
-            yield rc
-        finally:
-            rc._resource, rc.time = saved
-            del cli_logger.abort
-            rc._get_subnets_or_die.cache_clear()      # keyed on our (now dropped) resources
-            for c in cache.values():
-                with contextlib.suppress(Exception):
-                    c.meta.client.close()
+    out: dict[str, str] = {}
+    try:
+        creds = session(settings.session_kwargs()).get_credentials()
+        frozen = creds.get_frozen_credentials() if creds is not None else None
+    except botocore.exceptions.BotoCoreError as e:
+        raise ConfigError("provider.aws_credentials", f"cannot resolve AWS credentials for Ray's AWS bootstrap: {e}"
+                          ) from None
+    if frozen is not None:
+        out = {"aws_access_key_id": frozen.access_key, "aws_secret_access_key": frozen.secret_key}
+        if frozen.token:
+            out["aws_session_token"] = frozen.token
+    if settings.endpoint_url:
+        out["endpoint_url"] = settings.endpoint_url
+    return out

@@ -1,59 +1,20 @@
 """A node type's AMI as Ray's AWS bootstrap (`_check_ami`) settles it, before any API call: an explicit ImageId,
-else provider.image_id, else Ray's default AMI of the region (its `DEFAULT_AMI` map).
-
-No boto3 and no Ray import (`ray-nodeless plan` runs this): Ray's `DEFAULT_AMI` is read from the installed Ray's own
-source (`ray/autoscaler/_private/aws/config.py`, a literal dict) unless that module is already imported, in which
-case its live value is used. tests/providers/aws/test_aws_images.py checks both readings agree.
+else provider.image_id, else Ray's default AMI of the region (its `DEFAULT_AMI` map, read without importing Ray:
+ray_adapter/compat/aws_amis.py). No boto3 and no Ray import (`ray-nodeless plan` runs this).
 """
 from __future__ import annotations
 
-import ast
-import functools
-import importlib.util
 import logging
-import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.aws.settings import AwsSettings
+from ray_nodeless.ray_adapter.compat.aws_amis import default_ami, ray_default_amis  # noqa: F401 (API)
 
 logger = logging.getLogger(__name__)
 
 # Ray's special ImageId value meaning "the default Deep Learning AMI of the region".
 LATEST_DLAMI = "latest_dlami"
-RAY_AWS_CONFIG_MODULE = "ray.autoscaler._private.aws.config"
-
-
-def ray_default_amis() -> dict[str, str]:
-    """The installed Ray's DEFAULT_AMI (region -> AMI)."""
-    module = sys.modules.get(RAY_AWS_CONFIG_MODULE)
-    if module is not None:
-        return dict(module.DEFAULT_AMI)
-    return dict(_default_amis_from_source())
-
-
-@functools.cache
-def _default_amis_from_source() -> dict[str, str]:
-    spec = importlib.util.find_spec("ray")
-    path = Path(spec.origin).parent / "autoscaler" / "_private" / "aws" / "config.py" if spec and spec.origin else None
-    try:
-        text = path.read_text(encoding="utf-8") if path else ""
-        m = re.search(r"^DEFAULT_AMI\s*=\s*(\{.*?^\})", text, re.M | re.S)
-        value = ast.literal_eval(m.group(1)) if m else None
-    except (OSError, ValueError, SyntaxError):
-        value = None
-    if not isinstance(value, dict):
-        # Not a literal any more (a Ray change): ask Ray itself.
-        from ray.autoscaler._private.aws.config import DEFAULT_AMI
-        value = DEFAULT_AMI
-    return dict(value)
-
-
-def default_ami(region: str) -> str | None:
-    """Ray's default AMI for `region` (its DEFAULT_AMI map), or None."""
-    return ray_default_amis().get(region)
 
 
 def fill_default_images(config: dict[str, Any], settings: AwsSettings) -> None:

@@ -1,4 +1,4 @@
-"""What Ray's own GCP bootstrap (`ray.autoscaler._private.gcp.config.bootstrap_gcp`) does for a `type: gcp` YAML,
+"""What Ray's own GCP bootstrap (its `bootstrap_gcp`; the helpers reused: ray_adapter/compat/gcp_bootstrap.py) does for a `type: gcp` YAML,
 done for `cloud: gcp` (registration `vm`: the machines are reached over SSH by Ray's updater):
 
     step              how                                               fills (as Ray does)
@@ -35,6 +35,7 @@ from typing import Any
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.gcp.clients import compute_client_kwargs
 from ray_nodeless.providers.gcp.settings import ANONYMOUS, GcpSettings
+from ray_nodeless.ray_adapter.compat import gcp_bootstrap as ray_gcp
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +60,6 @@ def bootstrap_gcp_resources(config: dict[str, Any], settings: GcpSettings, regis
 def _configure_ssh_key(config: dict[str, Any], settings: GcpSettings) -> None:
     from google.api_core import exceptions as gexc
     from google.cloud import compute_v1
-    from ray.autoscaler._private.util import (
-        generate_rsa_key_pair, generate_ssh_key_name, generate_ssh_key_paths,
-    )
 
     auth = config.setdefault("auth", {})
     if "ssh_private_key" in auth:
@@ -75,15 +73,15 @@ def _configure_ssh_key(config: dict[str, Any], settings: GcpSettings) -> None:
         project = projects.get(project=settings.project_id, timeout=settings.call_timeout_s)
         keys = [ln for ln in _ssh_keys(project).split("\n") if ln]
         for i in range(MAX_KEY_NAMES):
-            name = generate_ssh_key_name("gcp", i, settings.region, settings.project_id, ssh_user)
-            public_path, private_path = generate_ssh_key_paths(name)
+            name = ray_gcp.ssh_key_name("gcp", i, settings.region, settings.project_id, ssh_user)
+            public_path, private_path = ray_gcp.ssh_key_paths(name)
             # Ray's test: a project key of this user whose private key file exists here.
             if any(len(k.split(" ")) == 3 and k.split(" ")[2] == ssh_user for k in keys) \
                     and os.path.exists(private_path):
                 break
             if os.path.exists(private_path):
                 continue
-            public_key, private_key = generate_rsa_key_pair()
+            public_key, private_key = ray_gcp.generate_rsa_key_pair()
             _add_project_ssh_key(projects, settings, f"{ssh_user}:{public_key} {ssh_user}")
             os.makedirs(os.path.dirname(private_path), exist_ok=True)
             with open(private_path, "w", opener=partial(os.open, mode=0o600)) as f:
@@ -184,7 +182,6 @@ def _configure_service_account(config: dict[str, Any], settings: GcpSettings) ->
                        "needs the IAM and Resource Manager APIs); set node_config.serviceAccounts on the head")
         return
     from googleapiclient import discovery
-    from ray.autoscaler._private.gcp import config as rc
 
     creds = settings.client_credentials()      # None: Application Default Credentials
     crm = discovery.build("cloudresourcemanager", "v1", credentials=creds, cache_discovery=False)
@@ -192,7 +189,7 @@ def _configure_service_account(config: dict[str, Any], settings: GcpSettings) ->
     view = {"provider": {"project_id": settings.project_id, "region": settings.region},
             "head_node": {}, "available_node_types": config["available_node_types"]}
     try:
-        view = rc._configure_iam_role(view, crm, iam)
+        view = ray_gcp.configure_iam_role(view, crm, iam)
     except Exception as e:  # noqa: BLE001 - googleapiclient HttpError, auth errors, Ray's assertions
         raise ConfigError(f"available_node_types.{head}.node_config.serviceAccounts",
                           f"Ray's GCP bootstrap could not set up the head's service account: {e}; set "

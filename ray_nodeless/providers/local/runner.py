@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-from ray.autoscaler._private import subprocess_output_util as cmd_output_util
-from ray.autoscaler._private.cli_logger import cli_logger
-from ray.autoscaler._private.command_runner import _with_environment_variables
-from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 from ray.autoscaler.command_runner import CommandRunnerInterface
 
 from ray_nodeless.providers.local.ray_start import MARKER_ENV
+from ray_nodeless.ray_adapter.compat.command_runner import (
+    ProcessRunnerError, allows_interactive, cli_verbosity, output_redirected, with_environment_variables,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,15 +93,15 @@ class LocalCommandRunner(CommandRunnerInterface):
             return b"" if with_output else ""
         if environment_variables:
             # Same encoding as Ray's SSH runner (JSON values, shell-quoted): RAY_OVERRIDE_RESOURCES etc.
-            cmd = _with_environment_variables(cmd, environment_variables)
+            cmd = with_environment_variables(cmd, environment_variables)
         # A login shell would source /etc/profile, which on Debian resets PATH and loses the venv: use a plain one.
         script = 'cd "$HOME" || exit 1\n' + _SCOPED_RAY_STOP.format(python=sys.executable, marker_env=MARKER_ENV) + cmd
         final = ["bash", "-c", script]
         logger.debug("%srunning locally: %s", self.log_prefix, cmd)
         env = self._env()
         interactive = sys.stdin is not None and sys.stdin.isatty()
-        stdin = (None if interactive and cmd_output_util.does_allow_interactive()
-                 and not cmd_output_util.is_output_redirected() else subprocess.DEVNULL)
+        stdin = (None if interactive and allows_interactive()
+                 and not output_redirected() else subprocess.DEVNULL)
         # Without a terminal, give the command its own session: what it daemonises (the head's Ray processes) must
         # not live in the caller's process group (pytest's, the CLI's), where signals meant for the caller land.
         # With a terminal (`ray attach`, `ray exec` by hand) keep the foreground job so the shell is usable.
@@ -110,9 +109,9 @@ class LocalCommandRunner(CommandRunnerInterface):
         try:
             if with_output:
                 return self.process_runner.check_output(final, **kw)
-            if silent and cli_logger.verbosity < 1:
+            if silent and cli_verbosity() < 1:
                 self.process_runner.check_call(final, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kw)
-            elif cmd_output_util.is_output_redirected():
+            elif output_redirected():
                 out_path = os.path.join(tempfile.gettempdir(), f"ray-up-local-{time.time()}.txt")
                 with open(out_path, "w") as out:
                     self.process_runner.check_call(final, stdout=out, stderr=out, **kw)

@@ -1,5 +1,5 @@
-"""The one module that reads Ray's internals beyond the NodeProvider API (kept here so a Ray upgrade has one
-place to check)."""
+"""Which Ray process is calling: `ray down` (found on the call stack) or the monitor of a cluster (its argv).
+Ray passes the provider neither fact."""
 from __future__ import annotations
 
 import sys
@@ -8,6 +8,8 @@ import sys
 # terminates the machines. Ray passes no flag that says so.
 _TEARDOWN_FUNCTIONS = frozenset({"teardown_cluster"})
 _TEARDOWN_MODULE = "ray.autoscaler._private.commands"
+
+RAY_NAMES = tuple((_TEARDOWN_MODULE, f) for f in sorted(_TEARDOWN_FUNCTIONS))
 
 
 def in_teardown() -> bool:
