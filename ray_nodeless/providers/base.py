@@ -102,6 +102,30 @@ class BackendConfig:
         """Requirement keys implied by backend keys, e.g. AWS `InstanceType: x` -> `{"instance_types": [x]}`."""
         return {}
 
+    # -- `ray up`'s bootstrap, as Ray's own provider of this cloud does it (ray_adapter/bootstrap.py calls these) --
+
+    # Does Ray's own provider of this cloud fill a pinned node type's resources from its instance type, also when
+    # the node type states CPU or GPU itself? AWS: yes (CPU, GPU, memory, accelerator; declared ones on top). GCP:
+    # no, it fills nothing for VM node types, so a node type that states CPU or GPU is left as written. Read from
+    # the backend of the catalog cloud (`price_cloud`): a local backend playing GCP follows GCP's rule.
+    ray_fills_declared_resources: ClassVar[bool] = True
+
+    @classmethod
+    def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:
+        """Static, before planning (no API call): give each node type without an image the one Ray's own provider
+        of this cloud would (AWS: Ray's default AMI of the region), in place; raise ConfigError naming the key when
+        there is none. Default: nothing (the backend needs no image, or reads it from its own keys)."""
+
+    @classmethod
+    def bootstrap(cls, cluster_config: dict[str, Any], registration: str,
+                  allowed_zones: Mapping[str, frozenset[str] | None]) -> bool:
+        """The cloud resources `ray up` sets up before the head exists (AWS: instance profile, key pair, subnets,
+        security group; GCP: SSH key, subnet, service account), filled into `cluster_config` in place; failures
+        are ConfigErrors naming the key to set. `registration`: how machines join Ray (`vm` needs SSH, IAM, ...);
+        `allowed_zones`: node type -> the zones its rule and node_config allow (None: any). True when steps ran and
+        may have narrowed where node types can launch (the caller then plans again). Default: nothing, False."""
+        return False
+
 
 class MachineBackend(BackendConfig, abc.ABC):
     """A place where machines run: local processes, EC2, Compute Engine. A built-in backend class also derives from

@@ -11,6 +11,7 @@ from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
 from ray_nodeless.launch.config import check_cluster, check_node_types, load_provider, load_provider_config
 from ray_nodeless.launch.plugin_install import check_file_mounts
+from ray_nodeless.providers import backend_config, backend_names
 from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
 from ray_nodeless.registrations.vm import BOOT_CLOUDS
@@ -27,9 +28,10 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     1. the top-level keys Ray reads after the head launches, from Ray's defaults of the cloud when missing
        (`ray_defaults.fill_ray_defaults`);
     2. every key validated and every node type planned, so a bad key or an infeasible shape fails first;
-    3. the cloud's bootstrap as Ray's own provider does it (AWS: default AMI, head IAM instance profile, key pair,
-       subnets of the allowed zones, security group, by Ray's own functions: `providers/aws/bootstrap.py`; GCP:
-       `providers/gcp/bootstrap.py`), then planned again on the zones that can actually be launched into;
+    3. the cloud's bootstrap as Ray's own provider does it, by the backend's `bootstrap` hook (AWS: default AMI,
+       head IAM instance profile, key pair, subnets of the allowed zones, security group, by Ray's own functions:
+       `providers/aws/bootstrap.py`; GCP: `providers/gcp/bootstrap.py`), then planned again on the zones that can
+       actually be launched into;
     4. what later provider objects need, recorded in the provider block.
 
     A missing AMI (no ImageId, no provider.image_id and no Ray default for the region) or `project_id: null` fails
@@ -41,10 +43,10 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     settings, cls = load_provider(config.get("provider"))
     provider = config["provider"]
     try:
-        settle_images(config, settings.cloud)
+        cls.fill_default_images(config)
         cp = check_cluster(config)
         allowed = {name: p.request.requirements.zones for name, p in cp.plans.items()}
-        if _cloud_bootstrap(config, settings.cloud, settings.registration, allowed):
+        if cls.bootstrap(config, settings.registration, allowed):
             cp = check_cluster(config)          # on the zones the filled subnets allow
         # Last, so that a config mistake is named first: file_mounts sources (the plugin's wheel: `make wheel`)
         # exist here, and self-booting workers run no command that needs one (launch/plugin_install.py).
@@ -77,34 +79,10 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def settle_images(config: dict[str, Any], cloud: str) -> None:
-    """Static, before planning: a node type's image as Ray would default it (AWS: Ray's default AMI per region)."""
-    if cloud == "aws":
-        from ray_nodeless.core.schema import parse_section
-        from ray_nodeless.providers.aws.images import fill_default_images
-        from ray_nodeless.providers.aws.settings import AwsSettings
-
-        fill_default_images(config, parse_section(AwsSettings, config["provider"], "provider"))
-
-
-def _cloud_bootstrap(config: dict[str, Any], cloud: str, registration: str,
-                     allowed_zones: dict[str, Any]) -> bool:
-    """The cloud's own bootstrap steps (API calls); True when they ran and may have narrowed zones."""
-    from ray_nodeless.core.schema import parse_section
-
-    if cloud == "aws":
-        from ray_nodeless.providers.aws.bootstrap import bootstrap_aws_resources
-        from ray_nodeless.providers.aws.settings import AwsSettings
-
-        bootstrap_aws_resources(config, parse_section(AwsSettings, config["provider"], "provider"), registration,
-                                allowed_zones)
-        return True
-    if cloud == "gcp":
-        from ray_nodeless.providers.gcp.bootstrap import bootstrap_gcp_resources
-        from ray_nodeless.providers.gcp.settings import GcpSettings
-
-        return bootstrap_gcp_resources(config, parse_section(GcpSettings, config["provider"], "provider"),
-                                       registration)
-    return False
+    """Static, before planning: a node type's image as Ray would default it (the backend's `fill_default_images`;
+    AWS: Ray's default AMI per region). For callers that have the cloud's name, not its backend (`plan`)."""
+    if isinstance(cloud, str) and cloud in backend_names():    # else the config checks name provider.cloud
+        backend_config(cloud).fill_default_images(config)
 
 
 def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +108,7 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
         return config
     provider = config.get("provider")
     settings, cls = load_provider_config(provider)
+    ray_fills_declared = backend_config(settings.price_cloud).ray_fills_declared_resources
     cp = plan_cluster(config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
                       catalog=catalog_for(settings), settings=settings)
     for name, plan in cp.plans.items():
@@ -145,7 +124,7 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
                                "type; Ray's autoscaler can then start it only for min_workers (state its "
                                "resources, or pin an instance type)", name)
             continue
-        if settings.price_cloud == "gcp" and {"CPU", "GPU"} & set(declared):
+        if not ray_fills_declared and {"CPU", "GPU"} & set(declared):
             continue
         [t] = pinned.values()
         filled = ray_filled_resources(t, declared, is_head=name == cp.head_node_type)

@@ -340,3 +340,18 @@ class AwsConfig(BackendConfig):
     @classmethod
     def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
         return requirement_overrides(parse_section(AwsSettings, provider, "provider"), node_config)
+
+    @classmethod
+    def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:
+        from ray_nodeless.providers.aws.images import fill_default_images
+
+        fill_default_images(cluster_config, parse_section(AwsSettings, cluster_config["provider"], "provider"))
+
+    @classmethod
+    def bootstrap(cls, cluster_config: dict[str, Any], registration: str,
+                  allowed_zones: Mapping[str, frozenset[str] | None]) -> bool:
+        from ray_nodeless.providers.aws.bootstrap import bootstrap_aws_resources
+
+        bootstrap_aws_resources(cluster_config, parse_section(AwsSettings, cluster_config["provider"], "provider"),
+                                registration, allowed_zones)
+        return True

@@ -1,0 +1,112 @@
+"""The Ray names ray_adapter/compat relies on still exist in the installed Ray, and behave as compat assumes.
+
+These fail on a Ray that renamed or moved one of them: the signal to update compat, before a user's `ray up` does.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ray_nodeless.ray_adapter import compat
+from ray_nodeless.ray_adapter.compat import aws_bootstrap, gcs, process
+
+
+def _ray_names() -> list[tuple[str, str, str]]:
+    out = []
+    for name in compat.MODULES:
+        module = importlib.import_module(f"ray_nodeless.ray_adapter.compat.{name}")
+        out += [(name, m, a) for m, a in module.RAY_NAMES]
+    return out
+
+
+def test_every_compat_module_lists_its_ray_names():
+    # Guards the test below: a module left out of MODULES (or with an empty list) would be checked vacuously.
+    files = sorted(p.stem for p in Path(compat.__file__).parent.glob("*.py") if p.stem != "__init__")
+    assert sorted(compat.MODULES) == files
+    for name in compat.MODULES:
+        assert importlib.import_module(f"ray_nodeless.ray_adapter.compat.{name}").RAY_NAMES, name
+
+
+@pytest.mark.parametrize(("compat_module", "ray_module", "attribute"), _ray_names(),
+                         ids=[f"{c}:{m}.{a}" for c, m, a in _ray_names()])
+def test_ray_still_has(compat_module: str, ray_module: str, attribute: str):
+    module = importlib.import_module(ray_module)
+    assert hasattr(module, attribute), f"{ray_module}.{attribute} is gone: update ray_adapter/compat/{compat_module}.py"
+
+
+def test_teardown_is_found_on_the_stack_of_rays_teardown_cluster():
+    # in_teardown matches the function by name and module: a frame of that name in that module.
+    assert not process.in_teardown()
+    code = compile("def teardown_cluster(f):\n    return f()\n", "<ray>", "exec")
+    namespace = {"__name__": process._TEARDOWN_MODULE}
+    exec(code, namespace)
+    assert namespace["teardown_cluster"](process.in_teardown) is True
+
+
+def test_monitor_gcs_address_from_argv(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(sys, "argv", ["monitor.py", "--gcs-address", "10.0.0.1:6379"])
+    assert process.monitor_gcs_address() == "10.0.0.1:6379"
+    monkeypatch.setattr(sys, "argv", ["monitor.py", "--gcs-address=10.0.0.2:6379"])
+    assert process.monitor_gcs_address() == "10.0.0.2:6379"
+    monkeypatch.setattr(sys, "argv", ["ray", "up"])
+    assert process.monitor_gcs_address() is None
+
+
+def test_rays_aws_resources_take_credentials_and_endpoint_from_the_config():
+    # What providers/aws/bootstrap.py relies on instead of replacing Ray's _resource: every keyword of
+    # provider.aws_credentials reaches boto3.resource, endpoint_url included.
+    creds = {"aws_access_key_id": "AKIDCOMPAT", "aws_secret_access_key": "s", "endpoint_url": "http://127.0.0.1:9"}
+    with aws_bootstrap.ray_aws_steps() as steps:
+        ec2 = steps.resource("ec2", {"provider": {"region": "us-west-2", "aws_credentials": creds}})
+    assert ec2.meta.client.meta.endpoint_url == "http://127.0.0.1:9"
+    assert ec2.meta.client.meta.region_name == "us-west-2"
+    assert ec2.meta.client._request_signer._credentials.access_key == "AKIDCOMPAT"
+    assert ec2.meta.client.meta.config.retries["total_max_attempts"] == aws_bootstrap.boto_max_retries() + 1
+
+
+def test_rays_steps_take_one_config():
+    with aws_bootstrap.ray_aws_steps() as steps:
+        for field in ("launch_template", "network_interfaces", "iam_role", "key_pair", "subnet", "security_group",
+                      "check_ami"):
+            assert list(inspect.signature(getattr(steps, field)).parameters) == ["config"], field
+
+
+def test_iam_propagation_wait_is_rays_time_sleep_and_is_replaced_only_inside_the_block():
+    from ray.autoscaler._private.aws import config as rc
+
+    # The wait this replaces is still Ray's `time.sleep(...)` in _configure_iam_role, through the module global.
+    assert "time.sleep(" in inspect.getsource(rc._configure_iam_role)
+    assert rc.time is time
+    with aws_bootstrap.ray_aws_steps(wait_for_iam_propagation=False):
+        started = time.monotonic()
+        rc.time.sleep(15)
+        assert time.monotonic() - started < 1
+        assert rc.time.time is time.time
+    assert rc.time is time
+    with aws_bootstrap.ray_aws_steps(wait_for_iam_propagation=True):
+        assert rc.time is time
+
+
+def test_rays_aborts_are_what_the_steps_raise():
+    from ray.autoscaler._private.cli_logger import cli_logger
+
+    with pytest.raises(aws_bootstrap.aborts()):
+        cli_logger.abort("no {}", "subnet")
+    with pytest.raises(aws_bootstrap.aborts()):
+        cli_logger.doassert(False, "no key pair")
+
+
+def test_gcs_node_states_of_rays_protos():
+    from ray.core.generated import gcs_pb2
+
+    dead = gcs_pb2.GcsNodeInfo(state=gcs_pb2.GcsNodeInfo.DEAD)
+    draining = gcs_pb2.GcsNodeInfo(state=gcs_pb2.GcsNodeInfo.ALIVE)
+    draining.state_snapshot.state = gcs_pb2.NodeSnapshot.DRAINING
+    alive = gcs_pb2.GcsNodeInfo(state=gcs_pb2.GcsNodeInfo.ALIVE)
+    assert [gcs.node_state(i) for i in (dead, draining, alive)] == [gcs.DEAD, gcs.DRAINING, gcs.ALIVE]
+    assert gcs.preemption_reason() != 0      # not DRAIN_NODE_REASON_UNSPECIFIED
