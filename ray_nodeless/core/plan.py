@@ -1,9 +1,10 @@
 """A plan: the ordered candidate offerings for one request, and why everything else was rejected (`REASONS`).
-Made by the planner (planner.py, or planner_py.py in a process without numpy)."""
+Made by the planner (planner.py, or planner_py.py in a process without numpy); what both evaluations share (the
+reasons, the GPU models a request allows, the text of a failure) is here, so neither imports the other's names."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from ray_nodeless.core.catalog import Offering, RegionCatalog
 from ray_nodeless.core.requirements import Request
@@ -31,7 +32,8 @@ REASONS = (
     "unknown_price",               # the catalog has no price for it
     "over_max_hourly_price",
 )
-_SIZE_REASONS = frozenset({"too_few_vcpus", "too_little_memory", "too_few_gpus"})
+# The size checks: an offering that fails one is far from the request (ranked last among the nearest).
+SIZE_REASONS = frozenset({"too_few_vcpus", "too_little_memory", "too_few_gpus"})
 
 
 def allowed_gpu_models(request: Request) -> frozenset[str] | None:
@@ -113,3 +115,30 @@ def _offering_record(o: Offering) -> dict:
         "instance_type": t.name, "zone": o.zone, "capacity": o.capacity, "hourly_price": o.hourly_price,
         "vcpus": t.vcpus, "memory_gib": t.memory_gib, "gpu_model": t.gpu_model or None, "gpu_count": t.gpu_count,
     }
+
+
+def failure_text(catalog_id: str, rc: RegionCatalog, request: Request, order: Iterable[int],
+                 why_of: Callable[[int], list[str]], rejected: dict[str, int], nearest: int) -> str:
+    """The NoFeasibleOffering message: the rejection counts and the `nearest` offerings in `order` (one per
+    instance type, so three zones of one type do not fill the list), each with the checks it failed."""
+    lines: list[str] = []
+    seen: set[int] = set()
+    for i in order:
+        if len(lines) >= nearest:
+            break
+        i = int(i)
+        if rc.type_ids[i] in seen:
+            continue
+        seen.add(rc.type_ids[i])
+        o = rc.offering(i)
+        why = why_of(i)
+        t = o.instance_type
+        price = "unknown" if o.hourly_price is None else f"${o.hourly_price:.4f}/h"
+        gpu = f", {t.gpu_count}x{t.gpu_model}" if t.gpu_count else ""
+        lines.append(f"  - {t.name} ({t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}) {o.zone} {o.capacity} "
+                     f"{price}: rejected for {', '.join(why)}")
+    counts = ", ".join(f"{k}={v}" for k, v in rejected.items())
+    who = f"node type {request.node_type!r} " if request.node_type else ""
+    return (f"no offering in {request.cloud} {request.region} fits {who}{request.shape.describe()} under rule "
+            f"{request.rule!r} (catalog {catalog_id}; {len(rc)} offerings considered; "
+            f"rejected: {counts}). Nearest offerings:\n" + "\n".join(lines))

@@ -27,11 +27,11 @@ import logging
 import sys
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, RegionCatalog
-from ray_nodeless.core.plan import _SIZE_REASONS, REASONS, Plan, allowed_gpu_models  # noqa: F401  (re-exports)
-from ray_nodeless.core.planner_py import _PyRegionIndex, py_compute
+from ray_nodeless.core.plan import REASONS, SIZE_REASONS, Plan, allowed_gpu_models, failure_text  # noqa: F401 (API)
+from ray_nodeless.core.planner_py import PyPlanner
 from ray_nodeless.core.requirements import Request, names_explicitly
 from ray_nodeless.errors import NoFeasibleOffering
 
@@ -109,7 +109,7 @@ class Planner:
         # True: numpy; False: plain Python; None: numpy if this process has imported it already (same results).
         self.vectorized = vectorized
         self._indexes: dict[tuple[str, str], _RegionIndex] = {}
-        self._py_indexes: dict[tuple[str, str], _PyRegionIndex] = {}
+        self._py = PyPlanner(catalog)
         self._plans: OrderedDict[Request, Plan | NoFeasibleOffering] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -232,7 +232,7 @@ class Planner:
         return plan
 
     def _compute_py(self, request: Request) -> Plan:
-        return py_compute(self, request)
+        return self._py.compute(request)
 
     @staticmethod
     def _attribute(idx: _RegionIndex, type_checks, offering_checks) -> dict[str, int]:
@@ -268,7 +268,7 @@ class Planner:
         for reason, passes in type_checks:
             f = ~passes[rc.o_type]
             fails += f
-            if reason in _SIZE_REASONS:
+            if reason in SIZE_REASONS:
                 misfits += f
             reasons_of.append((reason, f))
         for reason, passes in offering_checks:
@@ -279,29 +279,5 @@ class Planner:
         # then the ranking order (the arrays are already in base order); one offering per instance type, so three
         # zones of the same type do not fill the list.
         order = np.lexsort((np.arange(len(rc)), fails, misfits))
-        return self._failure_text(rc, request, order, lambda i: [reason for reason, f in reasons_of if f[i]],
-                                  rejected, nearest)
-
-    def _failure_text(self, rc: RegionCatalog, request: Request, order, why_of: Callable[[int], list[str]],
-                      rejected: dict[str, int], nearest: int) -> str:
-        lines: list[str] = []
-        seen: set[int] = set()
-        for i in order:
-            if len(lines) >= nearest:
-                break
-            i = int(i)
-            if rc.type_ids[i] in seen:
-                continue
-            seen.add(rc.type_ids[i])
-            o = rc.offering(i)
-            why = why_of(i)
-            t = o.instance_type
-            price = "unknown" if o.hourly_price is None else f"${o.hourly_price:.4f}/h"
-            gpu = f", {t.gpu_count}x{t.gpu_model}" if t.gpu_count else ""
-            lines.append(f"  - {t.name} ({t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}) {o.zone} {o.capacity} "
-                         f"{price}: rejected for {', '.join(why)}")
-        counts = ", ".join(f"{k}={v}" for k, v in rejected.items())
-        who = f"node type {request.node_type!r} " if request.node_type else ""
-        return (f"no offering in {request.cloud} {request.region} fits {who}{request.shape.describe()} under rule "
-                f"{request.rule!r} (catalog {self.catalog.catalog_id}; {len(rc)} offerings considered; "
-                f"rejected: {counts}). Nearest offerings:\n" + "\n".join(lines))
+        return failure_text(self.catalog.catalog_id, rc, request, order,
+                            lambda i: [reason for reason, f in reasons_of if f[i]], rejected, nearest)

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import fnmatch
 import threading
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-from ray_nodeless.core.catalog import CAPACITY_TYPES, RegionCatalog
-from ray_nodeless.core.plan import _SIZE_REASONS, Plan, allowed_gpu_models
+from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, RegionCatalog
+from ray_nodeless.core.plan import SIZE_REASONS, Plan, allowed_gpu_models, failure_text
 from ray_nodeless.core.requirements import Request, names_explicitly
 from ray_nodeless.errors import NoFeasibleOffering
 
-if TYPE_CHECKING:
-    from ray_nodeless.core.planner import Planner
 
-
-class _PyRegionIndex:
+class PyRegionIndex:
     """`_RegionIndex` in plain Python lists: per-type columns, name -> code tables not needed (`in` on values)."""
 
     def __init__(self, rc: RegionCatalog):
@@ -65,7 +62,7 @@ def _not(a: Sequence[bool]) -> list[bool]:
     return [not x for x in a]
 
 
-def _py_type_checks(idx: _PyRegionIndex, request: Request) -> list[tuple[str, list[bool]]]:
+def _py_type_checks(idx: PyRegionIndex, request: Request) -> list[tuple[str, list[bool]]]:
     """`Planner._type_checks`, per type in plain Python (same checks, same order, same values)."""
     req = request.requirements
     shape = request.shape
@@ -113,7 +110,7 @@ def _py_type_checks(idx: _PyRegionIndex, request: Request) -> list[tuple[str, li
     ]
 
 
-def _py_offering_checks(idx: _PyRegionIndex, request: Request) -> list[tuple[str, list[bool]]]:
+def _py_offering_checks(idx: PyRegionIndex, request: Request) -> list[tuple[str, list[bool]]]:
     """`Planner._offering_checks`, per offering in plain Python."""
     rc = idx.rc
     req = request.requirements
@@ -135,7 +132,7 @@ def _py_offering_checks(idx: _PyRegionIndex, request: Request) -> list[tuple[str
             ("over_max_hourly_price", under)]
 
 
-def _py_attribute(idx: _PyRegionIndex, type_checks, offering_checks) -> dict[str, int]:
+def _py_attribute(idx: PyRegionIndex, type_checks, offering_checks) -> dict[str, int]:
     """`Planner._attribute` in plain Python."""
     per_type = idx.offerings_per_type
     still = [True] * idx.n_types
@@ -154,43 +151,57 @@ def _py_attribute(idx: _PyRegionIndex, type_checks, offering_checks) -> dict[str
     return out
 
 
-def py_compute(planner: Planner, request: Request) -> Plan:
-    key = (request.cloud, request.region)
-    idx = planner._py_indexes.get(key)
-    if idx is None:
-        idx = _PyRegionIndex(planner.catalog.region(request.cloud, request.region))
-        with planner._lock:
-            idx = planner._py_indexes.setdefault(key, idx)
-    rc = idx.rc
-    type_checks = _py_type_checks(idx, request)
-    type_ok = [True] * idx.n_types
-    for _, passes in type_checks:
-        type_ok = _and(type_ok, passes)
-    offering_checks = _py_offering_checks(idx, request)
-    (_, cap_ok), (_, zone_ok), (_, known), (_, under) = offering_checks
-    candidates = [i for i, t in enumerate(rc.type_ids) if type_ok[t] and cap_ok[i] and zone_ok[i] and known[i]
-                  and under[i]]
-    if candidates:
-        pref = {c: i for i, c in enumerate(request.capacity)}
-        cap_rank = [pref.get(c, len(pref)) for c in CAPACITY_TYPES]
-        cap_ids = rc.cap_ids
-        candidates.sort(key=lambda i: cap_rank[cap_ids[i]])   # stable, as numpy's kind="stable"
-    plan = Plan(request=request, catalog_id=planner.catalog.catalog_id, region=rc, candidate_index=candidates,
-                considered=len(rc), _attribute=lambda: _py_attribute(idx, type_checks, offering_checks))
-    if not candidates:
-        raise NoFeasibleOffering(_py_failure_message(planner, idx, request, type_checks, offering_checks,
-                                                     plan.rejected), explanation=plan)
-    return plan
+class PyPlanner:
+    """The plain-Python evaluation over one catalog (what `Planner` uses without numpy; it keeps the plan cache).
+    Thread-safe: one region index per (cloud, region), built on first use."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+        self._indexes: dict[tuple[str, str], PyRegionIndex] = {}
+        self._lock = threading.Lock()
+
+    def index(self, cloud: str, region: str) -> PyRegionIndex:
+        key = (cloud, region)
+        idx = self._indexes.get(key)
+        if idx is None:
+            idx = PyRegionIndex(self.catalog.region(cloud, region))
+            with self._lock:
+                idx = self._indexes.setdefault(key, idx)
+        return idx
+
+    def compute(self, request: Request) -> Plan:
+        """The plan of `request` (no cache); raises NoFeasibleOffering when there is no candidate."""
+        idx = self.index(request.cloud, request.region)
+        rc = idx.rc
+        type_checks = _py_type_checks(idx, request)
+        type_ok = [True] * idx.n_types
+        for _, passes in type_checks:
+            type_ok = _and(type_ok, passes)
+        offering_checks = _py_offering_checks(idx, request)
+        (_, cap_ok), (_, zone_ok), (_, known), (_, under) = offering_checks
+        candidates = [i for i, t in enumerate(rc.type_ids) if type_ok[t] and cap_ok[i] and zone_ok[i] and known[i]
+                      and under[i]]
+        if candidates:
+            pref = {c: i for i, c in enumerate(request.capacity)}
+            cap_rank = [pref.get(c, len(pref)) for c in CAPACITY_TYPES]
+            cap_ids = rc.cap_ids
+            candidates.sort(key=lambda i: cap_rank[cap_ids[i]])   # stable, as numpy's kind="stable"
+        plan = Plan(request=request, catalog_id=self.catalog.catalog_id, region=rc, candidate_index=candidates,
+                    considered=len(rc), _attribute=lambda: _py_attribute(idx, type_checks, offering_checks))
+        if not candidates:
+            raise NoFeasibleOffering(_py_failure_message(self.catalog.catalog_id, idx, request, type_checks,
+                                                         offering_checks, plan.rejected), explanation=plan)
+        return plan
 
 
-def _py_failure_message(planner: Planner, idx: _PyRegionIndex, request: Request, type_checks, offering_checks,
+def _py_failure_message(catalog_id: str, idx: PyRegionIndex, request: Request, type_checks, offering_checks,
                         rejected: dict[str, int], nearest: int = 3) -> str:
     """`Planner._failure_message` in plain Python: the same nearest offerings in the same order."""
     rc = idx.rc
     t_fails = [0] * idx.n_types
     t_misfits = [0] * idx.n_types
     for reason, passes in type_checks:
-        size = reason in _SIZE_REASONS
+        size = reason in SIZE_REASONS
         for t, p in enumerate(passes):
             if not p:
                 t_fails[t] += 1
@@ -207,4 +218,4 @@ def _py_failure_message(planner: Planner, idx: _PyRegionIndex, request: Request,
         return ([reason for reason, passes in type_checks if not passes[t]]
                 + [reason for reason, passes in offering_checks if not passes[i]])
 
-    return planner._failure_text(rc, request, order, why_of, rejected, nearest)
+    return failure_text(catalog_id, rc, request, order, why_of, rejected, nearest)
