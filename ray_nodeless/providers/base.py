@@ -21,7 +21,9 @@ Four methods do the work: `launch`, `list_machines`, `terminate`, `set_tags`. Ev
 
 Config-time checks are class-level (`settings_model`, `check_node_config`, `requirement_overrides`), so
 `ray up`'s bootstrap and `ray-nodeless plan` validate a YAML without building a client; each built-in backend also
-has them in a `BackendConfig` that imports no cloud SDK (what `plan` loads).
+has them in a `BackendConfig` that imports no cloud SDK (what `plan` loads). So are the steps of `ray up`'s
+bootstrap: the static ones (`fill_default_images`) on the BackendConfig, the cloud set-up that makes API calls
+(`bootstrap`) on the backend class; both do nothing unless a backend overrides them.
 """
 from __future__ import annotations
 
@@ -102,7 +104,8 @@ class BackendConfig:
         """Requirement keys implied by backend keys, e.g. AWS `InstanceType: x` -> `{"instance_types": [x]}`."""
         return {}
 
-    # -- `ray up`'s bootstrap, as Ray's own provider of this cloud does it (ray_adapter/bootstrap.py calls these) --
+    # -- static parts of `ray up`'s bootstrap, as Ray's own provider of this cloud does them (no API call;
+    #    ray_adapter/bootstrap.py and `plan` call these; the cloud set-up is MachineBackend.bootstrap) --
 
     # Does Ray's own provider of this cloud fill a pinned node type's resources from its instance type, also when
     # the node type states CPU or GPU itself? AWS: yes (CPU, GPU, memory, accelerator; declared ones on top). GCP:
@@ -116,16 +119,6 @@ class BackendConfig:
         of this cloud would (AWS: Ray's default AMI of the region), in place; raise ConfigError naming the key when
         there is none. Default: nothing (the backend needs no image, or reads it from its own keys)."""
 
-    @classmethod
-    def bootstrap(cls, cluster_config: dict[str, Any], registration: str,
-                  allowed_zones: Mapping[str, frozenset[str] | None]) -> bool:
-        """The cloud resources `ray up` sets up before the head exists (AWS: instance profile, key pair, subnets,
-        security group; GCP: SSH key, subnet, service account), filled into `cluster_config` in place; failures
-        are ConfigErrors naming the key to set. `registration`: how machines join Ray (`vm` needs SSH, IAM, ...);
-        `allowed_zones`: node type -> the zones its rule and node_config allow (None: any). True when steps ran and
-        may have narrowed where node types can launch (the caller then plans again). Default: nothing, False."""
-        return False
-
 
 class MachineBackend(BackendConfig, abc.ABC):
     """A place where machines run: local processes, EC2, Compute Engine. A built-in backend class also derives from
@@ -134,6 +127,17 @@ class MachineBackend(BackendConfig, abc.ABC):
     def __init__(self, provider_config: dict[str, Any], cluster_name: str):
         self.provider_config = provider_config
         self.cluster_name = cluster_name
+
+    @classmethod
+    def bootstrap(cls, cluster_config: dict[str, Any], registration: str,
+                  allowed_zones: Mapping[str, frozenset[str] | None]) -> bool:
+        """The cloud resources `ray up` sets up before the head exists, as Ray's own provider of this cloud does
+        (AWS: instance profile, key pair, subnets, security group; GCP: SSH key, subnet, service account), filled
+        into `cluster_config` in place; failures are ConfigErrors naming the key to set. API calls: on the backend
+        class, not its BackendConfig. `registration`: how machines join Ray (`vm` needs SSH, IAM, ...);
+        `allowed_zones`: node type -> the zones its rule and node_config allow (None: any). True when steps ran and
+        may have narrowed where node types can launch (the caller then plans again). Default: nothing, False."""
+        return False
 
     @abc.abstractmethod
     def launch(self, spec: LaunchSpec) -> list[str]:

@@ -34,7 +34,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from botocore.client import BaseClient
 
@@ -152,6 +152,15 @@ class AwsBackend(AwsConfig, MachineBackend):
     def clients(self) -> tuple[BaseClient, BaseClient]:
         """The botocore clients this backend calls through (for event hooks in tests and benchmarks)."""
         return (self.ec2, self.ec2_launch)
+
+    @classmethod
+    def bootstrap(cls, cluster_config: dict[str, Any], registration: str,
+                  allowed_zones: Mapping[str, frozenset[str] | None]) -> bool:
+        from ray_nodeless.providers.aws.bootstrap import bootstrap_aws_resources
+
+        bootstrap_aws_resources(cluster_config, parse_section(AwsSettings, cluster_config["provider"], "provider"),
+                                registration, allowed_zones)
+        return True
 
     # ------------------------------------------------------------------ launch
 

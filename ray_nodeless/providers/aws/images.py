@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.ray_adapter.compat.aws_amis import default_ami, ray_default_amis  # noqa: F401 (API)
 
 logger = logging.getLogger(__name__)
@@ -17,11 +16,11 @@ logger = logging.getLogger(__name__)
 LATEST_DLAMI = "latest_dlami"
 
 
-def fill_default_images(config: dict[str, Any], settings: AwsSettings) -> None:
+def fill_default_images(config: dict[str, Any], region: str, image_id: str | None) -> None:
     """Settle every node type's AMI without an API call, as Ray's `_check_ami` does: an empty ImageId or
-    `latest_dlami` becomes provider.image_id (when set) or Ray's default AMI of the region; with neither it is a
-    ConfigError naming the key. Node types with a LaunchTemplate are settled after the template is read."""
-    region = settings.region
+    `latest_dlami` becomes `image_id` (provider.image_id, when set) or Ray's default AMI of `region`; with neither
+    it is a ConfigError naming the key. Node types with a LaunchTemplate are settled after the template is read.
+    Plain values, not AwsSettings: settings.py's AwsConfig calls this (no import cycle)."""
     types_ = config.get("available_node_types")
     if not isinstance(types_, dict):
         return                              # the config checks name the key
@@ -34,9 +33,9 @@ def fill_default_images(config: dict[str, Any], settings: AwsSettings) -> None:
             continue
         if not ami and "LaunchTemplate" in nc:
             continue
-        if not ami and settings.image_id:
+        if not ami and image_id:
             continue                        # the backend uses provider.image_id for it
-        fallback = (settings.image_id if ami.lower() != LATEST_DLAMI else None) or default_ami(region)
+        fallback = (image_id if ami.lower() != LATEST_DLAMI else None) or default_ami(region)
         if not fallback:
             raise ConfigError(
                 f"available_node_types.{name}.node_config.ImageId",

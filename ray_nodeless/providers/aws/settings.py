@@ -345,13 +345,5 @@ class AwsConfig(BackendConfig):
     def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:
         from ray_nodeless.providers.aws.images import fill_default_images
 
-        fill_default_images(cluster_config, parse_section(AwsSettings, cluster_config["provider"], "provider"))
-
-    @classmethod
-    def bootstrap(cls, cluster_config: dict[str, Any], registration: str,
-                  allowed_zones: Mapping[str, frozenset[str] | None]) -> bool:
-        from ray_nodeless.providers.aws.bootstrap import bootstrap_aws_resources
-
-        bootstrap_aws_resources(cluster_config, parse_section(AwsSettings, cluster_config["provider"], "provider"),
-                                registration, allowed_zones)
-        return True
+        settings = parse_section(AwsSettings, cluster_config["provider"], "provider")
+        fill_default_images(cluster_config, settings.region, settings.image_id)

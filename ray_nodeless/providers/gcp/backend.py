@@ -14,7 +14,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
 
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError, TransientBackendError
@@ -88,6 +88,14 @@ class GcpBackend(GcpConfig, MachineBackend):
 
     def close(self) -> None:
         self._clients.close()
+
+    @classmethod
+    def bootstrap(cls, cluster_config: dict[str, Any], registration: str,
+                  allowed_zones: Mapping[str, frozenset[str] | None]) -> bool:
+        from ray_nodeless.providers.gcp.bootstrap import bootstrap_gcp_resources
+
+        return bootstrap_gcp_resources(
+            cluster_config, parse_section(GcpSettings, cluster_config["provider"], "provider"), registration)
 
     # ---- calls
     def _wait_all(self, ops: list[PendingOp], what: str) -> dict[str, Classified | None]:

@@ -344,12 +344,3 @@ class GcpConfig(BackendConfig):
         return requirement_overrides(node_config, provider)
 
     ray_fills_declared_resources = False    # Ray's GCP provider fills nothing for VM node types
-
-    @classmethod
-    def bootstrap(cls, cluster_config: dict[str, Any], registration: str,
-                  allowed_zones: Mapping[str, frozenset[str] | None]) -> bool:
-        from ray_nodeless.core.schema import parse_section
-        from ray_nodeless.providers.gcp.bootstrap import bootstrap_gcp_resources
-
-        return bootstrap_gcp_resources(
-            cluster_config, parse_section(GcpSettings, cluster_config["provider"], "provider"), registration)

@@ -30,4 +30,5 @@ def cli_verbosity() -> int:
     return cli_logger.verbosity
 
 
-__all__ = ["ProcessRunnerError", "allows_interactive", "cli_verbosity", "output_redirected", "with_environment_variables"]
+__all__ = ["ProcessRunnerError", "allows_interactive", "cli_verbosity", "output_redirected",
+           "with_environment_variables"]
