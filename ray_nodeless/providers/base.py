@@ -107,12 +107,6 @@ class BackendConfig:
     # -- static parts of `ray up`'s bootstrap, as Ray's own provider of this cloud does them (no API call;
     #    ray_adapter/bootstrap.py and `plan` call these; the cloud set-up is MachineBackend.bootstrap) --
 
-    # Does Ray's own provider of this cloud fill a pinned node type's resources from its instance type, also when
-    # the node type states CPU or GPU itself? AWS: yes (CPU, GPU, memory, accelerator; declared ones on top). GCP:
-    # no, it fills nothing for VM node types, so a node type that states CPU or GPU is left as written. Read from
-    # the backend of the catalog cloud (`price_cloud`): a local backend playing GCP follows GCP's rule.
-    ray_fills_declared_resources: ClassVar[bool] = True
-
     @classmethod
     def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:
         """Static, before planning (no API call): give each node type without an image the one Ray's own provider

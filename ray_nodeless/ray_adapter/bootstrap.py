@@ -108,7 +108,6 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
         return config
     provider = config.get("provider")
     settings, cls = load_provider_config(provider)
-    ray_fills_declared = backend_config(settings.price_cloud).ray_fills_declared_resources
     cp = plan_cluster(config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
                       catalog=catalog_for(settings), settings=settings)
     for name, plan in cp.plans.items():
@@ -124,7 +123,7 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
                                "type; Ray's autoscaler can then start it only for min_workers (state its "
                                "resources, or pin an instance type)", name)
             continue
-        if not ray_fills_declared and {"CPU", "GPU"} & set(declared):
+        if settings.price_cloud == "gcp" and {"CPU", "GPU"} & set(declared):
             continue
         [t] = pinned.values()
         filled = ray_filled_resources(t, declared, is_head=name == cp.head_node_type)

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import pytest
 
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
-from ray_nodeless.providers import backend_config, register_backend
+from ray_nodeless.providers import backend_class, backend_config, register_backend
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.ray_adapter.bootstrap import bootstrap_config
 from ray_nodeless.testing import fake_backend
@@ -88,12 +88,11 @@ def test_a_backend_without_hooks_gets_nothing_done():
     assert CALLS == []
     assert out["available_node_types"]["worker"]["node_config"] == {}
     assert FakeBackend.bootstrap(config, "vm", {}) is False
-    assert BackendConfig.ray_fills_declared_resources is True and MachineBackend.fill_default_images(config) is None
+    assert BackendConfig.fill_default_images(config) is None and MachineBackend.bootstrap(config, "vm", {}) is False
 
 
 def test_built_in_clouds_answer_the_hooks_from_their_own_package():
-    # Ray's own providers differ here: AWS fills a pinned node type's resources, GCP leaves declared CPU/GPU.
-    assert backend_config("aws").ray_fills_declared_resources is True
-    assert backend_config("gcp").ray_fills_declared_resources is False
-    assert backend_config("local").ray_fills_declared_resources is True
     assert backend_config("aws").fill_default_images.__qualname__.startswith("AwsConfig.")
+    assert backend_class("aws").bootstrap.__qualname__.startswith("AwsBackend.")
+    assert backend_class("gcp").bootstrap.__qualname__.startswith("GcpBackend.")
+    assert backend_config("local").fill_default_images.__qualname__.startswith("BackendConfig.")

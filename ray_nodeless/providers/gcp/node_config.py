@@ -342,5 +342,3 @@ class GcpConfig(BackendConfig):
     @classmethod
     def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
         return requirement_overrides(node_config, provider)
-
-    ray_fills_declared_resources = False    # Ray's GCP provider fills nothing for VM node types
