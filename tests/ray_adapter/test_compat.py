@@ -14,6 +14,7 @@ import pytest
 
 from ray_nodeless.ray_adapter import compat
 from ray_nodeless.ray_adapter.compat import aws_bootstrap, gcs, process
+from tests import REPO_ROOT
 
 
 def _ray_names() -> list[tuple[str, str, str]]:
@@ -110,3 +111,18 @@ def test_gcs_node_states_of_rays_protos():
     alive = gcs_pb2.GcsNodeInfo(state=gcs_pb2.GcsNodeInfo.ALIVE)
     assert [gcs.node_state(i) for i in (dead, draining, alive)] == [gcs.DEAD, gcs.DRAINING, gcs.ALIVE]
     assert gcs.preemption_reason() != 0      # not DRAIN_NODE_REASON_UNSPECIFIED
+
+
+def test_compat_imports_ray_only_when_called():
+    """`ray-nodeless plan` may go through compat (Ray's default AMIs) and must not load Ray; only command_runner,
+    whose one caller subclasses Ray's CommandRunnerInterface anyway, imports Ray when imported."""
+    import json
+    import subprocess
+
+    lazy = [m for m in compat.MODULES if m != "command_runner"]
+    code = ("import json, sys\n"
+            + "".join(f"import ray_nodeless.ray_adapter.compat.{m}\n" for m in lazy)
+            + "print(json.dumps(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         check=True)
+    assert json.loads(out.stdout) == []
