@@ -5,7 +5,8 @@
     .venv/bin/python scripts/vendor_cloud_schemas.py --check    # exit 1 if either differs from the installed SDKs
 
 - `ray_nodeless/providers/aws/run_instances_keys.py`: the member names of botocore's EC2 RunInstances input shape
-  (what `node_config` may hold, as Ray's AWS provider passes it to RunInstances), with the botocore version.
+  (what `node_config` may hold, as Ray's AWS provider passes it to RunInstances) and every shape it contains (type,
+  members, required members, list member), with the botocore version.
 - `ray_nodeless/providers/gcp/instance_schema.py`: every field of google-cloud-compute's `Instance` message and the
   messages it contains (JSON name, proto name, kind, repeated), with the google-cloud-compute version.
 
@@ -30,8 +31,29 @@ def aws_text() -> str:
     import botocore.session
 
     service = botocore.session.get_session().get_service_model("ec2")
-    keys = sorted(service.operation_model("RunInstances").input_shape.members)
+    root = service.operation_model("RunInstances").input_shape
+    keys = sorted(root.members)
     body = "\n".join(f"    {k!r}," for k in keys)
+    shapes: dict[str, tuple] = {}
+
+    def walk(shape) -> None:
+        if shape.name in shapes:
+            return
+        if shape.type_name == "structure":
+            shapes[shape.name] = ("structure", {n: m.name for n, m in sorted(shape.members.items())},
+                                  tuple(sorted(shape.required_members)))
+            for m in shape.members.values():
+                walk(m)
+        elif shape.type_name == "list":
+            shapes[shape.name] = ("list", shape.member.name, ())
+            walk(shape.member)
+        elif shape.type_name == "map":
+            shapes[shape.name] = ("map", shape.value.name, ())
+            walk(shape.value)
+        else:
+            shapes[shape.name] = (shape.type_name, "", ())
+
+    walk(root)
     return (
         '"""The member names of botocore\'s EC2 RunInstances input shape, written by scripts/vendor_cloud_schemas.py\n'
         'from the botocore version below (do not edit by hand). Read by providers/aws/settings.py so that checking a\n'
@@ -41,7 +63,12 @@ def aws_text() -> str:
         "\n"
         "RUN_INSTANCES_MEMBERS = frozenset({\n"
         f"{body}\n"
-        "})\n")
+        "})\n"
+        "\n"
+        "# shape name -> (type, members {name: shape} | list member shape | '', required members); the request is\n"
+        f"# shape {root.name!r}.\n"
+        f"RUN_INSTANCES_ROOT = {root.name!r}\n"
+        f"RUN_INSTANCES_SHAPES = {pprint.pformat(dict(sorted(shapes.items())), width=116, sort_dicts=True)}\n")
 
 
 def gcp_schema() -> tuple[str, dict[str, dict[str, tuple[str, bool, str]]]]:

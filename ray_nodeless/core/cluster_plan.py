@@ -12,10 +12,19 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.catalog_checks import check_catalog_values
+from ray_nodeless.core.diagnose import explain_no_offering
 from ray_nodeless.core.settings import ProviderSettings, Resolver, node_types_of, parse_provider
 from ray_nodeless.core.cost import ClusterCost, cluster_cost, node_type_cost
-from ray_nodeless.errors import ConfigError
+from ray_nodeless.errors import ConfigError, NoFeasibleOffering
 from ray_nodeless.core.planner import Plan, Planner
+
+# Names Ray and the backends write into tags and labels. The strictest limit among them: GCE label values and
+# Kubernetes label values hold at most 63 characters (a longer name would be cut, and two clusters or node types
+# sharing 63 characters would be mixed up); an AWS tag value holds 256.
+NAME_MAX_LEN = 63
+# A YAML nested deeper than this is refused before anything walks it (recursive code would hit Python's limit).
+MAX_YAML_DEPTH = 100
 
 _planners: dict[str, Planner] = {}
 
@@ -50,9 +59,51 @@ def load_cluster_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(str(path), f"not a text file (cluster YAMLs are UTF-8): {e}") from e
     except yaml.YAMLError as e:
         raise ConfigError(str(path), f"not valid YAML: {e}") from e
+    except RecursionError as e:
+        raise ConfigError(str(path), f"nested too deeply to read (more than {MAX_YAML_DEPTH} levels)") from e
     if not isinstance(doc, dict):
         raise ConfigError(str(path), "a cluster YAML must be a mapping")
+    where = too_deep(doc)
+    if where is not None:
+        raise ConfigError(where or str(path), f"nested more than {MAX_YAML_DEPTH} levels deep")
     return doc
+
+
+def too_deep(doc: Any, limit: int = MAX_YAML_DEPTH) -> str | None:
+    """The dotted key where `doc` nests deeper than `limit` (None: it does not), without recursion: Ray's and our
+    own checks walk a config recursively, and a 5,000-deep YAML would end in a RecursionError."""
+    stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
+    while stack:
+        value, key, depth = stack.pop()
+        if depth > limit:
+            return key.split(".")[0] or key
+        if isinstance(value, dict):
+            stack.extend((v, f"{key}.{k}" if key else str(k), depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((v, key, depth + 1) for v in value)
+    return None
+
+
+def check_names(cluster_config: Mapping[str, Any]) -> None:
+    """`cluster_name` and the node type names, as Ray and the backends can use them: strings, not empty (an empty
+    cluster name tags machines that `sweep` then cannot tell apart), printable, at most NAME_MAX_LEN characters."""
+    def check(value: Any, key: str, what: str) -> None:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"{what} must be a string, got {value!r} ({type(value).__name__})")
+        if not value.strip():
+            raise ConfigError(key, f"{what} must not be empty")
+        if len(value) > NAME_MAX_LEN:
+            raise ConfigError(key, f"{what} is {len(value)} characters; at most {NAME_MAX_LEN} (it becomes a tag "
+                                   "and label value of every machine)")
+        if not value.isprintable() or value != value.strip():
+            raise ConfigError(key, f"{what} {value!r} has spaces around it or characters that cannot be printed")
+
+    if "cluster_name" in cluster_config:
+        check(cluster_config["cluster_name"], "cluster_name", "the cluster name")
+    types = cluster_config.get("available_node_types")
+    if isinstance(types, Mapping):
+        for name in sorted(types, key=str):
+            check(name, f"available_node_types.{name}", "a node type name")
 
 
 @dataclass
@@ -87,6 +138,7 @@ def plan_cluster(cluster_config: Mapping[str, Any],
 
     Pure: the backend's knowledge comes in as `backend_overrides` and pre-validated `settings`
     (`launch.config.check_cluster` supplies both); without them only the core keys are checked."""
+    check_names(cluster_config)
     settings = settings or parse_provider(cluster_config.get("provider") or {})
     catalog = catalog or load_catalog(settings.catalog)
     planner = planner_for(catalog)
@@ -96,14 +148,37 @@ def plan_cluster(cluster_config: Mapping[str, Any],
     if head not in node_types:
         raise ConfigError("head_node_type", f"{head!r} is not one of available_node_types {sorted(node_types)}")
     global_max = cluster_config.get("max_workers")
+    requests = {name: resolver.request(name, nt.get("resources") or {}, nt.get("node_config"), name == head)
+                for name, nt in node_types.items()}
+    rc = catalog.region(settings.price_cloud, settings.region)
+    check_catalog_values(cluster_config, rc, backend_overrides)
     plans: dict[str, Plan] = {}
     costs = []
     for name, nt in node_types.items():
         is_head = name == head
-        request = resolver.request(name, nt.get("resources") or {}, nt.get("node_config"), is_head)
-        plan = planner.plan(request)
+        try:
+            plan = planner.plan(requests[name])
+        except NoFeasibleOffering as e:
+            raise explain_no_offering(e, planner.plan, rc, settings, name, nt, is_head, backend_overrides) from None
         plans[name] = plan
         costs.append(node_type_cost(name, nt, plan, is_head, default_max_workers=int(global_max or 0)))
+    cost = cluster_cost(costs, global_max)
+    check_cost_cap(settings.max_hourly_cost, head, plans[head], cost)
     return ClusterPlan(settings=settings, catalog_id=catalog.catalog_id, head_node_type=head, plans=plans,
-                       node_types=node_types, cost=cluster_cost(costs, global_max),
-                       global_max_workers=int(global_max or 0))
+                       node_types=node_types, cost=cost, global_max_workers=int(global_max or 0))
+
+
+def check_cost_cap(cap: float | None, head: str, head_plan: Plan, cost: ClusterCost) -> None:
+    """`provider.max_hourly_cost` must leave room for the cluster at rest: the head (launched by `ray up`) and the
+    min_workers the autoscaler starts at once. A cap below either could never be kept."""
+    if cap is None:
+        return
+    price = head_plan.chosen.hourly_price or 0.0
+    if cap < price - 1e-9:
+        raise ConfigError("provider.max_hourly_cost",
+                          f"${cap:.4f}/h is below the head's own price: node type {head!r} gets "
+                          f"{head_plan.chosen.instance_type.name} at ${price:.4f}/h")
+    if cap < cost.idle_cost_per_hour - 1e-9:
+        raise ConfigError("provider.max_hourly_cost",
+                          f"${cap:.4f}/h is below the idle cost of head + min_workers, "
+                          f"${cost.idle_cost_per_hour:.4f}/h (`ray-nodeless plan` shows it per node type)")

@@ -32,7 +32,7 @@ def cluster_cost(items: list[NodeTypeCost], global_max_workers: int | None) -> C
     ceiling = sum(i.hourly_price for i in items if i.is_head)
     # The ceiling fills the most expensive worker types first: an upper bound on what the autoscaler can spend.
     budget = global_max_workers if global_max_workers is not None else sum(i.max_workers for i in items)
-    workers = sorted((i for i in items if not i.is_head), key=lambda i: (-i.hourly_price, i.node_type))
+    workers = sorted((i for i in items if not i.is_head), key=lambda i: (-i.hourly_price, str(i.node_type)))
     # min_workers are always running, so they take their share of the budget first.
     for i in workers:
         budget -= i.min_workers

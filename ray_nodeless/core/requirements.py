@@ -45,6 +45,9 @@ class Shape:
             raise ConfigError(key, f"must be a mapping of resource name to amount (CPU: 4), got {resources!r}")
         accel = ""
         for name in sorted(resources, key=str):
+            if not isinstance(name, str) or not name.strip() or name != name.strip():
+                raise ConfigError(f"{key}.{name}", f"resource names must be non-empty strings without spaces "
+                                                   f"around them, got {name!r}")
             v = resources[name]
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{key}.{name}", f"must be a finite number >= 0, got {v!r}")
@@ -142,12 +145,20 @@ def known_gpu(name: str, key: str) -> str:
     return model
 
 
-def _str_list(value: Any, key: str) -> list[str]:
+def _str_list(value: Any, key: str, *, allow_empty: bool = True) -> list[str]:
+    """A list of names. A name with spaces around it (`'A100 '`) is refused, not trimmed: in a YAML it is a quoted
+    typo, and what it was meant to match is then said in the message. An allow-list (`allow_empty=False`) must name
+    something: `families: []` would allow nothing, which no user means."""
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v.strip() for v in value):
         raise ConfigError(key, f"must be a list of non-empty strings, got {value!r}")
-    return [v.strip() for v in value]
+    for i, v in enumerate(value):
+        if v != v.strip():
+            raise ConfigError(f"{key}[{i}]", f"{v!r} has spaces around it; did you mean {v.strip()!r}?")
+    if not value and not allow_empty:
+        raise ConfigError(key, "an empty list allows nothing; remove the key to allow any")
+    return list(value)
 
 
 def _number(value: Any, key: str, minimum: float = 0.0) -> float:
@@ -170,16 +181,17 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
                               f"unknown key; allowed keys are {sorted(REQUIREMENT_KEYS)}")
     kw: dict[str, Any] = {}
     if "instance_types" in data:
-        kw["instance_types"] = (tuple(_str_list(data["instance_types"], f"{key}.instance_types")),)
+        kw["instance_types"] = (tuple(_str_list(data["instance_types"], f"{key}.instance_types", allow_empty=False)),)
     if "exclude_instance_types" in data:
         kw["exclude_instance_types"] = tuple(sorted(set(
             _str_list(data["exclude_instance_types"], f"{key}.exclude_instance_types"))))
     for name in ("families", "exclude_families", "zones"):
         if name in data:
-            kw[name] = frozenset(_str_list(data[name], f"{key}.{name}"))
+            kw[name] = frozenset(_str_list(data[name], f"{key}.{name}", allow_empty=name.startswith("exclude_")))
     for name in ("gpus", "exclude_gpus"):
         if name in data:
-            kw[name] = frozenset(known_gpu(g, f"{key}.{name}") for g in _str_list(data[name], f"{key}.{name}"))
+            names = _str_list(data[name], f"{key}.{name}", allow_empty=name == "exclude_gpus")
+            kw[name] = frozenset(known_gpu(g, f"{key}.{name}[{i}]") for i, g in enumerate(names))
     if "arch" in data:
         arches = _str_list(data["arch"], f"{key}.arch")
         if arches == ["any"]:
@@ -225,7 +237,8 @@ def parse_exclude(data: Mapping[str, Any] | None, key: str) -> Requirements:
             raise ConfigError(f"{key}.{k}", f"unknown key; allowed keys are {list(allowed)}")
     return Requirements(
         exclude_families=frozenset(_str_list(data.get("families", []), f"{key}.families")),
-        exclude_gpus=frozenset(known_gpu(g, f"{key}.gpus") for g in _str_list(data.get("gpus", []), f"{key}.gpus")),
+        exclude_gpus=frozenset(known_gpu(g, f"{key}.gpus[{i}]")
+                               for i, g in enumerate(_str_list(data.get("gpus", []), f"{key}.gpus"))),
         exclude_instance_types=tuple(sorted(set(_str_list(data.get("instance_types", []), f"{key}.instance_types")))),
     )
 

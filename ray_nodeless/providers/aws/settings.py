@@ -196,6 +196,14 @@ def check_node_config(settings: AwsSettings, node_config: Mapping[str, Any], key
             close = sorted(k for k in accepted if k.lower() == str(name).lower())
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"{key}.{name}", f"not a RunInstances parameter{hint}")
+    # Types and ranges by EC2's own request model first: later checks (and Ray's AMI check) read these values.
+    from ray_nodeless.providers.aws.launch_model import check_launch_keys
+
+    check_launch_keys({k: v for k, v in node_config.items() if k not in REQUIREMENT_KEYS and k not in EXTRA_KEYS},
+                      key)
+    subnets = node_config.get("SubnetIds")
+    if subnets is not None and (not isinstance(subnets, list) or not all(isinstance(x, str) and x for x in subnets)):
+        raise ConfigError(f"{key}.SubnetIds", f"must be a list of subnet ids, got {subnets!r}")
     if not node_config.get("ImageId") and not settings.image_id and "LaunchTemplate" not in node_config:
         raise ConfigError(f"{key}.ImageId",
                           "no AMI: set node_config.ImageId (or provider.image_id, or a LaunchTemplate)")

@@ -1,0 +1,151 @@
+"""Constraint values checked against the catalog, each naming its key, with a did-you-mean.
+
+The parsers (requirements.py, rules.py) check shapes and types without a catalog; this module checks the values
+the catalog knows: instance types (names and globs), families and zones, in `provider.exclude`, every rule and
+every node type's node_config (and an instance type a backend key pins, e.g. AWS `InstanceType`). A value the
+catalog does not know is a typo that would otherwise match nothing: an allow-list that then allows nothing (the
+node type ends with "no offering", which names neither the key nor the typo) or an exclusion that silently
+excludes nothing.
+
+- Every name or glob must be known to the cloud (its whole type table): `g4dn.xlarg`, `zz9`, `g4dn.[` are errors.
+- An allow-list must also leave something offered in the region (a cloud-wide rule may list types a region lacks,
+  as long as one of them is offered there).
+- Zones must be zones of the region.
+GPU models are checked by the parsers against the cross-cloud vocabulary (core/gpus.py): a model one cloud lacks
+is still a real model, and excluding it is harmless.
+"""
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from typing import Any, Callable, Iterable, Mapping
+
+from ray_nodeless.core.catalog import RegionCatalog
+from ray_nodeless.core.requirements import split_node_config
+from ray_nodeless.errors import ConfigError
+
+_GLOB = frozenset("*?[")
+# The constraint keys whose values the catalog knows: key -> (what it names, whether it is an allow-list).
+RULE_KEYS = {"instance_types": ("type", True), "exclude_instance_types": ("type", False),
+             "families": ("family", True), "exclude_families": ("family", False), "zones": ("zone", True)}
+EXCLUDE_KEYS = {"instance_types": ("type", False), "families": ("family", False)}     # provider.exclude
+
+
+def nearest(value: str, known: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The closest known name (difflib), compared case-insensitively; None when nothing is close."""
+    known = sorted(set(known))
+    by_lower = {k.lower(): k for k in known}
+    hit = difflib.get_close_matches(value.lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[hit[0]] if hit else None
+
+
+def _hint(value: str, known: Iterable[str]) -> str:
+    close = nearest(value, known)
+    return f"; did you mean {close!r}?" if close else ""
+
+
+class CatalogValues:
+    """One region's names, computed once per check."""
+
+    def __init__(self, rc: RegionCatalog):
+        self.rc = rc
+        self.cloud, self.region = rc.cloud, rc.region
+        self.types = sorted({t.name for t in rc.types})
+        self.offered = sorted({rc.types[i].name for i in set(rc.type_ids)})
+        self.families = sorted({t.family for t in rc.types})
+        self.offered_families = sorted({rc.types[i].family for i in set(rc.type_ids)})
+        self.zones = sorted(rc.zones)
+
+    def matching(self, pattern: str, names: list[str]) -> list[str]:
+        if _GLOB & set(pattern):
+            return [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        return [pattern] if pattern in set(names) else []
+
+    def check_types(self, values: list[str], key: str, allow: bool) -> None:
+        for i, v in enumerate(values):
+            if self.matching(v, self.types):
+                continue
+            if _GLOB & set(v):
+                raise ConfigError(f"{key}[{i}]", f"the pattern {v!r} matches no {self.cloud} instance type (a glob: "
+                                                 f"`*`, `?`, `[...]`){_hint(v.replace('*', ''), self.types)}")
+            raise ConfigError(f"{key}[{i}]", f"{v!r} is not an {self.cloud} instance type in {self.region}"
+                                             f"{_hint(v, self.offered)}")
+        if allow and not any(self.matching(v, self.offered) for v in values):
+            raise ConfigError(key, f"none of {values} is offered in {self.cloud} {self.region}")
+
+    def check_families(self, values: list[str], key: str, allow: bool) -> None:
+        for i, v in enumerate(values):
+            if v not in set(self.families):
+                raise ConfigError(f"{key}[{i}]", f"{v!r} is not an {self.cloud} instance family"
+                                                 f"{_hint(v, self.families)}")
+        if allow and not set(values) & set(self.offered_families):
+            raise ConfigError(key, f"none of the families {values} is offered in {self.cloud} {self.region}")
+
+    def check_zones(self, values: list[str], key: str) -> None:
+        for i, v in enumerate(values):
+            if v not in set(self.zones):
+                raise ConfigError(f"{key}[{i}]", f"{v!r} is not a zone of {self.cloud} {self.region} (zones: "
+                                                 f"{', '.join(self.zones)}){_hint(v, self.zones)}")
+
+
+def _names(value: Any) -> list[str] | None:
+    """The names of a list value as the parsers read it (a lone string is a list of one); None when not a list
+    of strings (the parsers name that error)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
+
+
+def check_constraints(values: CatalogValues, data: Mapping[str, Any], key: str,
+                      keys: Mapping[str, tuple[str, bool]] = RULE_KEYS) -> None:
+    """Check the catalog-known keys of one mapping (a rule, a node_config's constraints, `provider.exclude`)."""
+    for name, (kind, allow) in keys.items():
+        names = _names(data[name]) if name in data else None
+        if not names:
+            continue
+        if kind == "type":
+            values.check_types(names, f"{key}.{name}", allow)
+        elif kind == "family":
+            values.check_families(names, f"{key}.{name}", allow)
+        else:
+            values.check_zones(names, f"{key}.{name}")
+
+
+def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
+                         backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+    """Every catalog-checkable value of the cluster YAML (see the module docstring). Runs after the parsers, so
+    shapes are known to be right where it looks."""
+    values = CatalogValues(rc)
+    provider = cluster_config.get("provider") or {}
+    exclude = provider.get("exclude")
+    if isinstance(exclude, Mapping):
+        check_constraints(values, exclude, "provider.exclude", EXCLUDE_KEYS)
+    rules = provider.get("rules")
+    if isinstance(rules, list):
+        for i, rule in enumerate(rules):
+            if isinstance(rule, Mapping):
+                check_constraints(values, rule, f"provider.rules[{i}]")
+    types = cluster_config.get("available_node_types")
+    if not isinstance(types, Mapping):
+        return
+    for name in sorted(types, key=str):
+        nt = types[name]
+        nc = nt.get("node_config") if isinstance(nt, Mapping) else None
+        if not isinstance(nc, Mapping):
+            continue
+        key = f"available_node_types.{name}.node_config"
+        ours, theirs = split_node_config(nc)
+        check_constraints(values, ours, key)
+        if backend_overrides is None:
+            continue
+        # A backend key that pins an instance type (AWS InstanceType, GCP machineType + guestAccelerators): the
+        # pinned type must be one of the cloud's, named after the key that pins it.
+        pinned = _names(backend_overrides(dict(theirs)).get("instance_types")) or []
+        unknown = [v for v in pinned if not values.matching(v, values.types)]
+        if unknown:
+            pins = [k for k in sorted(theirs, key=str) if backend_overrides({k: theirs[k]}).get("instance_types")]
+            where = f"{key}.{pins[0]}" if pins else key
+            raise ConfigError(where, f"{unknown[0]!r} is not an {values.cloud} instance type in {values.region}"
+                                     f"{_hint(unknown[0], values.offered)}")
