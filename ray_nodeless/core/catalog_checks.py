@@ -127,6 +127,13 @@ def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
         for i, rule in enumerate(rules):
             if isinstance(rule, Mapping):
                 check_constraints(values, rule, f"provider.rules[{i}]")
+    if backend_overrides is not None:
+        # Zones the provider block's own keys imply (AWS availability_zone, subnets), named after the key.
+        for zone in _names(backend_overrides({}).get("zones")) or []:
+            if zone not in set(values.zones):
+                raise ConfigError(provider_key_holding(provider, zone),
+                                  f"{zone!r} is not a zone of {values.cloud} {values.region} (zones: "
+                                  f"{', '.join(values.zones)}){_hint(zone, values.zones)}")
     types = cluster_config.get("available_node_types")
     if not isinstance(types, Mapping):
         return
@@ -149,3 +156,12 @@ def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
             where = f"{key}.{pins[0]}" if pins else key
             raise ConfigError(where, f"{unknown[0]!r} is not an {values.cloud} instance type in {values.region}"
                                      f"{_hint(unknown[0], values.offered)}")
+
+
+def provider_key_holding(provider: Mapping[str, Any], value: str) -> str:
+    """The provider-block key whose value (or whose mapping's keys) holds `value`; `provider` if none does."""
+    for k in sorted(provider, key=str):
+        v = provider[k]
+        if value in str(v) or (isinstance(v, Mapping) and value in v):
+            return f"provider.{k}"
+    return "provider"

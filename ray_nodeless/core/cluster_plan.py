@@ -159,7 +159,8 @@ def plan_cluster(cluster_config: Mapping[str, Any],
         try:
             plan = planner.plan(requests[name])
         except NoFeasibleOffering as e:
-            raise explain_no_offering(e, planner.plan, rc, settings, name, nt, is_head, backend_overrides) from None
+            raise explain_no_offering(e, planner.plan, rc, settings, name, nt, is_head, backend_overrides,
+                                      cluster_config.get("provider")) from None
         plans[name] = plan
         costs.append(node_type_cost(name, nt, plan, is_head, default_max_workers=int(global_max or 0)))
     cost = cluster_cost(costs, global_max)

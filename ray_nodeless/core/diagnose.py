@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Offering, RegionCatalog
+from ray_nodeless.core.catalog_checks import provider_key_holding
 from ray_nodeless.core.requirements import (
     ARCHES, Request, Requirements, Shape, parse_requirements, split_node_config,
 )
@@ -41,7 +42,8 @@ def _describe(o: Offering) -> str:
 def explain_no_offering(error: NoFeasibleOffering, plan: Callable[[Request], Any], rc: RegionCatalog,
                         settings: Any, name: str,
                         node_type: Mapping[str, Any], is_head: bool,
-                        backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None) -> NoFeasibleOffering:
+                        backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None,
+                        settings_provider: Mapping[str, Any] | None = None) -> NoFeasibleOffering:
     """`error` (the planner's, for node type `name`) with the key that emptied it first. `plan` is the planner's
     `plan` (cached: the re-plans cost a few ms each, and only a failing config pays them); `rc` the region."""
     key = f"available_node_types.{name}"
@@ -51,11 +53,17 @@ def explain_no_offering(error: NoFeasibleOffering, plan: Callable[[Request], Any
     ours, theirs = split_node_config(nc)
     rule = settings.rules.first_match(name, resources, is_head)
     implied = backend_overrides(dict(theirs)) if backend_overrides else {}
-    pins = {}
+    pins: dict[str, str] = {}
     if backend_overrides:
+        # What the provider block alone implies (AWS availability_zone, subnets) is the provider's, not a key's.
+        from_provider = backend_overrides({})
+        for field, value in from_provider.items():
+            shown = value[0] if isinstance(value, list) and value else value
+            pins[field] = provider_key_holding(settings_provider, str(shown)) if settings_provider else "provider"
         for k in sorted(theirs, key=str):
-            for field in backend_overrides({k: theirs[k]}):
-                pins.setdefault(field, f"{key}.node_config.{k}")
+            for field, value in backend_overrides({k: theirs[k]}).items():
+                if from_provider.get(field) != value:
+                    pins.setdefault(field, f"{key}.node_config.{k}")
     # (place, requirements, field -> the key it is spelled as), in Resolver's order of composition.
     parts: list[tuple[Requirements, Callable[[str], str]]] = [
         (rule.requirements if rule else Requirements(), lambda f: f"provider.rules[{rule.index}].{f}"),

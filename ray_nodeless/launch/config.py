@@ -96,6 +96,7 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
     provider = cluster_config.get("provider")
     settings, cls = load_provider_config(provider)
     check_node_types(cluster_config, provider, cls)
+    registration_class(settings.registration).check_config(provider)
     catalog = catalog or catalog_for(settings)
     return plan_cluster(cluster_config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
                         catalog=catalog, settings=settings)

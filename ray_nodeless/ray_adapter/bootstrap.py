@@ -14,6 +14,7 @@ from ray_nodeless.launch.plugin_install import check_file_mounts
 from ray_nodeless.providers import backend_config, backend_names
 from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
+from ray_nodeless.registrations import registration_class
 from ray_nodeless.registrations.vm import BOOT_CLOUDS
 from ray_nodeless.registrations.vm_boot import BOOT_KEY
 
@@ -45,6 +46,9 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     try:
         cls.fill_default_images(config)
         cp = check_cluster(config)
+        # The registration's live services (Kubernetes: kubeconfig, API server, RBAC, namespace, a dry run of the
+        # pod) before anything of the cloud is touched: `ray up` then fails before the head is created.
+        registration_class(settings.registration).preflight(provider, str(config.get("cluster_name", "")))
         allowed = {name: p.request.requirements.zones for name, p in cp.plans.items()}
         if cls.bootstrap(config, settings.registration, allowed):
             cp = check_cluster(config)          # on the zones the filled subnets allow

@@ -21,6 +21,17 @@ class Registration(abc.ABC):
     settings_model: ClassVar[type[Section]] = Section
 
     @classmethod
+    def check_config(cls, provider_config: dict[str, Any]) -> None:
+        """Config-time checks of the registration's keys that need no network (`ray-nodeless plan` and
+        `bootstrap_config` run them); ConfigError naming the key."""
+
+    @classmethod
+    def preflight(cls, provider_config: dict[str, Any], cluster_name: str) -> None:
+        """What `bootstrap_config` checks against the registration's live services before `ray up` creates the
+        head (the API server a machine joins, ...); ConfigError naming the key. Includes `check_config`."""
+        cls.check_config(provider_config)
+
+    @classmethod
     def for_sweep(cls, provider_config: dict[str, Any], cluster_name: str) -> "Registration":
         """An instance for `ray-nodeless sweep`: it must create nothing (no pod, no join), only list and end."""
         return cls(provider_config, cluster_name)

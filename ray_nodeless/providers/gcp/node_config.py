@@ -204,6 +204,15 @@ def parse_with_client(body: Mapping[str, Any], key: str) -> None:
     except (json_format.ParseError, TypeError, ValueError) as e:
         m = re.search(r'at "?Instance\.?([\w.\[\]]*)', str(e))
         sub = f".{m.group(1)}" if m and m.group(1) else ""
+        if not sub:
+            # The parser names the field only sometimes ("Failed to parse disks field: ..."): the first top-level
+            # field the vendored schema cannot vouch for, else the one the message names.
+            named = re.search(r"Failed to parse (\w+) field", str(e))
+            doubtful = [k for k in body if not surely_parses({k: body[k]})] if vendored_schema() else []
+            if doubtful:
+                sub = f".{doubtful[0]}"
+            elif named and named.group(1) in body:
+                sub = f".{named.group(1)}"
         raise ConfigError(f"{key}{sub}", str(e).splitlines()[0]) from None
 
 

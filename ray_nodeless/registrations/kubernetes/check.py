@@ -1,7 +1,12 @@
-"""Bad input before any launch: every check of `registration: kubernetes` against the live API server, as
-ConfigErrors naming the key. The lead calls `check(provider_config)` from `ray up`'s bootstrap.
+"""Bad input before any launch: every check of `registration: kubernetes`, as ConfigErrors naming the key.
 
-- the block itself (unknown join method -> provider.kubernetes.join.method, missing join keys),
+`check_static(provider_config)` needs no network (`ray-nodeless plan` runs it, through the registration's
+`check_config`); `check(provider_config)` adds the API server's answers and is run by `bootstrap_config`, so
+`ray up` fails before the head is created.
+
+- the block itself (unknown join method -> provider.kubernetes.join.method, missing join keys such as eks's
+  `cluster` or kubeadm's `token`), a pod_template without a Ray container (provider.kubernetes.pod_template),
+- a kubeconfig file that is not there (provider.kubernetes.kubeconfig),
 - unreadable kubeconfig / unknown context (provider.kubernetes.kubeconfig / .context),
 - unreachable API server (provider.kubernetes.kubeconfig, naming the server),
 - forbidden by RBAC: a SelfSubjectAccessReview per verb the registration uses (provider.kubernetes),
@@ -12,17 +17,16 @@ ConfigErrors naming the key. The lead calls `check(provider_config)` from `ray u
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
-
-from kubernetes import client
-from kubernetes.client.rest import ApiException
+import os
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.registrations.kubernetes.client import api_client
 from ray_nodeless.registrations.kubernetes.join import check_join
-from ray_nodeless.registrations.kubernetes.pods import ray_pod
-from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
+from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings, default_kubeconfig
+
+if TYPE_CHECKING:
+    from kubernetes import client
 
 KEY = "provider.kubernetes"
 CHECK_TIMEOUT_S = 10
@@ -37,11 +41,54 @@ NEEDED = (
 )
 
 
-def check(provider_config: Mapping[str, Any], cluster_name: str = "check",
-          api: client.ApiClient | None = None) -> None:
+def check_static(provider_config: Mapping[str, Any]) -> KubernetesSettings:
+    """The checks that need no API server: the join method's keys and the pod template (a Ray pod needs its
+    container: `spec.containers`, the first one runs Ray)."""
     settings = parse_section(KubernetesSettings, provider_config, "provider")
     k = settings.kubernetes
     check_join(k.join)
+    key = f"{KEY}.pod_template"
+    template = k.pod_template
+    if not template:
+        raise ConfigError(key, "missing: the Ray pod's template (metadata + spec, like a KubeRay group's "
+                               "`template`), with spec.containers[0] the Ray container and its image")
+    spec = template.get("spec")
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{key}.spec", f"must be a pod spec mapping, got {spec!r}")
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise ConfigError(f"{key}.spec.containers", "must list the Ray container (containers[0]: name, image)")
+    for i, c in enumerate(containers):
+        if not isinstance(c, Mapping):
+            raise ConfigError(f"{key}.spec.containers[{i}]", f"must be a container mapping, got {c!r}")
+        image = c.get("image")
+        if image is not None and (not isinstance(image, str) or not image.strip()):
+            raise ConfigError(f"{key}.spec.containers[{i}].image", f"must be an image name, got {image!r}")
+    return settings
+
+
+def kubeconfig_file(settings: KubernetesSettings) -> str | None:
+    """The kubeconfig file the registration reads (None: in-cluster); a ConfigError when it is not there."""
+    k = settings.kubernetes
+    path = os.path.expanduser(k.kubeconfig) if k.kubeconfig else default_kubeconfig()
+    if path is not None and not os.path.isfile(path):
+        raise ConfigError(f"{KEY}.kubeconfig", f"{path}: no such file (the kubeconfig of the Kubernetes cluster "
+                                               "the machines join)")
+    return path
+
+
+def check(provider_config: Mapping[str, Any], cluster_name: str = "check",
+          api: "client.ApiClient | None" = None) -> None:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from ray_nodeless.registrations.kubernetes.client import api_client
+    from ray_nodeless.registrations.kubernetes.pods import ray_pod
+
+    settings = check_static(provider_config)
+    k = settings.kubernetes
+    if api is None:
+        kubeconfig_file(settings)
     api = api or api_client(k)
     server = api.configuration.host
     try:
@@ -89,7 +136,7 @@ def check(provider_config: Mapping[str, Any], cluster_name: str = "check",
         raise ConfigError(f"{KEY}.pod_template", f"rejected by the API server (dry run): {msg}") from e
 
 
-def _api_message(e: ApiException) -> str:
+def _api_message(e: Exception) -> str:
     try:
         return json.loads(e.body).get("message") or f"{e.status} {e.reason}"
     except Exception:

@@ -78,6 +78,19 @@ class KubernetesRegistration(Housekeeping, Registration):
     name = "kubernetes"
     settings_model = KubernetesSettings
 
+    @classmethod
+    def check_config(cls, provider_config: dict[str, Any]) -> None:
+        from ray_nodeless.registrations.kubernetes.check import check_static
+
+        check_static(provider_config)
+
+    @classmethod
+    def preflight(cls, provider_config: dict[str, Any], cluster_name: str) -> None:
+        # kubeconfig, API server, RBAC, namespace and a dry run of the pod (registrations/kubernetes/check.py)
+        from ray_nodeless.registrations.kubernetes.check import check
+
+        check(provider_config, cluster_name)
+
     def __init__(self, provider_config: dict[str, Any], cluster_name: str, *, start: bool = True,
                  api: client.ApiClient | None = None):
         self.provider_config = provider_config
