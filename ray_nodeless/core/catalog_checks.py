@@ -16,7 +16,6 @@ is still a real model, and excluding it is harmless.
 """
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from typing import Any, Callable, Iterable, Mapping
 
@@ -33,6 +32,8 @@ EXCLUDE_KEYS = {"instance_types": ("type", False), "families": ("family", False)
 
 def nearest(value: str, known: Iterable[str], cutoff: float = 0.6) -> str | None:
     """The closest known name (difflib), compared case-insensitively; None when nothing is close."""
+    import difflib      # only an error pays its import (a cold `plan` stays fast)
+
     known = sorted(set(known))
     by_lower = {k.lower(): k for k in known}
     hit = difflib.get_close_matches(value.lower(), list(by_lower), n=1, cutoff=cutoff)

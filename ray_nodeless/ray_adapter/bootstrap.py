@@ -28,7 +28,10 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
 
     1. the top-level keys Ray reads after the head launches, from Ray's defaults of the cloud when missing
        (`ray_defaults.fill_ray_defaults`);
-    2. every key validated and every node type planned, so a bad key or an infeasible shape fails first;
+    2. every key validated and every node type planned, so a bad key or an infeasible shape fails first
+       (`launch.config.check_cluster`: types, catalog values, launch keys against the cloud's request model,
+       names, the cost cap), then the registration's live checks (`Registration.preflight`; Kubernetes: the
+       kubeconfig, API server, RBAC, namespace and a dry run of the pod);
     3. the cloud's bootstrap as Ray's own provider does it, by the backend's `bootstrap` hook (AWS: default AMI,
        head IAM instance profile, key pair, subnets of the allowed zones, security group, by Ray's own functions:
        `providers/aws/bootstrap.py`; GCP: `providers/gcp/bootstrap.py`), then planned again on the zones that can

@@ -1,6 +1,6 @@
 """The bad-config corpora through Ray's own `ray up` code: `ray.autoscaler._private.commands.
 create_or_update_cluster` (what `ray up -y --no-config-cache` runs) on a YAML file, against moto (AWS) and the fake
-GCE server (GCP). Every case must stop with an error naming the key before the head exists, and no instance may
+GCE server (GCP), and for `registration: kubernetes` on the local backend. Every case must stop with an error naming the key before the head exists, and no instance may
 exist afterwards.
 
 Ray's head step (`get_or_create_head_node`, where the head would be created and then reached over SSH) is replaced
@@ -21,7 +21,7 @@ import yaml
 from ray_nodeless.testing.fake_gce import FakeGce
 from ray_nodeless.testing.moto_server import MotoServer
 from tests.config.corpus import COMMON, PER_BACKEND, base
-from tests.config.corpus_values import VALUES_COMMON, VALUES_PER_BACKEND
+from tests.config.corpus_values import LIVE_K8S, VALUES_COMMON, VALUES_PER_BACKEND
 from tests.providers.aws.helpers import all_instances
 
 GCP_PROJECT = "corpus-project"
@@ -29,6 +29,9 @@ CORPORA = {"first": COMMON, "values": VALUES_COMMON}
 CASES = [(b, corpus, name, mutate, key) for b in ("aws", "gcp")
          for corpus, cases in (("first", COMMON + PER_BACKEND[b]), ("values", VALUES_COMMON + VALUES_PER_BACKEND[b]))
          for name, mutate, key in cases]
+# registration: kubernetes on the local backend (cluster-configs/local-k8s-cpu-head.yaml): its static checks and
+# the live ones (kubeconfig file, API server) that only `ray up` runs.
+CASES += [("k8s", "kubernetes", name, mutate, key) for name, mutate, key in VALUES_PER_BACKEND["k8s"] + LIVE_K8S]
 RESULTS: dict[tuple[str, str], list[bool]] = {}
 # Shapes Ray's own code crashes on in `prepare_config`, before any plugin code runs (no hook precedes it): an
 # `available_node_types` list (TypeError), a node type that is a string (AttributeError), an integer node type name
@@ -104,6 +107,12 @@ def test_ray_up_names_the_key_and_launches_nothing(b, corpus, name, mutate, key,
         moto = request.getfixturevalue("moto")
         point = _aws_target(moto, tmp_path, monkeypatch)
         instances = lambda: all_instances(moto)  # noqa: E731
+    elif b == "k8s":
+        monkeypatch.setenv("HOME", str(tmp_path))
+        point = lambda c: None  # noqa: E731
+        # The local backend launches only through Ray's head step (stubbed, recorded as acceptance) and the
+        # provider objects Ray builds after it: nothing to list before that step.
+        instances = lambda: []  # noqa: E731
     else:
         gce = request.getfixturevalue("gce")
         gce.instances.clear()

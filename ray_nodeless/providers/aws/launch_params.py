@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
 from ray_nodeless.errors import BackendError, ConfigError
+from ray_nodeless.providers.aws.launch_model import check_launch_keys
 from ray_nodeless.providers.aws.settings import MANAGED_KEYS
 from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec
 
@@ -131,4 +132,7 @@ def run_instances_params(spec: LaunchSpec, tags: dict[str, str], image_id: str |
         MaxCount=spec.count,
         ClientToken=client_token(spec.request_token),
     )
+    # What is sent, against EC2's request model: a node_config that never went through bootstrap_config (a config
+    # changed on the head) fails here as a ConfigError naming the key, not as botocore's raw TypeError.
+    check_launch_keys(nc, f"available_node_types.{spec.node_type}.node_config")
     return nc
