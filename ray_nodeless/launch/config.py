@@ -86,6 +86,10 @@ def prepare_like_ray_up(cluster_config: Mapping[str, Any]) -> dict[str, Any]:
         nt.setdefault("min_workers", 0)
         nt.setdefault("max_workers", 0 if name == config["head_node_type"] else config["max_workers"])
     config["available_node_types"] = types
+    # Ray's validate_config next: its cluster schema (types, unknown top-level keys), read without Ray.
+    from ray_nodeless.launch.ray_schema import check_ray_schema
+
+    check_ray_schema(config)
     return config
 
 

@@ -255,3 +255,28 @@ LIVE_K8S: list[Case] = [
     ("k8s-kubeconfig-missing", _k8s_block(kubeconfig="/nonexistent/kubeconfig"), "provider.kubernetes.kubeconfig"),
     ("k8s-api-server-unreachable", _kubeconfig_to("https://127.0.0.1:9"), "provider.kubernetes.kubeconfig"),
 ]
+
+# Ray's own cluster schema and preparation (`prepare_config`, `validate_config`): `plan` applies the schema itself
+# (launch/ray_schema.py); on the `ray up` path Ray refuses these before the plugin runs, or crashes on them.
+RAY_SHAPES: list[Case] = [
+    ("top-key-typo", top("max_worker", 3), "max_worker"),
+    ("top-key-unknown", top("head_setup", []), "head_setup"),
+    ("setup-commands-string", top("setup_commands", "pip install ray"), "setup_commands"),
+    ("setup-commands-numbers", top("setup_commands", [1]), "setup_commands"),
+    ("start-commands-string", top("head_start_ray_commands", "ray start --head"), "head_start_ray_commands"),
+    ("file-mounts-list", top("file_mounts", ["/tmp/a"]), "file_mounts"),
+    ("synced-files-string", top("cluster_synced_files", "/tmp/a"), "cluster_synced_files"),
+    ("auth-string", top("auth", "ubuntu"), "auth"),
+    ("auth-key-typo", top("auth", {"ssh_usr": "ubuntu"}), "ssh_usr"),
+    ("docker-list", top("docker", ["rayproject/ray"]), "docker"),
+    ("docker-key-typo", top("docker", {"imag": "rayproject/ray"}), "imag"),
+    ("idle-timeout-negative", top("idle_timeout_minutes", -1), "idle_timeout_minutes"),
+    ("upscaling-speed-word", top("upscaling_speed", "fast"), "upscaling_speed"),
+    ("node-type-key-typo", lambda c: c["available_node_types"][worker_name(c)].update(max_worker=2), "max_worker"),
+    ("node-type-labels-number", lambda c: c["available_node_types"][worker_name(c)].update(labels={"a": 1}),
+     "labels"),
+    ("cpu-fraction", resource("CPU", 0.5), "resources.CPU"),
+    ("provider-list", top("provider", [{"cloud": "aws"}]), "provider"),
+    ("provider-missing", lambda c: c.pop("provider"), "provider"),
+    ("head-type-number", top("head_node_type", 5), "head_node_type"),
+]

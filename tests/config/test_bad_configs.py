@@ -16,11 +16,13 @@ from ray_nodeless.errors import NodelessError
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
 from tests.config.corpus import COMMON, PER_BACKEND, base
-from tests.config.corpus_values import LIVE_K8S, VALUES_COMMON, VALUES_PER_BACKEND, deep_yaml
+from tests.config.corpus_values import LIVE_K8S, RAY_SHAPES, VALUES_COMMON, VALUES_PER_BACKEND, deep_yaml
 
 BACKENDS = ("local", "aws", "gcp", "fake")
 CASES = [(b, name, mutate, key) for b in BACKENDS for name, mutate, key in
          COMMON + PER_BACKEND[b] + VALUES_COMMON + VALUES_PER_BACKEND.get(b, [])]
+# Ray's schema and preparation: `plan` names them (bootstrap_config gets what Ray's checks let through).
+PLAN_CASES = CASES + [(b, name, mutate, key) for b in BACKENDS for name, mutate, key in RAY_SHAPES]
 CASES += [(b, name, mutate, key) for b in ("k8s",) for name, mutate, key in VALUES_PER_BACKEND["k8s"]]
 
 
@@ -48,7 +50,7 @@ def test_bootstrap_config_names_the_key_and_launches_nothing(b, name, mutate, ke
     assert cloud.launches == [] and cloud.calls.get("launch", 0) == 0
 
 
-@pytest.mark.parametrize("b,name,mutate,key", CASES, ids=[f"{b}-{n}" for b, n, _, _ in CASES])
+@pytest.mark.parametrize("b,name,mutate,key", PLAN_CASES, ids=[f"{b}-{n}" for b, n, _, _ in PLAN_CASES])
 def test_plan_names_the_key_without_a_traceback(b, name, mutate, key, tmp_path: Path, cloud):
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(_bad_config(b, mutate), allow_unicode=True))

@@ -1,0 +1,101 @@
+"""Ray's own cluster-YAML schema (`ray/autoscaler/ray-schema.json`, what `ray up`'s `validate_config` checks with
+jsonschema), applied by `ray-nodeless plan` without importing Ray or jsonschema, so that `plan` refuses what `ray up`
+refuses, naming the key the same way (`setup_commands[0]`, `max_worker`).
+
+The installed Ray's schema file is read as JSON (a cold `plan` stays fast: jsonschema's import alone costs more
+than planning). The keywords the schema uses are honoured: `type` (with `nullable`), `properties`,
+`patternProperties`, `additionalProperties: false` (with a did-you-mean), `items`, `minimum`, `enum` and `$ref`
+into its `definitions`. Not applied: `required` (Ray checks it after its own defaults and our
+`fillout_available_node_types_resources` have filled keys, so the raw YAML may lack them) and the `allOf`/`if`
+conditions of `auth` (Ray names those itself). As in Ray's `prepare_config`, empty legacy `head_node` /
+`worker_nodes` keys are dropped first.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from ray_nodeless.core.schema import suggest_key
+from ray_nodeless.errors import ConfigError
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,), "array": (list,), "string": (str,), "integer": (int,), "number": (int, float),
+    "boolean": (bool,), "null": (type(None),),
+}
+LEGACY_KEYS = ("head_node", "worker_nodes")
+
+
+@functools.cache
+def ray_schema() -> dict[str, Any] | None:
+    """The installed Ray's ray-schema.json, or None when Ray is not installed (then `ray up` cannot run either)."""
+    spec = importlib.util.find_spec("ray")
+    if spec is None or not spec.origin:
+        return None
+    try:
+        return json.loads((Path(spec.origin).parent / "autoscaler" / "ray-schema.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _type_ok(value: Any, kind: Any, nullable: bool) -> bool:
+    kinds = kind if isinstance(kind, list) else [kind]
+    if nullable and value is None:
+        return True
+    for k in kinds:
+        allowed = _TYPES.get(k)
+        if allowed is None:
+            return True          # a type this reader does not know: Ray judges it
+        if isinstance(value, bool) and bool not in allowed:
+            continue
+        if isinstance(value, allowed):
+            return True
+    return False
+
+
+def _check(schema: Mapping[str, Any], root: Mapping[str, Any], value: Any, key: str) -> None:
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/definitions/"):
+        target = root.get("definitions", {}).get(ref.rsplit("/", 1)[1])
+        if isinstance(target, Mapping):
+            _check(target, root, value, key)
+    kind = schema.get("type")
+    if kind is not None and not _type_ok(value, kind, bool(schema.get("nullable"))):
+        wanted = " or ".join(kind) if isinstance(kind, list) else kind
+        raise ConfigError(key or "cluster", f"must be {'an' if wanted[0] in 'aeiou' else 'a'} {wanted} (Ray's "
+                                            f"cluster schema), got {type(value).__name__} {value!r}"[:400])
+    if "enum" in schema and value not in schema["enum"]:
+        raise ConfigError(key, f"{value!r} is not one of {schema['enum']} (Ray's cluster schema)")
+    minimum = schema.get("minimum")
+    if minimum is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < minimum:
+        raise ConfigError(key, f"must be >= {minimum} (Ray's cluster schema), got {value!r}")
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        patterns = schema.get("patternProperties") or {}
+        for k in sorted(value, key=str):
+            sub = f"{key}.{k}" if key else str(k)
+            if k in props:
+                _check(props[k], root, value[k], sub)
+                continue
+            matched = [p for p in patterns if re.search(p, str(k))]
+            for p in matched:
+                _check(patterns[p], root, value[k], sub)
+            if not matched and schema.get("additionalProperties") is False:
+                close = suggest_key(str(k), props)
+                hint = f"; did you mean `{close}`?" if close else f"; Ray's keys here: {', '.join(sorted(props))}"
+                raise ConfigError(sub, f"unknown key (Ray's cluster schema allows no other){hint}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for i, v in enumerate(value):
+            _check(schema["items"], root, v, f"{key}[{i}]")
+
+
+def check_ray_schema(cluster_config: Mapping[str, Any]) -> None:
+    """ConfigError naming the key where `cluster_config` breaks Ray's cluster schema (see the module docstring)."""
+    schema = ray_schema()
+    if schema is None:
+        return
+    config = {k: v for k, v in cluster_config.items() if not (k in LEGACY_KEYS and not v)}
+    _check(schema, schema, config, "")
