@@ -35,10 +35,14 @@ CASES = [(b, corpus, name, mutate, key) for b in ("aws", "gcp")
 # the live ones (kubeconfig file, API server) that only `ray up` runs.
 CASES += [("k8s", "kubernetes", name, mutate, key) for name, mutate, key in VALUES_PER_BACKEND["k8s"] + LIVE_K8S]
 RESULTS: dict[tuple[str, str], list[bool]] = {}
-# Shapes Ray's own code crashes on in `prepare_config`, before any plugin code runs (no hook precedes it): an
-# `available_node_types` list (TypeError), a node type that is a string (AttributeError), an integer node type name
-# (TypeError sorting the names). `ray-nodeless plan` names each of them (test_bad_configs.py).
-RAY_CRASHES_FIRST = {"types-list", "node-type-string", "node-type-name-number"}
+# Shapes Ray's own code crashes on before any plugin code runs (no hook precedes it: the plugin's class is imported
+# only after `prepare_config`): `create_or_update_cluster` reads `config["provider"]["type"]` (a missing provider is a
+# KeyError, a list a TypeError); `prepare_config` merges `setup_commands` into the other command lists (a string: a
+# TypeError), reads `docker` as a mapping (a list: AttributeError), fills each node type (an `available_node_types`
+# list: TypeError; a node type that is a string: AttributeError; an integer node type name: TypeError sorting the
+# names). `ray-nodeless plan` names each of them (test_bad_configs.py).
+RAY_CRASHES_FIRST = {"types-list", "node-type-string", "node-type-name-number", "setup-commands-string",
+                     "docker-list", "provider-list", "provider-missing"}
 
 
 def _param(b: str, corpus: str, name: str, mutate: Callable, key: str) -> Any:
