@@ -17,13 +17,12 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.registrations.kubernetes.join import check_join
-from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings, default_kubeconfig
+from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -67,16 +66,6 @@ def check_static(provider_config: Mapping[str, Any]) -> KubernetesSettings:
     return settings
 
 
-def kubeconfig_file(settings: KubernetesSettings) -> str | None:
-    """The kubeconfig file the registration reads (None: in-cluster); a ConfigError when it is not there."""
-    k = settings.kubernetes
-    path = os.path.expanduser(k.kubeconfig) if k.kubeconfig else default_kubeconfig()
-    if path is not None and not os.path.isfile(path):
-        raise ConfigError(f"{KEY}.kubeconfig", f"{path}: no such file (the kubeconfig of the Kubernetes cluster "
-                                               "the machines join)")
-    return path
-
-
 def check(provider_config: Mapping[str, Any], cluster_name: str = "check",
           api: "client.ApiClient | None" = None) -> None:
     from kubernetes import client
@@ -87,9 +76,7 @@ def check(provider_config: Mapping[str, Any], cluster_name: str = "check",
 
     settings = check_static(provider_config)
     k = settings.kubernetes
-    if api is None:
-        kubeconfig_file(settings)
-    api = api or api_client(k)
+    api = api or api_client(k)          # a kubeconfig file that cannot be read names provider.kubernetes.kubeconfig
     server = api.configuration.host
     try:
         client.VersionApi(api).get_code(_request_timeout=CHECK_TIMEOUT_S)
