@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import datetime
 import functools
+import importlib.util
+import os
+import re
 from typing import Any, Mapping
 
 from ray_nodeless.errors import ConfigError
@@ -34,7 +37,6 @@ _PYTHON_TYPES: dict[str, tuple[type, ...]] = {
 def request_model() -> tuple[str, dict[str, tuple]]:
     """(root shape name, shapes) of RunInstances: vendored when it matches the installed botocore."""
     from ray_nodeless.providers.aws import run_instances_keys as vendored
-    from ray_nodeless.providers.aws.settings import _other_ec2_models, installed_botocore_version
 
     if installed_botocore_version() == vendored.BOTOCORE_VERSION and not _other_ec2_models():
         return vendored.RUN_INSTANCES_ROOT, vendored.RUN_INSTANCES_SHAPES
@@ -122,3 +124,24 @@ def check_launch_keys(params: Mapping[str, Any], key: str) -> None:
     if isinstance(data, str) and len(data.encode("utf-8", "surrogatepass")) > USER_DATA_MAX_BYTES:
         raise ConfigError(f"{key}.UserData", f"{len(data.encode('utf-8', 'surrogatepass'))} bytes; EC2 takes at "
                                              f"most {USER_DATA_MAX_BYTES} bytes of user data")
+
+
+def installed_botocore_version() -> str | None:
+    """botocore's version as installed (its __init__.py), read without importing it."""
+    spec = importlib.util.find_spec("botocore")
+    if spec is None or not spec.origin:
+        return None
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", f.read(), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def _other_ec2_models() -> bool:
+    """Would botocore's loader find an EC2 model outside its own data directory (its search path: ~/.aws/models,
+    then AWS_DATA_PATH's entries, then botocore/data)?"""
+    paths = [os.path.expanduser(os.path.join("~", ".aws", "models"))]
+    paths += [os.path.expanduser(p) for p in os.environ.get("AWS_DATA_PATH", "").split(os.pathsep) if p]
+    return any(os.path.isdir(os.path.join(p, "ec2")) for p in paths)

@@ -21,10 +21,7 @@ ray_nodeless cannot honour is an error naming it (`cache_stopped_nodes: true`, a
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
-import os
-import re
 from typing import Annotated, Any, Literal, Mapping
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
@@ -33,6 +30,9 @@ from pydantic_core import PydanticCustomError
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
 from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers.aws.launch_model import (  # noqa: F401  (installed_botocore_version: tests read it here)
+    _other_ec2_models, check_launch_keys, installed_botocore_version,
+)
 from ray_nodeless.providers.base import BackendConfig
 
 # Attempts per EC2 call, the first one included: botocore's for every call but RunInstances, ours for RunInstances.
@@ -164,27 +164,6 @@ def run_instances_members() -> frozenset[str]:
     return frozenset(service.operation_model("RunInstances").input_shape.members)
 
 
-def installed_botocore_version() -> str | None:
-    """botocore's version as installed (its __init__.py), read without importing it."""
-    spec = importlib.util.find_spec("botocore")
-    if spec is None or not spec.origin:
-        return None
-    try:
-        with open(spec.origin, encoding="utf-8") as f:
-            m = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", f.read(), re.M)
-    except OSError:
-        return None
-    return m.group(1) if m else None
-
-
-def _other_ec2_models() -> bool:
-    """Would botocore's loader find an EC2 model outside its own data directory (its search path: ~/.aws/models,
-    then AWS_DATA_PATH's entries, then botocore/data)?"""
-    paths = [os.path.expanduser(os.path.join("~", ".aws", "models"))]
-    paths += [os.path.expanduser(p) for p in os.environ.get("AWS_DATA_PATH", "").split(os.pathsep) if p]
-    return any(os.path.isdir(os.path.join(p, "ec2")) for p in paths)
-
-
 def check_node_config(settings: AwsSettings, node_config: Mapping[str, Any], key: str) -> None:
     """ConfigError (naming `key`.<field>) for node_config keys that cannot work, or that Ray would honour and
     ray_nodeless could not."""
@@ -197,8 +176,6 @@ def check_node_config(settings: AwsSettings, node_config: Mapping[str, Any], key
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"{key}.{name}", f"not a RunInstances parameter{hint}")
     # Types and ranges by EC2's own request model first: later checks (and Ray's AMI check) read these values.
-    from ray_nodeless.providers.aws.launch_model import check_launch_keys
-
     check_launch_keys({k: v for k, v in node_config.items() if k not in REQUIREMENT_KEYS and k not in EXTRA_KEYS},
                       key)
     subnets = node_config.get("SubnetIds")
