@@ -40,6 +40,15 @@ class BackendError(NodelessError):
         super().__init__(message)
 
 
+class ForeignMachineError(BackendError):
+    """A call named machines that exist but are not this cluster's (not tagged `ray-cluster-name=<cluster>`): they
+    were left untouched. `machine_ids` are the refused ids; whatever else the call named was done."""
+
+    def __init__(self, message: str, machine_ids: "list[str] | tuple[str, ...]" = ()):
+        super().__init__(message, category="ForeignMachine")
+        self.machine_ids = sorted(machine_ids)
+
+
 class CapacityScope(str, enum.Enum):
     """How far a capacity shortage reaches."""
 

@@ -4,20 +4,52 @@ Modelled on Karpenter's CloudProvider and Ray v2's `ICloudInstanceProvider`: a b
 terminates machines and knows nothing of rules or prices. The launch layer decides *what* to launch
 (`LaunchSpec.offering`, from the planner) and walks the ordered candidates when a backend raises `CapacityError`.
 
-Four methods do the work: `launch`, `list_machines`, `terminate`, `set_tags`. Every backend gives these properties
-(each backend's tests check them):
-- **Tagged at birth.** `launch` sets every tag in `spec.tags` at creation time, so no machine ever exists untagged.
+Four methods do the work: `launch`, `list_machines`, `terminate`, `set_tags`. Every backend gives the properties
+below; `tests/providers/test_contract.py` runs them over every built-in backend (in-memory, local, EC2 on moto,
+Compute Engine on the fake GCE), and each backend's own tests cover its cloud's faults. Words used: a machine is
+*ours* when it exists (not terminated) and carries `ray-cluster-name == cluster_name`; *foreign* when it exists
+without that tag (another cluster's, untagged, hand-made); *gone* when it does not exist any more (terminated,
+reclaimed) or never did.
+
+`launch(spec) -> ids`
+- **Exactly the new machines.** Returns `spec.count` distinct ids, all of them new machines of this call (none
+  listed before it), or raises. `count <= 0` returns `[]` and calls nothing.
+- **Tagged at birth.** Every tag of `spec.tags` (with `ray-cluster-name == cluster_name`) is set at creation time,
+  so no machine ever exists untagged; the next `list_machines` shows those tags.
 - **Idempotent per request token.** A retried `launch` with the same `spec.request_token` never creates a second
-  set of machines; it returns the ids the first call created.
+  set of machines; it returns the ids the first call created (if they still live).
 - **No leak on failure.** When `launch` raises, no machine of that call is left running.
 - **Typed errors with a category.** `CapacityError` (category = the cloud's code, `scope` zone or region) for a
   capacity or quota shortage of that offering; `TransientBackendError` when throttling outlasts its retries;
-  `BackendError` for anything else. Never a raw SDK exception.
-- **One listing per update.** `list_machines` returns every non-terminated machine tagged
-  `ray-cluster-name == cluster_name`, in one (paginated) listing; eventual consistency is allowed (a machine just
-  launched may be missing for a while; the launch layer covers that), a failure raises `BackendError`.
-- **Own machines only.** `terminate` is one batched call; ids that are gone are ignored; ids not tagged as this
-  cluster's are never touched.
+  `BackendError` for anything else. Never a raw SDK exception (this holds for every method).
+
+`list_machines() -> machines`
+- **Ours, and only ours.** Every pending or running machine of this cluster, in one (paginated) listing; never a
+  foreign or untagged machine, whatever the cloud's server-side filter matched. Terminated machines are not listed.
+- **Stopped machines are not Ray nodes** and are not listed; a cloud that can hold them (EC2 stopping/stopped, GCE
+  STOPPING/TERMINATED/SUSPENDED) reports those tagged ours through `leftovers()`, so `ray-nodeless sweep` ends them.
+- **Eventual consistency is allowed** (a machine just launched may be missing for a while; the launch layer's view
+  covers that). A failure raises `BackendError`, never an empty or partial answer.
+
+`terminate(ids)`
+- **One batched call** for the ids given; duplicates count once; `[]` calls nothing.
+- **Idempotent.** Ids that are gone are ignored without error: terminating twice is the same as once.
+- **Never touches foreign ids.** Every id is checked against the cloud (not only against what this object listed:
+  a restarted provider knows nothing yet), so an id this object does not know still reaches the cloud and is ended
+  if it is tagged ours. Foreign ids are refused: the ours among `ids` are ended, then `ForeignMachineError` names
+  the others.
+- **Never a silent skip of a machine that may be ours.** Where the cloud's reads lag its writes (EC2) an id it does
+  not show at all may be a machine launched moments ago: it is not ended and not ignored either, the call raises
+  `TransientBackendError` (category `NotYetVisible`) after ending the rest, and the caller retries.
+
+`set_tags(id, tags) -> bool`
+- **Merges** `tags` into an ours machine's tags (others kept) and returns True; the next listing shows them.
+  `{}` returns True and calls nothing. Setting `ray-cluster-name` to another cluster is refused (`BackendError`,
+  category WrongCluster): it would hand the machine to another cluster.
+- **Gone: no error and no effect, reported.** Returns False (and logs it): a machine reclaimed under Ray must not
+  put the autoscaler into an exception loop.
+- **Foreign: refused** with `ForeignMachineError`; nothing is written. A cloud whose reads lag (EC2) raises
+  `TransientBackendError` (NotYetVisible) for an id it does not show at all, as `terminate` does.
 
 Config-time checks are class-level (`settings_model`, `check_node_config`, `requirement_overrides`), so
 `ray up`'s bootstrap and `ray-nodeless plan` validate a YAML without building a client; each built-in backend also
@@ -34,6 +66,7 @@ from typing import Any, ClassVar, Mapping
 
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.schema import Section
+from ray_nodeless.errors import BackendError
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +85,16 @@ TAG_TERMINATING = "nodeless-terminating"
 
 MACHINE_PENDING = "pending"
 MACHINE_RUNNING = "running"
+
+
+def tag_update(cluster_name: str, machine_id: str, tags: Mapping[str, Any]) -> dict[str, str]:
+    """`tags` as strings, for `set_tags`; refuses (BackendError, category WrongCluster) a `ray-cluster-name` other
+    than `cluster_name`: re-tagging would move the machine out of this cluster's reach and into another's."""
+    out = {str(k): str(v) for k, v in tags.items()}
+    if out.get(TAG_CLUSTER, cluster_name) != cluster_name:
+        raise BackendError(f"refusing to set {TAG_CLUSTER}={out[TAG_CLUSTER]!r} on {machine_id}: it is a machine of "
+                           f"cluster {cluster_name!r}", category="WrongCluster")
+    return out
 
 
 @dataclass
@@ -143,15 +186,18 @@ class MachineBackend(BackendConfig, abc.ABC):
 
     @abc.abstractmethod
     def terminate(self, machine_ids: list[str]) -> None:
-        """Terminate these machines in one batched call."""
+        """Terminate these machines in one batched call: gone ids ignored, foreign ones refused (see above)."""
 
     def vanished_reasons(self, machine_ids: list[str]) -> dict[str, str]:
         """Why these machines left the listing, where the cloud still tells: "terminated" (ended by a terminate
         call) or "interrupted" (reclaimed by the cloud). Ids it cannot tell about are left out (the default)."""
         return {}
 
-    def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
-        """Merge `tags` into the machine's tags. Backends that cannot store tags after launch may no-op."""
+    @abc.abstractmethod
+    def set_tags(self, machine_id: str, tags: dict[str, str]) -> bool:
+        """Merge `tags` into an ours machine's tags: True when written, False when the machine is gone;
+        `ForeignMachineError` for a machine of another cluster (see the contract above). `tag_update` checks and
+        normalises `tags` the same way for every backend."""
 
     def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
                        process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):

@@ -11,15 +11,18 @@ provider instances (ray up's and the monitor's) share one "cloud". Knobs:
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ray_nodeless.errors import CapacityError, TransientBackendError
+from ray_nodeless.errors import CapacityError, ForeignMachineError, TransientBackendError
 from ray_nodeless.providers import register_backend
-from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine, MachineBackend
+from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -105,12 +108,20 @@ class FakeBackend(MachineBackend):
     def terminate(self, machine_ids: list[str]) -> None:
         c = CLOUD
         c.enter("terminate", tuple(machine_ids))
+        foreign = []
         with c.lock:
-            for mid in machine_ids:
+            for mid in dict.fromkeys(machine_ids):
                 m = c.machines.get(mid)
-                if m is not None and m.tags.get(TAG_CLUSTER) == self.cluster_name:
-                    del c.machines[mid]
-                    c.gone[mid] = "terminated"
+                if m is None:
+                    continue                      # gone: ignored
+                if m.tags.get(TAG_CLUSTER) != self.cluster_name:
+                    foreign.append(mid)
+                    continue
+                del c.machines[mid]
+                c.gone[mid] = "terminated"
+        if foreign:
+            raise ForeignMachineError(f"terminate: {foreign} are not machines of cluster {self.cluster_name!r}; "
+                                      f"not touched", foreign)
 
     def vanished_reasons(self, machine_ids: list[str]) -> dict[str, str]:
         c = CLOUD
@@ -124,12 +135,20 @@ class FakeBackend(MachineBackend):
             del c.machines[machine_id]
             c.gone[machine_id] = "interrupted"
 
-    def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
+    def set_tags(self, machine_id: str, tags: dict[str, str]) -> bool:
         c = CLOUD
         c.enter("set_tags", machine_id)
+        tags = tag_update(self.cluster_name, machine_id, tags)
         with c.lock:
-            if machine_id in c.machines:
-                c.machines[machine_id].tags.update(tags)
+            m = c.machines.get(machine_id)
+            if m is None:
+                logger.info("set_tags: %s is gone; not tagging", machine_id)
+                return False
+            if m.tags.get(TAG_CLUSTER) != self.cluster_name:
+                raise ForeignMachineError(f"set_tags: {machine_id} is not a machine of cluster "
+                                          f"{self.cluster_name!r}", [machine_id])
+            m.tags.update(tags)
+            return True
 
 
 register_backend("fake", __name__, "FakeBackend")

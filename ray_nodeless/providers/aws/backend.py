@@ -11,7 +11,10 @@ What this backend guarantees beyond what EC2 gives for free (see `ray_nodeless.p
 - No instance ever exists without the cluster tag: every tag of `spec.tags` is in the RunInstances TagSpecifications
   for the instance and its volumes (`launch_params.py`).
 - `terminate` and `set_tags` only touch instances that were seen carrying `ray-cluster-name=<cluster>` (in the last
-  listing, a launch, or a filtered describe of the ids it does not know).
+  listing, a launch, or a describe by id of the ids it does not know, whose tags are checked here). That describe
+  tells gone ids (terminated: ignored) from foreign ones (refused, `ForeignMachineError`) and from ids EC2 does
+  not show at all (described again with backoff, then `TransientBackendError` NotYetVisible: never skipped, since a
+  provider restarted within the listing lag would otherwise report a running machine as terminated).
 - EC2 is eventually consistent: right after RunInstances, DescribeInstances may not show an instance and
   TerminateInstances / CreateTags may answer `InvalidInstanceID.NotFound`. For an instance launched within
   `ttls.LAUNCH_GRACE_S` none of that means "gone": it stays known across listings that miss it, and a NotFound is
@@ -21,7 +24,7 @@ What this backend guarantees beyond what EC2 gives for free (see `ray_nodeless.p
 Stopped instances: ray_nodeless never stops instances (spot ones are launched with interruption behaviour
 `terminate`), so a stopped instance of this cluster was stopped by someone else. It is not a Ray node and is not
 listed, but the listing asks for stopping/stopped too (same single call) and warns once per instance, because a
-stopped instance keeps costing EBS money and nothing else would ever report it.
+stopped instance keeps costing EBS money; `leftovers()` reports them, so `ray-nodeless sweep` terminates them.
 
 The parts: `settings.py` (provider keys, node_config checks), `clients.py`, `errors.py`, `subnets.py`,
 `launch_params.py`.
@@ -31,20 +34,19 @@ from __future__ import annotations
 import logging
 import random
 import re
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from botocore.client import BaseClient
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.schema import parse_section
-from ray_nodeless.errors import BackendError, TransientBackendError
+from ray_nodeless.errors import BackendError, ForeignMachineError, TransientBackendError
 from ray_nodeless.providers.aws.clients import ec2_clients
 from ray_nodeless.providers.aws.errors import (
     CALL_ERRORS, IDEMPOTENT_MISMATCH, NOT_FOUND_CODES, api_error, describe, error_code, error_message, is_ambiguous,
 )
+from ray_nodeless.providers.aws.known import Known, Sorted, chunks, launch_time, tags_of
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, instance_tags, run_instances_params
 from ray_nodeless.providers.aws.settings import AwsConfig, AwsSettings
 from ray_nodeless.providers.aws.subnets import Subnets
@@ -55,12 +57,17 @@ from ray_nodeless.providers.base import (
     LaunchSpec,
     Machine,
     MachineBackend,
+    tag_update,
 )
 
 logger = logging.getLogger(__name__)
 
 LIVE_STATES = ("pending", "running")
-LISTED_STATES = ("pending", "running", "stopping", "stopped")
+STOPPED_STATES = ("stopping", "stopped")
+LISTED_STATES = LIVE_STATES + STOPPED_STATES
+# The kind of a stopped instance in `leftovers()` (what `ray-nodeless sweep` shows and ends).
+STOPPED_KIND = "stopped-instance"
+TAG_NODE_KIND = "ray-node-type"      # Ray's TAG_RAY_NODE_KIND: head / worker
 # TerminateInstances accepts up to 1000 ids per call.
 TERMINATE_CHUNK = 1000
 # Ids per DescribeInstances `instance-id` filter: stays under EC2's limit on values per filter.
@@ -74,67 +81,6 @@ RUN_BACKOFF_CAP_S = 20.0
 _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 
 
-@dataclass
-class _Known:
-    """What this backend last saw of its cluster's instances: the set terminate/set_tags may touch, and when each
-    was launched. An instance launched within `ttls.LAUNCH_GRACE_S` is "young": EC2 may not show it yet (a listing
-    without it, InvalidInstanceID.NotFound), and none of that means it is gone."""
-
-    tags: dict[str, dict[str, str]] = field(default_factory=dict)
-    born: dict[str, float] = field(default_factory=dict)       # id -> launch time, epoch seconds
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, instance_id: str, tags: dict[str, str], born: float | None = None) -> None:
-        with self.lock:
-            self.tags[instance_id] = dict(tags)
-            if born:
-                self.born[instance_id] = born
-
-    def replace(self, mapping: dict[str, dict[str, str]], born: dict[str, float]) -> None:
-        """A new listing's instances; young ones the listing does not show yet are kept."""
-        with self.lock:
-            kept = {i: t for i, t in self.tags.items() if i not in mapping and self._young(i)}
-            self.tags = {**mapping, **kept}
-            self.born = {i: b for i, b in {**self.born, **born}.items() if i in self.tags}
-
-    def discard(self, ids: Iterable[str]) -> None:
-        with self.lock:
-            for i in ids:
-                self.tags.pop(i, None)
-                self.born.pop(i, None)
-
-    def young(self, instance_id: str) -> bool:
-        with self.lock:
-            return self._young(instance_id)
-
-    def _young(self, instance_id: str) -> bool:
-        born = self.born.get(instance_id)
-        return born is not None and time.time() - born < ttls.LAUNCH_GRACE_S
-
-    def has(self, instance_id: str) -> bool:
-        with self.lock:
-            return instance_id in self.tags
-
-    def merge_tags(self, instance_id: str, tags: dict[str, str]) -> None:
-        with self.lock:
-            if instance_id in self.tags:
-                self.tags[instance_id].update(tags)
-
-
-def _tags_of(instance: dict[str, Any]) -> dict[str, str]:
-    return {t["Key"]: t.get("Value", "") for t in instance.get("Tags", []) or []}
-
-
-def _launch_time(instance: dict[str, Any]) -> float:
-    launched = instance.get("LaunchTime")
-    return launched.timestamp() if hasattr(launched, "timestamp") else 0.0
-
-
-def _chunks(items: list[str], size: int) -> Iterable[list[str]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
-
-
 class AwsBackend(AwsConfig, MachineBackend):
     """EC2 instances, one RunInstances per LaunchSpec. Provider keys and node_config checks: `AwsConfig`."""
 
@@ -145,7 +91,7 @@ class AwsBackend(AwsConfig, MachineBackend):
         self.ec2: BaseClient = self._clients.ec2
         self.ec2_launch: BaseClient = self._clients.launch
         self._subnets = Subnets(self.ec2, self.settings.subnets)
-        self._known = _Known()
+        self._known = Known()
         self._warned_stopped: set[str] = set()
 
     @property
@@ -174,7 +120,8 @@ class AwsBackend(AwsConfig, MachineBackend):
         attempts = self.settings.aws_max_attempts
         logger.info("RunInstances %s x%d in %s (%s), token %s", off.instance_type.name, spec.count, off.zone,
                     off.capacity, token)
-        ambiguous = False
+        # A token sent before by this object is a retry: what the first attempt made is looked up first.
+        ambiguous = self._known.sent(token)
         last_exc: BaseException | None = None
         for attempt in range(1, attempts + 1):
             if ambiguous:
@@ -235,7 +182,7 @@ class AwsBackend(AwsConfig, MachineBackend):
             {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
         ]
         try:
-            return [i for i in self._describe(filters) if _tags_of(i).get(TAG_REQUEST) == token]
+            return [i for i in self._describe(filters) if tags_of(i).get(TAG_REQUEST) == token]
         except CALL_ERRORS as e:
             # If we cannot tell whether the launch happened we must not launch again: report a transient failure.
             # Anything it did create carries the cluster tag and shows up in the next listing.
@@ -261,7 +208,7 @@ class AwsBackend(AwsConfig, MachineBackend):
                 f"failure; terminated them", category="PartialLaunch")
         for inst in found:
             if inst["InstanceId"] in ids:
-                self._known.add(inst["InstanceId"], _tags_of(inst), born=_launch_time(inst) or time.time())
+                self._known.add(inst["InstanceId"], tags_of(inst), born=launch_time(inst) or time.time())
         logger.info("launch token %s already ran: %s", spec.request_token, ",".join(ids))
         return ids
 
@@ -289,13 +236,13 @@ class AwsBackend(AwsConfig, MachineBackend):
         known: dict[str, dict[str, str]] = {}
         born: dict[str, float] = {}
         for inst in instances:
-            tags = _tags_of(inst)
+            tags = tags_of(inst)
             if tags.get(TAG_CLUSTER) != self.cluster_name:
                 continue            # never trust a server-side filter with what terminate may touch
             iid = inst["InstanceId"]
             state = inst.get("State", {}).get("Name", "")
             known[iid] = tags
-            born[iid] = _launch_time(inst)
+            born[iid] = launch_time(inst)
             if state not in LIVE_STATES:
                 if iid not in self._warned_stopped:
                     self._warned_stopped.add(iid)
@@ -320,39 +267,67 @@ class AwsBackend(AwsConfig, MachineBackend):
         with `refresh`, a describe of every id but the young ones, which a describe may not show yet)."""
         if refresh:
             self._known.discard([i for i in ids if not self._known.young(i)])
-        ours = [i for i in ids if self._known.has(i)]
+        return self._sort_out(ids).ours
+
+    def _sort_out(self, ids: list[str], wait_unseen: bool = False) -> Sorted:
+        """Sort `ids` by what EC2 says of them: ours (known, or described live with the cluster tag: stopped ones
+        too), gone (terminated or shutting down), foreign (live without the cluster tag) and unseen (EC2 shows
+        nothing: launched moments ago and not visible yet, or ended over an hour ago). The describe filters by id
+        only and the tag is checked here, so a foreign id is told apart from a gone one. With `wait_unseen`, unseen
+        ids are described again `ttls.NOT_FOUND_RETRIES` times with backoff before they are reported unseen."""
+        out = Sorted(ours=[i for i in ids if self._known.has(i)])
         unknown = [i for i in ids if not self._known.has(i)]
-        for chunk in _chunks(unknown, FILTER_VALUES_CHUNK):
-            filters = [
-                {"Name": "instance-id", "Values": chunk},
-                {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_name]},
-                {"Name": "instance-state-name", "Values": list(LISTED_STATES)},
-            ]
-            try:
-                found = self._describe(filters)
-            except CALL_ERRORS as e:
-                raise api_error("DescribeInstances", e) from e
-            for inst in found:
-                tags = _tags_of(inst)
-                if tags.get(TAG_CLUSTER) == self.cluster_name:
-                    self._known.add(inst["InstanceId"], tags)
-                    ours.append(inst["InstanceId"])
-        return ours
+        for attempt in range(ttls.NOT_FOUND_RETRIES + 1 if wait_unseen else 1):
+            if attempt:
+                time.sleep(self._backoff(attempt))
+            seen: set[str] = set()
+            for chunk in chunks(unknown, FILTER_VALUES_CHUNK):
+                try:
+                    found = self._describe([{"Name": "instance-id", "Values": chunk}])
+                except CALL_ERRORS as e:
+                    raise api_error("DescribeInstances", e) from e
+                for inst in found:
+                    iid = inst["InstanceId"]
+                    if iid not in chunk or iid in seen:
+                        continue
+                    seen.add(iid)
+                    tags = tags_of(inst)
+                    if inst.get("State", {}).get("Name", "") not in LISTED_STATES:
+                        out.gone.append(iid)
+                    elif tags.get(TAG_CLUSTER) == self.cluster_name:
+                        self._known.add(iid, tags, born=launch_time(inst) or None)
+                        out.ours.append(iid)
+                    else:
+                        out.foreign.append(iid)
+            unknown = [i for i in unknown if i not in seen]
+            if not unknown:
+                break
+        out.unseen = unknown
+        return out
 
     def terminate(self, machine_ids: list[str]) -> None:
         ids = list(dict.fromkeys(machine_ids))
         if not ids:
             return
-        ours = set(self._ours(ids))
-        skipped = [i for i in ids if i not in ours]
-        if skipped:
-            logger.warning("terminate: skipping %d ids that are gone or not tagged %s=%s: %s", len(skipped),
-                           TAG_CLUSTER, self.cluster_name, skipped[:20])
-        self._terminate_ids([i for i in ids if i in ours])
+        found = self._sort_out(ids, wait_unseen=True)
+        if found.gone:
+            logger.info("terminate: already gone %s", found.gone[:20])
+        self._terminate_ids(found.ours)
+        if found.unseen:
+            # Not skipped as "gone": a provider restarted within EC2's listing lag must not report a running
+            # machine as terminated. The caller terminates again once the listing shows it.
+            raise TransientBackendError(
+                f"terminate: EC2 does not show {found.unseen[:20]} (launched moments ago and not visible yet, or "
+                f"ended over an hour ago); not touched, retry the terminate"
+                + (f"; refused {found.foreign[:20]}, not tagged {TAG_CLUSTER}={self.cluster_name}"
+                   if found.foreign else ""), category="NotYetVisible")
+        if found.foreign:
+            raise ForeignMachineError(f"terminate: {found.foreign[:20]} are not tagged {TAG_CLUSTER}="
+                                      f"{self.cluster_name}; not touched", found.foreign)
 
     def _terminate_ids(self, ids: list[str]) -> None:
         unconfirmed: list[str] = []
-        for chunk in _chunks(list(ids), TERMINATE_CHUNK):
+        for chunk in chunks(list(ids), TERMINATE_CHUNK):
             young = self._terminate_chunk(chunk)
             unconfirmed += young
             self._known.discard([i for i in chunk if i not in young])
@@ -402,19 +377,22 @@ class AwsBackend(AwsConfig, MachineBackend):
                 passes += 1
         return deferred
 
-    def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
+    def set_tags(self, machine_id: str, tags: dict[str, str]) -> bool:
+        tags = tag_update(self.cluster_name, machine_id, tags)
         if not tags:
-            return
-        tags = {str(k): str(v) for k, v in tags.items()}
-        if tags.get(TAG_CLUSTER, self.cluster_name) != self.cluster_name:
-            # Re-tagging would move the instance out of this cluster's reach (and into another's).
-            raise BackendError(f"refusing to set {TAG_CLUSTER}={tags[TAG_CLUSTER]!r} on {machine_id}",
-                               category="WrongCluster")
-        if not self._ours([machine_id]):
-            # Gone (spot reclaim) or someone else's: never an exception loop in the autoscaler for this.
-            logger.warning("set_tags: %s is gone or not tagged %s=%s; not tagging", machine_id, TAG_CLUSTER,
-                           self.cluster_name)
-            return
+            return True
+        if not self._known.has(machine_id):
+            found = self._sort_out([machine_id], wait_unseen=True)
+            if found.gone:
+                logger.info("set_tags: %s is gone; not tagging", machine_id)
+                return False
+            if found.foreign:
+                raise ForeignMachineError(f"set_tags: {machine_id} is not tagged {TAG_CLUSTER}={self.cluster_name}; "
+                                          f"not tagging", [machine_id])
+            if found.unseen:
+                raise TransientBackendError(
+                    f"set_tags: EC2 does not show {machine_id} (launched moments ago and not visible yet, or ended "
+                    f"over an hour ago); retry", category="NotYetVisible")
         for attempt in range(ttls.NOT_FOUND_RETRIES + 1):
             try:
                 self.ec2.create_tags(Resources=[machine_id], Tags=[{"Key": k, "Value": v} for k, v in tags.items()])
@@ -424,8 +402,8 @@ class AwsBackend(AwsConfig, MachineBackend):
                     raise api_error("CreateTags", e) from e
                 if not self._known.young(machine_id):
                     self._known.discard([machine_id])
-                    logger.warning("set_tags: %s vanished", machine_id)
-                    return
+                    logger.info("set_tags: %s is gone; not tagging", machine_id)
+                    return False
                 if attempt == ttls.NOT_FOUND_RETRIES:
                     # Launched moments ago and still unknown to EC2: not gone; the caller writes the tags again.
                     raise TransientBackendError(
@@ -433,6 +411,35 @@ class AwsBackend(AwsConfig, MachineBackend):
                         f"(InvalidInstanceID.NotFound, eventual consistency)", category="NotYetVisible") from e
                 time.sleep(self._backoff(attempt + 1))
         self._known.merge_tags(machine_id, tags)
+        return True
+
+    # ------------------------------------------------------------------ sweep
+
+    def leftovers(self) -> list[dict[str, str]]:
+        """Stopping and stopped instances tagged with this cluster: not Ray nodes (not listed), but they keep
+        costing EBS storage, so `ray-nodeless sweep` ends them. Listed afresh, by one filtered describe."""
+        filters = [
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_name]},
+            {"Name": "instance-state-name", "Values": list(STOPPED_STATES)},
+        ]
+        try:
+            instances = self._describe(filters)
+        except CALL_ERRORS as e:
+            raise api_error("DescribeInstances", e) from e
+        out = []
+        for inst in sorted(instances, key=lambda i: i["InstanceId"]):
+            tags = tags_of(inst)
+            state = inst.get("State", {}).get("Name", "")
+            if tags.get(TAG_CLUSTER) == self.cluster_name and state in STOPPED_STATES:
+                out.append({"kind": STOPPED_KIND, "name": inst["InstanceId"], "machine_id": inst["InstanceId"],
+                            "node_kind": tags.get(TAG_NODE_KIND, ""), "state": state})
+        return out
+
+    def end_leftovers(self, leftovers: list[dict[str, str]]) -> None:
+        """Terminate the stopped instances among `leftovers` (their tags are checked again by `terminate`)."""
+        ids = [d["name"] for d in leftovers if d.get("kind") == STOPPED_KIND]
+        if ids:
+            self.terminate(ids)
 
     def close(self) -> None:
         self._clients.close()

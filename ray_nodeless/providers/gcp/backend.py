@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -17,9 +18,9 @@ from datetime import datetime
 from typing import Any, Mapping
 
 from ray_nodeless.core.schema import parse_section
-from ray_nodeless.errors import BackendError, TransientBackendError
+from ray_nodeless.errors import BackendError, ForeignMachineError, TransientBackendError
 from ray_nodeless.providers.base import (
-    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend,
+    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update,
 )
 from ray_nodeless.providers.gcp.clients import ComputeClients
 from ray_nodeless.providers.gcp.errors import Classified, backend_error, classify_http_error
@@ -40,9 +41,17 @@ LIST_PAGE_SIZE = 500
 # Read-modify-write rounds of set_tags when another writer changes the labels or metadata fingerprint between our
 # read and our write; more than a couple of races in a row means something keeps rewriting them.
 SET_TAGS_ATTEMPTS = 3
+# Names per aggregatedList `name eq (a|b|...)` lookup of instances this backend does not know (a filter has a
+# length limit).
+FIND_CHUNK = 50
+# A GCE instance name (RFC 1035 label): an id not of this form cannot name an instance, so it is gone.
+_GCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+# The kind of a stopped instance in `leftovers()` (what `ray-nodeless sweep` shows and ends).
+STOPPED_KIND = "stopped-instance"
+TAG_NODE_KIND = "ray-node-type"      # Ray's TAG_RAY_NODE_KIND: head / worker
 
 # GCE status -> machine state. Statuses not here (STOPPING, STOPPED, SUSPENDING, SUSPENDED, TERMINATED) are not
-# live machines for Ray: they are left out of the listing.
+# live machines for Ray: they are left out of the listing and reported by `leftovers()` (sweep deletes them).
 _STATE_BY_STATUS = {
     "PROVISIONING": MACHINE_PENDING,
     "STAGING": MACHINE_PENDING,
@@ -193,40 +202,75 @@ class GcpBackend(GcpConfig, MachineBackend):
                          [p.name for p in issued], e)
 
     # ---- list
-    def list_machines(self) -> list[Machine]:
+    def _aggregated(self, what: str, filter_expr: str) -> list[tuple[str, Any]]:
+        """(zone, instance) of every instance `filter_expr` matches, in any zone: one aggregatedList whose pager
+        follows nextPageToken, each page under the same retry policy. Errors on any page raise BackendError."""
         from google.cloud import compute_v1
 
-        request = compute_v1.AggregatedListInstancesRequest(
-            project=self.project, filter=f'labels.{TAG_CLUSTER} = "{cluster_label_value(self.cluster_name)}"',
-            max_results=LIST_PAGE_SIZE)
-        machines: list[Machine] = []
-        zones: dict[str, str] = {}
+        request = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=filter_expr,
+                                                            max_results=LIST_PAGE_SIZE)
+        out: list[tuple[str, Any]] = []
         try:
-            # One logical call: the pager follows nextPageToken, each page under the same retry policy.
-            pager = self._policy.call("list instances", self._clients.instances.aggregated_list, request=request)
+            pager = self._policy.call(what, self._clients.instances.aggregated_list, request=request)
             for scope, scoped in pager:
                 zone = resource_name(scope)
-                if not zone.startswith(self.region + "-"):
-                    continue
-                for inst in scoped.instances:
-                    m = self._machine(inst)
-                    if m is not None:
-                        machines.append(m)
-                        zones[m.id] = zone
+                out += [(zone, inst) for inst in scoped.instances]
         except BackendError:
             raise
         except Exception as e:  # noqa: BLE001 - API, requests and google.auth errors, on any page
-            raise TransientBackendError(f"list instances of cluster {self.cluster_name}: {e}",
+            raise TransientBackendError(f"{what} of cluster {self.cluster_name}: {e}",
                                         category=classify_http_error(e).category) from e
+        return out
+
+    def _cluster_instances(self) -> list[tuple[str, Any]]:
+        """(zone, instance) of every instance labelled with this cluster in this region, whatever its status."""
+        found = self._aggregated("list instances",
+                                 f'labels.{TAG_CLUSTER} = "{cluster_label_value(self.cluster_name)}"')
+        return [(zone, inst) for zone, inst in found if zone.startswith(self.region + "-")]
+
+    def list_machines(self) -> list[Machine]:
+        machines: list[Machine] = []
+        zones: dict[str, str] = {}
+        for zone, inst in self._cluster_instances():
+            m = self._machine(inst)
+            if m is not None:
+                machines.append(m)
+                zones[m.id] = zone
         with self._known.lock:
             self._known.zones = zones
         return machines
+
+    def leftovers(self) -> list[dict[str, str]]:
+        """Instances labelled with this cluster that are not live (STOPPING, TERMINATED = stopped, SUSPENDING,
+        SUSPENDED): not Ray nodes (not listed), but their disks keep costing, so `ray-nodeless sweep` deletes them.
+        Listed afresh."""
+        out = []
+        for zone, inst in self._cluster_instances():
+            if inst.status in _STATE_BY_STATUS:
+                continue
+            tags = self._tags(inst)
+            if tags.get(TAG_CLUSTER) == self.cluster_name:
+                with self._known.lock:
+                    self._known.zones[inst.name] = zone     # terminate may delete it (stopped, still ours)
+                out.append({"kind": STOPPED_KIND, "name": inst.name, "machine_id": inst.name,
+                            "node_kind": tags.get(TAG_NODE_KIND, ""), "state": inst.status})
+        return sorted(out, key=lambda d: d["name"])
+
+    def end_leftovers(self, leftovers: list[dict[str, str]]) -> None:
+        """Delete the stopped instances among `leftovers` (checked again by `terminate`)."""
+        names = [d["name"] for d in leftovers if d.get("kind") == STOPPED_KIND]
+        if names:
+            self.terminate(names)
+
+    @staticmethod
+    def _tags(inst: Any) -> dict[str, str]:
+        return tags_from_storage(dict(inst.labels), manifest_from_items(inst.metadata.items))
 
     def _machine(self, inst: Any) -> Machine | None:
         state = _STATE_BY_STATUS.get(inst.status)
         if state is None:
             return None
-        tags = tags_from_storage(dict(inst.labels), manifest_from_items(inst.metadata.items))
+        tags = self._tags(inst)
         if tags.get(TAG_CLUSTER) != self.cluster_name:
             # the server filter matched a hashed stand-in or a foreign label: not ours
             return None
@@ -239,26 +283,45 @@ class GcpBackend(GcpConfig, MachineBackend):
                        launched_at=_parse_time(inst.creation_timestamp))
 
     # ---- terminate
-    def _ours(self, machine_ids: list[str]) -> list[tuple[str, str]]:
-        with self._known.lock:
-            missing = [m for m in machine_ids if m not in self._known.zones]
-        if missing:
-            self.list_machines()   # refresh: only instances labelled with this cluster end up in the map
+    def _sort_out(self, machine_ids: list[str]) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+        """(ours as (name, zone), gone, foreign) by what GCE says: names this backend does not know are looked up
+        by name in every zone (one aggregatedList per chunk), so a restarted provider reaches the cloud too, and a
+        foreign instance (another cluster's label, none, another region) is told apart from a gone one."""
         with self._known.lock:
             known = dict(self._known.zones)
-        out = []
-        for m in machine_ids:
-            if m in known:
-                out.append((m, known[m]))
+        ours = [(m, known[m]) for m in machine_ids if m in known]
+        missing = [m for m in machine_ids if m not in known]
+        found: dict[str, tuple[str, Any]] = {}
+        names = [m for m in missing if _GCE_NAME.fullmatch(m)]      # anything else cannot be an instance
+        for i in range(0, len(names), FIND_CHUNK):
+            chunk = names[i:i + FIND_CHUNK]
+            for zone, inst in self._aggregated("find instances", f'name eq "({"|".join(chunk)})"'):
+                if inst.name in chunk:
+                    found[inst.name] = (zone, inst)
+        gone, foreign = [], []
+        for m in missing:
+            if m not in found:
+                gone.append(m)
+                continue
+            zone, inst = found[m]
+            if self._tags(inst).get(TAG_CLUSTER) == self.cluster_name and zone.startswith(self.region + "-"):
+                ours.append((m, zone))
+                with self._known.lock:
+                    self._known.zones[m] = zone
             else:
-                logger.warning("terminate: %s is not a live instance of cluster %s; not touching it", m,
-                               self.cluster_name)
-        return out
+                foreign.append(m)
+        return ours, gone, foreign
 
     def terminate(self, machine_ids: list[str]) -> None:
         if not machine_ids:
             return
-        self._delete(self._ours(list(dict.fromkeys(machine_ids))))
+        ours, gone, foreign = self._sort_out(list(dict.fromkeys(machine_ids)))
+        if gone:
+            logger.info("terminate: already gone %s", gone[:20])
+        self._delete(ours)
+        if foreign:
+            raise ForeignMachineError(f"terminate: {foreign[:20]} are not instances of cluster {self.cluster_name} "
+                                      f"in {self.region}; not touched", foreign)
 
     def _delete(self, targets: list[tuple[str, str]]) -> None:
         """Issue every delete first, then wait for all the operations; 404s are ignored."""
@@ -294,20 +357,26 @@ class GcpBackend(GcpConfig, MachineBackend):
             self._known.zones.pop(name, None)
 
     # ---- tags
-    def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
+    def set_tags(self, machine_id: str, tags: dict[str, str]) -> bool:
         from google.api_core import exceptions as gexc
 
-        targets = self._ours([machine_id])
-        if not targets:
-            raise BackendError(f"set_tags: {machine_id} is not a live instance of cluster {self.cluster_name}",
-                               category="notFound")
-        _, zone = targets[0]
+        tags = tag_update(self.cluster_name, machine_id, tags)
+        if not tags:
+            return True
+        ours, gone, foreign = self._sort_out([machine_id])
+        if foreign:
+            raise ForeignMachineError(f"set_tags: {machine_id} is not an instance of cluster {self.cluster_name} in "
+                                      f"{self.region}; not tagging", [machine_id])
+        if gone:
+            logger.info("set_tags: %s is gone; not tagging", machine_id)
+            return False
+        _, zone = ours[0]
         for _ in range(SET_TAGS_ATTEMPTS):
             inst = self._get_instance(zone, machine_id)
             if inst is None:
                 self._forget(machine_id)
-                logger.info("set_tags: %s is gone", machine_id)
-                return
+                logger.info("set_tags: %s is gone; not tagging", machine_id)
+                return False
             try:
                 ops = self._write_tags(inst, zone, tags)
             except gexc.GoogleAPICallError as e:
@@ -316,12 +385,12 @@ class GcpBackend(GcpConfig, MachineBackend):
                     continue       # a fingerprint race with another writer: re-read and merge again
                 if c.kind == "notfound":
                     self._forget(machine_id)
-                    return
+                    return False
                 raise backend_error(c, f"set_tags {machine_id}") from e
             for name, c in self._wait_all(ops, "set tags on").items():
                 if c is not None:
                     raise backend_error(c, f"set_tags {name}")
-            return
+            return True
         raise TransientBackendError(f"set_tags {machine_id}: labels kept changing underneath",
                                     category="conditionNotMet")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ray_nodeless.core.schema import parse_section
-from ray_nodeless.errors import BackendError
+from ray_nodeless.errors import BackendError, ForeignMachineError
 from ray_nodeless.providers.base import (
-    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend,
+    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update,
 )
 from ray_nodeless.providers.local.faults import FaultInjector
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
@@ -89,17 +89,33 @@ class LocalBackend(LocalConfig, MachineBackend):
 
     def terminate(self, machine_ids: list[str]) -> None:
         # `ray down` runs `ray stop` on the head through the command runner before this, so dropping the head's
-        # record is all that is left to do for it; worker process groups are stopped.
-        mine = [i for i in machine_ids if (r := self.nodes.get(i)) is not None and self._mine(r)]
-        if len(mine) != len(machine_ids):
-            logger.debug("local terminate: ignoring unknown/foreign ids %s", sorted(set(machine_ids) - set(mine)))
+        # record is all that is left to do for it; worker process groups are stopped. The records are the cloud
+        # here (read afresh from the state dir), so an id this object never listed is checked like any other.
+        ids = list(dict.fromkeys(machine_ids))
+        records = {i: self.nodes.get(i) for i in ids}
+        mine = [i for i in ids if records[i] is not None and self._mine(records[i])]
+        foreign = [i for i in ids if records[i] is not None and not self._mine(records[i])]
+        gone = [i for i in ids if records[i] is None]
+        if gone:
+            logger.debug("local terminate: already gone %s", gone)
         if mine:
             self.nodes.stop(mine)
+        if foreign:
+            raise ForeignMachineError(f"terminate: {foreign} are not machines of cluster {self.cluster_name!r}; "
+                                      f"not touched", foreign)
 
-    def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:
+    def set_tags(self, machine_id: str, tags: dict[str, str]) -> bool:
+        tags = tag_update(self.cluster_name, machine_id, tags)
         rec = self.nodes.get(machine_id)
-        if rec is not None and self._mine(rec):
+        if rec is None or not self.nodes.alive(rec):
+            logger.info("set_tags: %s is gone; not tagging", machine_id)
+            return False
+        if not self._mine(rec):
+            raise ForeignMachineError(f"set_tags: {machine_id} is not a machine of cluster {self.cluster_name!r}",
+                                      [machine_id])
+        if tags:
             self.nodes.update_tags(machine_id, tags)
+        return True
 
     def leftovers(self) -> list[dict[str, str]]:
         """The processes this cluster's command runner started and that still run: the head's Ray (a head

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from ray_nodeless.errors import BackendError, CapacityError, ConfigError, TransientBackendError
+from ray_nodeless.errors import BackendError, CapacityError, ConfigError, ForeignMachineError, TransientBackendError
 from ray_nodeless.providers.aws.backend import AwsBackend
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, client_token
 from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER
@@ -233,14 +233,18 @@ def test_foreign_instances_are_never_listed_tagged_or_terminated(moto: MotoServe
     [mine] = b.launch(make_spec())
 
     assert [m.id for m in b.list_machines()] == [mine]
-    b.set_tags(untagged, {"ray-node-status": "hijacked"})
-    b.set_tags(other, {"ray-node-status": "hijacked"})
-    with pytest.raises(BackendError):
+    for foreign in (untagged, other):
+        with pytest.raises(ForeignMachineError):
+            b.set_tags(foreign, {"ray-node-status": "hijacked"})
+    with pytest.raises(BackendError) as ei:
         b.set_tags(mine, {TAG_CLUSTER: "c2"})        # would move our instance into another cluster
+    assert ei.value.category == "WrongCluster"
 
     fresh = make_backend(moto)        # nothing cached: terminate must verify the tags itself
     terminates = counter(fresh.ec2, "TerminateInstances")
-    fresh.terminate([untagged, other, mine])
+    with pytest.raises(ForeignMachineError) as fe:   # ours ended, the foreign ones refused by name
+        fresh.terminate([untagged, other, mine])
+    assert fe.value.machine_ids == sorted([untagged, other])
     assert terminates.calls == 1
     state = {i["InstanceId"]: i["State"]["Name"] for i in all_instances(moto)}
     assert state[untagged] == "running" and state[other] == "running"
@@ -256,8 +260,12 @@ def test_terminate_ignores_gone_ids(moto: MotoServer) -> None:
     b.terminate(ids)                                              # already terminated: no error
     fresh = make_backend(moto)
     terminates = counter(fresh.ec2, "TerminateInstances")
-    fresh.terminate(ids + ["i-0123456789abcdef0"])                # terminated + never existed
+    fresh.terminate(ids)                                          # terminated: ignored
     assert terminates.calls == 0                                  # nothing of ours left to terminate
+    # An id EC2 does not show at all may be an instance launched moments ago (listing lag): not skipped as gone.
+    with pytest.raises(TransientBackendError) as ei:
+        fresh.terminate(ids + ["i-0123456789abcdef0"])
+    assert ei.value.category == "NotYetVisible" and terminates.calls == 0
 
 
 def test_terminate_retries_without_ids_ec2_says_are_gone(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from ray_nodeless.testing.fake_gce import LABEL_KEY_RE, LABEL_VALUE_RE, FakeGce, Fault
 from ray_nodeless.core.catalog import InstanceType, Offering
-from ray_nodeless.errors import BackendError, CapacityError, ConfigError, TransientBackendError
+from ray_nodeless.errors import (
+    BackendError, CapacityError, ConfigError, ForeignMachineError, TransientBackendError,
+)
 from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec
 from ray_nodeless.providers.gcp.backend import GcpBackend
 from ray_nodeless.providers.gcp.instance_body import instance_name
@@ -377,14 +379,17 @@ def test_foreign_and_unlabelled_instances_are_never_listed_or_deleted(fake: Fake
     assert [m.id for m in backend.list_machines()] == ours
     foreign = ["other-cluster-node", "unlabelled-node", "prefix-cluster-node", "other-region-node"]
     fake.reset_log()
-    backend.terminate(foreign + ours)
+    with pytest.raises(ForeignMachineError) as ei:      # ours ended, the others refused by name
+        backend.terminate(foreign + ours)
+    assert ei.value.machine_ids == sorted(foreign)
     deleted = [r.path.rsplit("/", 1)[-1] for r in fake.calls("instances.delete")]
     assert deleted == ours
     assert sorted(fake.instances) == sorted(foreign)
     # a fresh backend (after a restart: no zone map yet) is just as careful
     b2 = make_backend(fake)
     fake.reset_log()
-    b2.terminate(foreign)
+    with pytest.raises(ForeignMachineError):
+        b2.terminate(foreign)
     assert fake.count("instances.delete") == 0 and sorted(fake.instances) == sorted(foreign)
 
 
@@ -513,7 +518,7 @@ def test_set_tags_gives_up_when_the_fingerprint_keeps_changing(fake: FakeGce, ba
 
 def test_set_tags_on_foreign_instance_refused(fake: FakeGce, backend: GcpBackend) -> None:
     fake.add_instance("foreign", labels={TAG_CLUSTER: "other"})
-    with pytest.raises(BackendError):
+    with pytest.raises(ForeignMachineError):
         backend.set_tags("foreign", {"x": "y"})
     assert fake.count("instances.setLabels") == 0
 
