@@ -13,20 +13,18 @@ from typing import Callable
 
 from cachetools import TTLCache
 
+from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog import Offering
 
 logger = logging.getLogger(__name__)
-
-# Far more offerings than a region has (the largest has ~30k instance type x zone x capacity rows).
-MAX_ENTRIES = 100_000
 
 
 class UnavailableOfferings:
     def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         self.ttl_s = ttl_s
-        self._clock = clock
-        # The timer reads self._clock at each call, so a test may swap the clock after construction.
-        self._entries: TTLCache = TTLCache(maxsize=MAX_ENTRIES, ttl=max(ttl_s, 1e-9), timer=lambda: self._clock())
+        # Read at each call, so a test may swap it after construction (`provider.unavailable.clock = FakeClock()`).
+        self.clock = clock
+        self._entries: TTLCache = TTLCache(maxsize=ttls.UNAVAILABLE_MAX_ENTRIES, ttl=max(ttl_s, 1e-9), timer=lambda: self.clock())
         self._lock = threading.Lock()    # cachetools caches are not thread-safe
 
     def mark(self, offering: Offering, reason: str) -> None:

@@ -8,7 +8,6 @@ close to a declared one is an error with a did-you-mean suggestion (`suggest_key
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Any, Iterable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -100,10 +99,3 @@ def suggest_key(key: str, known: Iterable[str], cutoff: float = 0.75) -> str | N
         return lowered[key.lower()]          # a case slip: `GPUS` for `GPU`, `Endpoint_url` for `endpoint_url`
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=cutoff)
     return close[0] if close else None
-
-
-def check_finite(value: Any, key: str) -> float:
-    """A real, finite number (not a bool, NaN or infinity), as float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(key, f"must be a finite number, got {_describe(value)}")
-    return float(value)

@@ -1,26 +1,18 @@
-"""Every TTL, interval and limit of the core and the launch layer, in one table with the reason beside it.
+"""Every TTL, interval and limit of the core and the launch layer, each with the reason beside it.
 
-Backends keep their cloud-specific ones (API page sizes, operation polling) as named constants in their own
-modules; the defaults a user can change are provider-block keys (the `key` column).
+Backends, registrations and the interruption watchers keep their cloud-specific ones (API page sizes, timeouts,
+operation polling) as named constants in their own modules; the defaults a user can change are provider-block keys
+(named in the comment where one exists).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Limit:
-    name: str
-    value: float
-    unit: str
-    key: str | None          # the provider-block key that overrides it, if any
-    reason: str
-
 
 # How long an offering that failed for capacity (or whose spot machine was reclaimed) is skipped. Karpenter's
 # unavailable-offerings cache uses 3 minutes: long enough not to hammer a dry pool every autoscaler tick (5 s),
 # short enough that capacity coming back is used within a few ticks of Ray's retry.
 UNAVAILABLE_TTL_S = 180.0
+# Offerings the capacity memory holds at most: far more than a region has (the largest has ~30k instance type x
+# zone x capacity rows), so it only bounds memory if something marks offerings in a loop.
+UNAVAILABLE_MAX_ENTRIES = 100_000
 # One listing serves every query of one autoscaler update (Ray asks node_tags/is_running/internal_ip per node,
 # many times per 5 s tick); 2 s keeps it to one cloud call per tick without serving a stale view to the next.
 LIST_CACHE_S = 2.0
@@ -57,23 +49,7 @@ PLAN_CACHE_SIZE = 1024
 # The fraction of an instance's memory Ray offers to tasks (the rest is object store and OS), as Ray's AWS and
 # GCP providers compute it when they fill in a node type's resources.
 TASK_MEMORY_FRACTION = 0.7
-
-TABLE: tuple[Limit, ...] = (
-    Limit("unavailable_ttl_s", UNAVAILABLE_TTL_S, "s", "unavailable_ttl_s",
-          "skip an offering that failed for capacity or was reclaimed, like Karpenter's 3-minute cache"),
-    Limit("list_cache_s", LIST_CACHE_S, "s", "list_cache_s", "one cloud listing per autoscaler update"),
-    Limit("last_known_limit", LAST_KNOWN_LIMIT, "machines", None, "bounded memory of vanished machines"),
-    Limit("launch_grace_s", LAUNCH_GRACE_S, "s", None, "new machines stay visible while the cloud's listing lags"),
-    Limit("not_found_retries", NOT_FOUND_RETRIES, "retries", None,
-          "NotFound for an instance launched within launch_grace_s is eventual consistency, not gone: retried"),
-    Limit("request_memory_s", REQUEST_MEMORY_S, "s", None, "batch counters per (launch request, node type)"),
-    Limit("max_candidates_per_launch", MAX_CANDIDATES_PER_LAUNCH, "candidates", "max_candidates_per_launch",
-          "bounded candidate walk per create_node and capacity type"),
-    Limit("launch_timeout_s", LAUNCH_TIMEOUT_S, "s", "launch_timeout_s", "bounded wall time per create_node"),
-    Limit("transient_launch_retries", TRANSIENT_LAUNCH_RETRIES, "retries", None,
-          "same-token retries of a launch whose outcome is unknown"),
-    Limit("launch_retry_backoff_s", TRANSIENT_LAUNCH_BACKOFF_S, "s", "launch_retry_backoff_s",
-          "first backoff of those retries (doubling)"),
-    Limit("plan_cache_size", PLAN_CACHE_SIZE, "plans", None, "distinct request plans kept per catalog"),
-    Limit("task_memory_fraction", TASK_MEMORY_FRACTION, "", None, "memory Ray offers to tasks, as Ray computes it"),
-)
+# `ray-nodeless sweep` lists the cluster again after ending it: a cloud's listing lags a terminate, so a machine
+# still listed is waited for this long (polled at this interval) before it counts as "not ended".
+SWEEP_VERIFY_S = 20.0
+SWEEP_VERIFY_POLL_S = 1.0

@@ -9,8 +9,9 @@ What the view answers is the truth or an error, never a guess:
   checked by listing again before it is believed.
 - A machine a launch just returned is visible at once, and stays visible while the cloud's eventually consistent
   listing does not show it yet (`ttls.LAUNCH_GRACE_S`).
-- A terminate that failed leaves the machines visible; the next refresh retries it. Tags whose write failed are
-  kept as pending, shown to Ray and written again at the next refresh.
+- A terminate that failed leaves the machines visible; the next refresh retries it. Ids the backend refuses as
+  not this cluster's (`ForeignMachineError`) are logged and left alone; the rest of the call stands. Tags whose
+  write failed are kept as pending, shown to Ray and written again at the next refresh.
 - A machine that left the listing is remembered (bounded) so Ray's questions about it after the fact still
   answer. It counts as interrupted (a reclaimed spot machine) only if no provider object of this cluster was
   terminating it: not by this object's memory, nor by the `nodeless-terminating` tag that any of them sets first.
@@ -25,7 +26,7 @@ from dataclasses import replace
 from typing import Callable, Iterable
 
 from ray_nodeless.core import ttls
-from ray_nodeless.errors import BackendError, ListingError
+from ray_nodeless.errors import BackendError, ForeignMachineError, ListingError
 from ray_nodeless.providers.base import MACHINE_PENDING, TAG_CLUSTER, TAG_TERMINATING, Machine, MachineBackend
 from ray_nodeless.registrations.base import Registration
 
@@ -220,6 +221,13 @@ class MachineView:
             logger.debug("could not mark %s as terminating: %s", listed, e)
         try:
             self.backend.terminate(machine_ids)
+        except ForeignMachineError as e:
+            # The others were ended; these are not this cluster's machines (never Ray's nodes of this cluster), so
+            # there is nothing to end or retry: said loudly, not raised into Ray's update loop.
+            logger.error("terminate: %s are not machines of cluster %s; left alone", e.machine_ids,
+                         self.cluster_name)
+            with self._lock:
+                self._terminating -= set(e.machine_ids)
         except Exception:
             with self._lock:
                 self._failed_terminates.update(machine_ids)

@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from ray_nodeless.core import ttls
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.status import price_of
@@ -32,8 +33,6 @@ logger = logging.getLogger(__name__)
 
 NODE_KIND_TAG = "ray-node-type"          # Ray's TAG_RAY_NODE_KIND: head / worker
 NODE_TYPE_TAG = "ray-user-node-type"     # Ray's TAG_RAY_USER_NODE_TYPE
-VERIFY_S = 20.0        # how long the final listing may still show an ended machine (a cloud's listing lags)
-VERIFY_POLL_S = 1.0
 
 
 @dataclass
@@ -93,7 +92,7 @@ class Sweep:
         self.cluster_name = name
         self.workers_only = workers_only
         self.progress = progress
-        self.verify_s = VERIFY_S if verify_s is None else verify_s
+        self.verify_s = ttls.SWEEP_VERIFY_S if verify_s is None else verify_s
         self.backend = backend_class(settings.cloud)(provider, name)
         try:
             self.registration = registration_class(settings.registration).for_sweep(provider, name)
@@ -219,7 +218,7 @@ class Sweep:
                 return
             if (not still and not left) or time.monotonic() >= deadline:
                 break
-            time.sleep(VERIFY_POLL_S)
+            time.sleep(ttls.SWEEP_VERIFY_POLL_S)
         result.failures += [{"kind": "machine", "id": mid, "error": "still listed after terminate"}
                             for mid in sorted(still)]
         result.failures += [{"kind": d["kind"], "id": d["name"], "error": f"still there ({d['state']})"}

@@ -392,10 +392,6 @@ def _shape_text(t: catalog_mod.InstanceType, model: str) -> str:
     return f"{t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}"
 
 
-def _gpu_key(cloud: str) -> str:
-    return "InstanceType" if cloud == "aws" else "guestAccelerators[0].acceleratorType"
-
-
 def _offered(catalog: catalog_mod.Catalog, cloud: str, region: str) -> set[catalog_mod.InstanceType]:
     rc = catalog.region(cloud, region)
     return {rc.types[int(i)] for i in set(rc.o_type.tolist())}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
 from ray_nodeless.providers.local.pids import live_processes
+from ray_nodeless.testing.clock import wait_for  # noqa: F401 - the one polling loop, long imported from here
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
 from ray_nodeless.providers.local.ray_start import READY_MARKER, ray_executable
 from ray_nodeless.ray_adapter.compat.gcs import node_infos
@@ -42,22 +43,10 @@ LOG_TAIL_CHARS = 3000
 
 def poll_until(pred: Callable[[], T], timeout: float) -> T | None:
     """`pred()`'s first truthy value, polled until `timeout` passes; None if it never was."""
-    end = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > end:
-            return None
-        time.sleep(POLL_S)
-
-
-def wait_for(pred: Callable[[], T], timeout: float, what: str) -> T:
-    """`pred()`'s first truthy value; AssertionError naming `what` if none comes within `timeout` seconds."""
-    value = poll_until(pred, timeout)
-    if not value:
-        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-    return value
+    try:
+        return wait_for(pred, timeout, interval=POLL_S)
+    except AssertionError:
+        return None
 
 
 def free_port() -> int:

@@ -16,6 +16,7 @@ from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_TERMINATING, TAG_ZONE, Machine,
 )
 from ray_nodeless.testing import fake_backend
+from tests.helpers import cluster_config, write_cluster_yaml
 
 
 def run(*args: str):
@@ -47,17 +48,9 @@ def cluster(cloud, tmp_path):
     machine(cloud, "fake-w2", "c1", "worker", age_s=60)
     machine(cloud, "fake-x", "other", "worker")
     machine(cloud, "fake-u", None, "worker")
-    doc = {"cluster_name": "c1", "max_workers": 2, "setup_commands": [], "head_setup_commands": [],
-           "worker_setup_commands": [],
-           "provider": {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "fake",
-                        "simulate_cloud": "aws", "region": "us-west-2",
-                        "rules": [{"name": "tightened", "match": {}, "instance_types": ["no-such-type.*"]}]},
-           "available_node_types": {"head": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
-                                    "gpu_worker": {"resources": {"CPU": 4, "GPU": 1}, "node_config": {}}},
-           "head_node_type": "head"}
-    path = tmp_path / "c1.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
+    return write_cluster_yaml(tmp_path / "c1.yaml", cluster_config(
+        {"cloud": "fake", "simulate_cloud": "aws", "region": "us-west-2",
+         "rules": [{"name": "tightened", "match": {}, "instance_types": ["no-such-type.*"]}]}))
 
 
 def ended(cloud) -> list[tuple]:
@@ -152,8 +145,8 @@ def test_a_failing_terminate_exits_1_naming_the_machines_and_a_rerun_finishes(cl
 
 def test_a_terminate_the_cloud_accepted_but_did_not_do_is_reported(cloud, cluster, monkeypatch):
     """The final listing still shows fake-w1 after its terminate returned: not claimed as ended, exit 1."""
-    from ray_nodeless.launch import sweep
-    monkeypatch.setattr(sweep, "VERIFY_S", 0.0)
+    from ray_nodeless.core import ttls
+    monkeypatch.setattr(ttls, "SWEEP_VERIFY_S", 0.0)
     w1 = cloud.machines["fake-w1"]
 
     def comes_back() -> None:

@@ -22,6 +22,7 @@ from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
+from ray_nodeless.testing.clock import wait_for
 from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, end_local_cluster, write_config
 
 pytestmark = pytest.mark.e2e
@@ -57,13 +58,7 @@ def _machines(cfg: dict) -> dict[str, dict]:
 
 
 def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return wait_for(predicate, timeout, what, interval=1.0)     # a Ray cluster's pace: poll once a second
 
 
 def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp_path):

@@ -77,8 +77,8 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
         # idle scale-down: pod, Node, instance and Ray process all go
         wait_for(lambda: not core.list_namespaced_pod("ray", label_selector=sel).items
                  and not core.list_node(label_selector=sel).items, 180, "idle worker's pod and Node gone", poll=1)
-        wait_for(lambda: instances()[worker] in ("terminated", "shutting-down"), 60, "instance terminated", poll=1)
-        wait_for(lambda: not processes_of(worker), 30, "worker Ray process gone", poll=1)
+        wait_for(lambda: instances()[worker] in ("terminated", "shutting-down"), 60, "instance terminated", interval=1)
+        wait_for(lambda: not processes_of(worker), 30, "worker Ray process gone", interval=1)
 
         down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=env, capture_output=True, text=True,
                               timeout=180)

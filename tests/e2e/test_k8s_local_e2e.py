@@ -246,8 +246,8 @@ def test_ray_up_local_k8s_gpu_task_runs_in_a_bound_pod_idle_removal_and_ray_down
         # Idle scale-down: pod, Node, machine and Ray process all go.
         wait_for(lambda: not core.list_namespaced_pod("ray", label_selector=sel).items
                  and not core.list_node(label_selector=sel).items, 180, "idle worker's pod and Node gone", poll=1)
-        wait_for(lambda: worker not in machines(), 60, "the idle machine terminated", poll=1)
-        wait_for(lambda: not processes_of(worker), 30, "worker Ray processes gone", poll=1)
+        wait_for(lambda: worker not in machines(), 60, "the idle machine terminated", interval=1)
+        wait_for(lambda: not processes_of(worker), 30, "worker Ray processes gone", interval=1)
 
         down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=env, capture_output=True, text=True,
                               timeout=180)

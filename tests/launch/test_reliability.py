@@ -9,13 +9,10 @@ from ray_nodeless.errors import BackendError, ListingError
 from ray_nodeless.providers.base import TAG_CLUSTER, TAG_TERMINATING
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
+from tests.helpers import cluster_config, wait_for, write_cluster_yaml
 from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS, cloud, provider  # noqa: F401 (fixtures)
 
 GPU = {"CPU": 4, "GPU": 1}
-# The top-level keys Ray's cluster launcher reads beside the node types (what `ray up` writes to the head).
-RAY_KEYS = {"auth": {"ssh_user": "ray"}, "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
-            "file_mounts": {}, "cluster_synced_files": [], "initialization_commands": [],
-            "head_start_ray_commands": [], "worker_start_ray_commands": [], "idle_timeout_minutes": 5}
 
 
 def tags(node_type: str = "gpu_worker", request: str = "req-1") -> dict[str, str]:
@@ -148,18 +145,15 @@ def test_terminating_tag_never_touches_another_clusters_machine(cloud):
 def test_ray_down_ends_every_machine_after_a_rule_was_tightened(cloud, tmp_path):
     """Ray's own teardown path (commands.teardown_cluster, which bootstraps the YAML first): the rules now admit no
     instance for the workers, and `ray down` still terminates them; `ray up` with the same YAML is refused."""
-    import yaml
     from ray.autoscaler._private.commands import teardown_cluster
 
     from ray_nodeless.errors import NoFeasibleOffering
 
-    config = {"cluster_name": "c1", "max_workers": 4, "head_node_type": "head", "provider": dict(PROVIDER),
-              **RAY_KEYS,
-              # Ray caches a bootstrapped config by its hash in /tmp: make this one new, or our bootstrap is skipped.
-              "initialization_commands": [f"echo {tmp_path.name}"],
-              "available_node_types": {
-                  "head": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
-                  "gpu_worker": {"resources": dict(GPU), "node_config": {}, "max_workers": 4}}}
+    config = cluster_config(PROVIDER, max_workers=4, ray_keys=True,
+                            workers={"gpu_worker": {"resources": dict(GPU), "node_config": {}, "max_workers": 4}},
+                            # Ray caches a bootstrapped config by its hash in /tmp: make this one new, or our
+                            # bootstrap is skipped.
+                            initialization_commands=[f"echo {tmp_path.name}"])
     p = NodelessProvider(dict(PROVIDER), "c1")
     p.create_node_with_resources_and_labels({}, tags(), 3, GPU, {})
     assert len(p.non_terminated_nodes({})) == 3
@@ -167,35 +161,25 @@ def test_ray_down_ends_every_machine_after_a_rule_was_tightened(cloud, tmp_path)
     tightened = dict(config, provider=dict(PROVIDER, rules=rules))
     with pytest.raises(NoFeasibleOffering):
         NodelessProvider.bootstrap_config(tightened)
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(tightened))
-    teardown_cluster(str(path), yes=True, workers_only=True, override_cluster_name=None, keep_min_workers=False)
+    path = write_cluster_yaml(tmp_path / "cluster.yaml", tightened)
+    teardown_cluster(path, yes=True, workers_only=True, override_cluster_name=None, keep_min_workers=False)
     assert [m for m in cloud.machines.values() if m.tags.get(TAG_CLUSTER) == "c1"] == []
 
 
 def test_ray_v2_adapter_launching_10_of_two_types_in_one_request_gets_10_each(cloud, tmp_path):
     """Ray v2's own NodeProviderAdapter (the code `ray up` runs under autoscaler v2) splits one request id into
     batches of 5 per node type on a thread pool: 10 + 10 requested machines are 20 machines."""
-    import time
-
-    import yaml
     from ray.autoscaler.v2.instance_manager.config import FileConfigReader
     from ray.autoscaler.v2.instance_manager.node_provider import NodeProviderAdapter
 
-    config = {"cluster_name": "c1", "max_workers": 20, "head_node_type": "head", "provider": dict(PROVIDER),
-              **RAY_KEYS,
-              "available_node_types": {
-                  "head": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
-                  "gpu_a": {"resources": dict(GPU), "node_config": {}, "max_workers": 10},
-                  "gpu_b": {"resources": dict(GPU), "node_config": {}, "max_workers": 10}}}
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(config))
+    config = cluster_config(PROVIDER, max_workers=20, ray_keys=True, workers={
+        "gpu_a": {"resources": dict(GPU), "node_config": {}, "max_workers": 10},
+        "gpu_b": {"resources": dict(GPU), "node_config": {}, "max_workers": 10}})
+    path = write_cluster_yaml(tmp_path / "cluster.yaml", config)
     provider = NodelessProvider(dict(PROVIDER), "c1")
-    adapter = NodeProviderAdapter(provider, FileConfigReader(str(path)))
+    adapter = NodeProviderAdapter(provider, FileConfigReader(path))
     adapter.launch({"gpu_a": 10, "gpu_b": 10}, request_id="one-request")
-    deadline = time.monotonic() + 30
-    while len(provider.non_terminated_nodes({})) < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: len(provider.non_terminated_nodes({})) >= 20, 30, "20 machines listed")
     assert adapter.poll_errors() == []
     nodes = provider.non_terminated_nodes({})
     assert len(nodes) == 20 and len(cloud.launches) == 4           # 4 batches of 5

@@ -179,7 +179,8 @@ def _gcp(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cloud]:
 
         def tags(name: str) -> dict[str, str]:
             inst = fake.instances[name]
-            return tags_from_storage(dict(inst.get("labels", {})), manifest_from_items(inst["metadata"].get("items", [])))
+            items = inst["metadata"].get("items", [])
+            return tags_from_storage(dict(inst.get("labels", {})), manifest_from_items(items))
 
         off = Offering(instance_type=GCP_E2, region="us-central1", zone="us-central1-a", capacity="on-demand",
                        hourly_price=0.134)
@@ -193,12 +194,12 @@ def _gcp(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cloud]:
                 b.close()
 
 
-CLOUDS = {"memory": _memory, "local": _local, "aws": _aws, "gcp": _gcp}
+HARNESSES = {"memory": _memory, "local": _local, "aws": _aws, "gcp": _gcp}
 
 
-@pytest.fixture(params=sorted(CLOUDS))
+@pytest.fixture(params=sorted(HARNESSES))
 def cloud(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cloud]:
-    yield from CLOUDS[request.param](tmp_path, request)
+    yield from HARNESSES[request.param](tmp_path, request)
 
 
 def spec(cloud: Cloud, count: int = 1, token: str | None = None, cluster: str = CLUSTER) -> LaunchSpec:

@@ -7,6 +7,7 @@ import pytest
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 
 from ray_nodeless.testing import fake_backend
+from ray_nodeless.testing.clock import FakeClock
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE
@@ -75,16 +76,15 @@ def test_regional_quota_error_skips_the_type_in_every_zone(provider, cloud):
 
 
 def test_ttl_expiry_makes_the_offering_eligible_again(cloud):
-    now = [1000.0]
     p = NodelessProvider(dict(PROVIDER, unavailable_ttl_s=180), "c1")
-    p.unavailable._clock = lambda: now[0]
+    p.unavailable.clock = clock = FakeClock()
     cloud.capacity_faults[("g6.xlarge", "us-west-2a", "spot")] = "InsufficientInstanceCapacity"
     p.create_node_with_resources_and_labels({}, dict(WORKER_TAGS), 1, {"CPU": 4, "GPU": 1}, {})
     failed = cloud.launches[0].offering
     assert p.unavailable.blocked(failed)
-    now[0] += 179
+    clock.advance(179)
     assert p.unavailable.blocked(failed)
-    now[0] += 2
+    clock.advance(2)
     assert not p.unavailable.blocked(failed)
 
 

@@ -26,7 +26,6 @@ from ray_nodeless.core.catalog.encoding import (
 )
 from ray_nodeless.core.catalog.model import (
     CAPACITY_TYPES,
-    CLOUDS,
     TYPE_COLUMNS,
     InstanceType,
     Offering,
@@ -37,7 +36,7 @@ from ray_nodeless.core.files import write_atomic
 from ray_nodeless.errors import CatalogError
 
 __all__ = [
-    "CAPACITY_TYPES", "CLOUDS", "FORMAT_VERSION", "INDEX_FILE", "LAYOUT_INDEX", "TYPE_COLUMNS",
+    "CAPACITY_TYPES", "FORMAT_VERSION", "INDEX_FILE", "LAYOUT_INDEX", "TYPE_COLUMNS",
     "Catalog", "CatalogError", "InstanceType", "Offering", "RegionCatalog",
     "dump_bytes", "embedded", "index_bytes", "load_file", "load_index", "region_entry", "region_file_bytes",
     "region_file_name", "type_row", "write_atomic",

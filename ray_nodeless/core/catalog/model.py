@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 if TYPE_CHECKING:
     import numpy as np
 
-CLOUDS = ("aws", "gcp")
 # Index in this tuple is the capacity id stored in the region arrays.
 CAPACITY_TYPES = ("on-demand", "spot")
 

@@ -35,7 +35,7 @@ import logging
 import random
 import re
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from botocore.client import BaseClient
 
@@ -95,6 +95,15 @@ class AwsBackend(AwsConfig, MachineBackend):
         self._warned_stopped: set[str] = set()
 
     @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock the launch grace is measured by (`ttls.LAUNCH_GRACE_S`); settable, for tests."""
+        return self._known.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self._known.clock = clock
+
+    @property
     def clients(self) -> tuple[BaseClient, BaseClient]:
         """The botocore clients this backend calls through (for event hooks in tests and benchmarks)."""
         return (self.ec2, self.ec2_launch)
@@ -152,7 +161,7 @@ class AwsBackend(AwsConfig, MachineBackend):
                 self._terminate_ids(ids)
                 raise BackendError(f"ec2:RunInstances returned {len(ids)} instances for MinCount=MaxCount="
                                    f"{spec.count}; terminated them", category="PartialLaunch")
-            now = time.time()
+            now = self.clock()
             for i in ids:
                 self._known.add(i, tags, born=now)
             logger.info("launched %s (%s in %s, %s)", ",".join(ids), off.instance_type.name, off.zone, off.capacity)
@@ -208,7 +217,7 @@ class AwsBackend(AwsConfig, MachineBackend):
                 f"failure; terminated them", category="PartialLaunch")
         for inst in found:
             if inst["InstanceId"] in ids:
-                self._known.add(inst["InstanceId"], tags_of(inst), born=launch_time(inst) or time.time())
+                self._known.add(inst["InstanceId"], tags_of(inst), born=launch_time(inst) or self.clock())
         logger.info("launch token %s already ran: %s", spec.request_token, ",".join(ids))
         return ids
 

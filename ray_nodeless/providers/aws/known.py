@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ray_nodeless.core import ttls
 
@@ -23,6 +23,8 @@ class Known:
     # Bounded like the view's memory of vanished machines (oldest forgotten first).
     tokens: dict[str, None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Wall clock (launch times are epoch seconds, EC2's LaunchTime too); a test moves a FakeClock past the grace.
+    clock: Callable[[], float] = time.time
 
     def sent(self, token: str) -> bool:
         """Record that a launch with `token` is being sent; True if one was sent before."""
@@ -58,7 +60,7 @@ class Known:
 
     def _young(self, instance_id: str) -> bool:
         born = self.born.get(instance_id)
-        return born is not None and time.time() - born < ttls.LAUNCH_GRACE_S
+        return born is not None and self.clock() - born < ttls.LAUNCH_GRACE_S
 
     def has(self, instance_id: str) -> bool:
         with self.lock:

@@ -31,7 +31,6 @@ from pydantic import ConfigDict, Field
 from ray_nodeless.core.schema import Section
 from ray_nodeless.providers.local.settings import NodeProcessSettings
 
-JOIN_METHODS = ("eks", "kubeadm", "k3s")
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 DEFAULT_KUBECONFIG = "~/.kube/config"
 

@@ -6,10 +6,12 @@ botocore `before-send` hooks on the backend's own clients and the backend's beha
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
 from ray_nodeless.errors import BackendError, CapacityError, ConfigError, ForeignMachineError, TransientBackendError
+from ray_nodeless.testing.clock import FakeClock
 from ray_nodeless.providers.aws.backend import AwsBackend
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, client_token
 from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER
@@ -268,15 +270,16 @@ def test_terminate_ignores_gone_ids(moto: MotoServer) -> None:
     assert ei.value.category == "NotYetVisible" and terminates.calls == 0
 
 
-def test_terminate_retries_without_ids_ec2_says_are_gone(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_terminate_retries_without_ids_ec2_says_are_gone(moto: MotoServer) -> None:
     from ray_nodeless.core import ttls
 
     b = make_backend(moto)
+    b.clock = clock = FakeClock(time.time())
     ids = b.launch(make_spec(count=3))
     b.list_machines()
     # Instances past the launch grace: a NotFound means gone (for a younger one it is eventual consistency and is
     # retried: tests/providers/aws/test_aws_not_found.py).
-    monkeypatch.setattr(ttls, "LAUNCH_GRACE_S", 0.0)
+    clock.advance(ttls.LAUNCH_GRACE_S + 1)
 
     def vanish(request, n):
         if n == 1:   # as if ids[0] had vanished between our listing and this call (EC2 fails the whole call)

@@ -3,11 +3,14 @@ CreateTags, and listings that do not show the instance yet, must not read as "al
 launched within the launch grace. Injected on the wire (botocore before-send) in front of moto."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import BackendError, TransientBackendError
 from ray_nodeless.providers.base import TAG_CLUSTER
+from ray_nodeless.testing.clock import FakeClock
 from ray_nodeless.testing.moto_server import MotoServer, ec2_empty_describe, ec2_not_found, install, query_params
 from tests.providers.aws.helpers import all_instances, live, make_backend, make_spec, tags_of
 
@@ -82,16 +85,20 @@ def test_set_tags_on_a_just_launched_instance_is_retried(moto: MotoServer) -> No
         b.set_tags(iid, {"ray-node-status": "setting-up"})
 
 
-def test_not_found_for_an_instance_past_the_launch_grace_means_gone(moto: MotoServer,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_not_found_for_an_instance_past_the_launch_grace_means_gone(moto: MotoServer) -> None:
     b = make_backend(moto)
+    b.clock = clock = FakeClock(time.time())
     [iid] = b.launch(make_spec())
-    monkeypatch.setattr(ttls, "LAUNCH_GRACE_S", 0.0)
+    clock.advance(ttls.LAUNCH_GRACE_S - 1)
+    young = not_found_for(b.ec2, "CreateTags", times=1)
+    assert b.set_tags(iid, {"a": "b"}) is True              # still young: the NotFound is retried
+    assert young.calls == 2
+    clock.advance(2)                                        # now past the grace
     hook = not_found_for(b.ec2, "TerminateInstances", times=1)
     b.terminate([iid])                                      # gone: no error, no retry
     assert hook.calls == 1
     tags = not_found_for(b.ec2, "CreateTags", times=1)
-    b.set_tags(iid, {"a": "b"})                             # gone: nothing to tag
+    assert b.set_tags(iid, {"a": "b"}) is False             # gone: nothing to tag, and said so
     assert tags.calls <= 1
 
 

@@ -14,7 +14,10 @@ from ray_nodeless.cli.sweep import sweep_command
 from ray_nodeless.launch.sweep import Sweep
 from ray_nodeless.providers.base import TAG_CLUSTER, TAG_TERMINATING
 from ray_nodeless.testing.moto_server import REGION, MotoServer, ec2_error, install
-from tests.providers.aws.helpers import CLUSTER, G4, live, make_backend, make_spec, offering, tags_of
+from tests.helpers import cluster_config, write_cluster_yaml
+from tests.providers.aws.helpers import (
+    CLUSTER, G4, all_instances, live, make_backend, make_spec, offering, tags_of,
+)
 
 
 @pytest.fixture
@@ -29,19 +32,12 @@ def fleet(moto: MotoServer, tmp_path):
     untagged = moto.client().run_instances(ImageId=moto.ami(), InstanceType="t3.micro", MinCount=1,
                                            MaxCount=1)["Instances"][0]["InstanceId"]
     b.close()
-    doc = {"cluster_name": CLUSTER, "max_workers": 2, "setup_commands": [], "head_setup_commands": [],
-           "worker_setup_commands": [],
-           "provider": {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "aws",
-                        "region": REGION, "endpoint_url": moto.url, "image_id": moto.ami(),
-                        "aws_credentials": {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
-                        "rules": [{"name": "tightened", "match": {}, "instance_types": ["no-such-type.*"]}]},
-           "available_node_types": {"head": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
-                                    "gpu_worker": {"resources": {"CPU": 4, "GPU": 1}, "node_config": {}}},
-           "head_node_type": "head"}
-    path = tmp_path / "c1.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return {"yaml": str(path), "config": doc, "head": head, "workers": sorted(workers), "foreign": foreign,
-            "untagged": untagged}
+    doc = cluster_config({"cloud": "aws", "region": REGION, "endpoint_url": moto.url, "image_id": moto.ami(),
+                          "aws_credentials": {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
+                          "rules": [{"name": "tightened", "match": {}, "instance_types": ["no-such-type.*"]}]},
+                         name=CLUSTER)
+    return {"yaml": write_cluster_yaml(tmp_path / "c1.yaml", doc), "config": doc, "head": head,
+            "workers": sorted(workers), "foreign": foreign, "untagged": untagged}
 
 
 def run(*args: str):
@@ -116,3 +112,25 @@ def test_the_cli_exits_1_naming_the_instances_when_terminate_is_refused(moto: Mo
         assert f"NOT ENDED machine {i}: terminate failed" in r.output
     assert f"sweep of cluster {CLUSTER} incomplete (3 not ended)" in r.output
     assert len(live_ids(moto)) == 5
+
+
+def test_sweep_ends_a_stopped_instance_of_the_cluster(moto: MotoServer, fleet):
+    """Issue 16.10: a stopped instance is not a Ray node (not listed) but is tagged with the cluster and costs EBS
+    money: sweep ends it too (a backend leftover), and a --workers-only sweep keeps a stopped head."""
+    b = make_backend(moto)
+    [stopped] = b.launch(make_spec())
+    head_spec = make_spec()
+    head_spec.tags.update({"ray-node-type": "head", "ray-user-node-type": "head"})
+    [stopped_head] = b.launch(head_spec)
+    b.close()
+    moto.client().stop_instances(InstanceIds=[stopped, stopped_head])
+    r = run(fleet["yaml"], "-y", "--workers-only")
+    assert r.exit_code == 0, r.output
+    assert f"stopped-instance {stopped}" in r.output
+    states = {i["InstanceId"]: i["State"]["Name"] for i in all_instances(moto)}
+    assert states[stopped] == "terminated" and states[stopped_head] == "stopped"
+    r = run(fleet["yaml"], "-y")
+    assert r.exit_code == 0, r.output
+    states = {i["InstanceId"]: i["State"]["Name"] for i in all_instances(moto)}
+    assert states[stopped_head] == "terminated"
+    assert live_ids(moto) == {fleet["foreign"], fleet["untagged"]}

@@ -17,20 +17,17 @@ import pytest
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.ray_adapter.bootstrap import bootstrap_config
 from ray_nodeless.testing.fake_gce import FakeGce
+from tests.helpers import GPU_WORKER, cluster_config
 
 PROJECT = "p"
 REGION = "us-central1"
 
 
 def config(endpoint: str, **provider: Any) -> dict[str, Any]:
-    p = {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "gcp", "region": REGION,
-         "project_id": PROJECT, "api_endpoint": endpoint, "credentials": "anonymous"}
-    p.update(provider)
-    return {"cluster_name": "gbs", "max_workers": 1, "provider": p, "auth": {"ssh_user": "ubuntu"},
-            "head_node_type": "head", "head_node": {},
-            "available_node_types": {"head": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
-                                     "gpu": {"resources": {"CPU": 4, "GPU": 1}, "node_config": {}}},
-            "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": []}
+    return cluster_config({"cloud": "gcp", "region": REGION, "project_id": PROJECT, "api_endpoint": endpoint,
+                           "credentials": "anonymous", **provider},
+                          name="gbs", max_workers=1, workers={"gpu": GPU_WORKER}, auth={"ssh_user": "ubuntu"},
+                          head_node={})
 
 
 class ComputeStub:

@@ -3,28 +3,17 @@ started and stopped around it, with the `ray` namespace and the ServiceAccount /
 cluster-configs/kubernetes-rbac.yaml applied."""
 from __future__ import annotations
 
-import time
 import types
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
+from ray_nodeless.testing.clock import wait_for  # noqa: F401 - imported by the tests of this directory
 from tests import REPO_ROOT
 
 RBAC = REPO_ROOT / "cluster-configs" / "kubernetes-rbac.yaml"
 SA = ("ray", "ray-nodeless")
-
-
-def wait_for(pred: Callable[[], object], timeout: float = 30.0, what: str = "condition", poll: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(poll)
 
 
 @pytest.fixture(scope="module")

@@ -336,7 +336,7 @@ def test_rbac_manifest_is_sufficient_and_every_verb_is_needed(cp, h_factory):
                 except ApiException as e:
                     return e.status == 403
                 return False
-            wait_for(forbidden, 10, f"{verb} {resource} to be forbidden without the verb", poll=0.3)
+            wait_for(forbidden, 10, f"{verb} {resource} to be forbidden without the verb", interval=0.3)
             with pytest.raises(ConfigError, match=f"forbidden by RBAC: cannot {verb} {resource}"):
                 check(provider(cp), h.cluster)
         finally:

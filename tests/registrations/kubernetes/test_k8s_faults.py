@@ -142,7 +142,7 @@ def test_provider_restart_mid_launch_leaks_and_duplicates_nothing(cp, make, when
     if when == "joining":
         c.boot_machine(mid)              # the kubelet joins while no provider runs
     b = c.provider()                     # a fresh NodelessProvider: state from machine tags + Node / pod labels
-    wait_for(lambda: _running(b, mid), 60, "the machine running under the new provider", poll=0.5)
+    wait_for(lambda: _running(b, mid), 60, "the machine running under the new provider", interval=0.5)
     time.sleep(5)                        # past join_timeout_s, with more listings by B
     for _ in range(3):
         assert b.non_terminated_nodes({}) == sorted([head, mid])
@@ -155,7 +155,7 @@ def test_provider_restart_mid_launch_leaks_and_duplicates_nothing(cp, make, when
     assert len(c.procs.started) == 1     # one Ray start for the machine
     # and terminating through the new provider leaves nothing behind
     b.terminate_nodes([mid])
-    wait_for(lambda: not c.pods() and not c.nodes(), 40, "pod and Node of the machine gone", poll=0.5)
+    wait_for(lambda: not c.pods() and not c.nodes(), 40, "pod and Node of the machine gone", interval=0.5)
     assert c.machines() == [head] and mid not in c.procs.recs
 
 
@@ -167,7 +167,7 @@ def test_node_never_joins_machine_terminated_after_join_timeout(cp, make, caplog
     t0 = time.time()
     assert mid in prov.non_terminated_nodes({})
     caplog.set_level(logging.ERROR)
-    wait_for(lambda: mid not in prov.non_terminated_nodes({}), 20, "the overdue machine terminated", poll=0.5)
+    wait_for(lambda: mid not in prov.non_terminated_nodes({}), 20, "the overdue machine terminated", interval=0.5)
     took = time.time() - t0
     assert 1.0 <= took <= 10, took
     assert mid not in c.machines()
@@ -182,9 +182,9 @@ def test_pod_failed_for_good_ends_the_machine(cp, make):
     mid = _launch_worker(prov)
     c.boot_machine(mid)
     wait_for(lambda: any(p.status.phase == "Failed" for p in c.pods(mid)), 60, "the Ray pod to fail")
-    wait_for(lambda: mid not in prov.non_terminated_nodes({}), 20, "the machine ended", poll=0.5)
+    wait_for(lambda: mid not in prov.non_terminated_nodes({}), 20, "the machine ended", interval=0.5)
     assert mid not in c.machines()
-    wait_for(lambda: not c.pods() and not c.nodes(), 40, "its pod and Node gone", poll=0.5)
+    wait_for(lambda: not c.pods() and not c.nodes(), 40, "its pod and Node gone", interval=0.5)
     assert not prov.is_running(mid)
 
 
@@ -200,8 +200,8 @@ def test_api_server_restart_mid_launch_one_pod_nothing_leaked(cp, make):
     finally:
         cp.start_apiserver()
     c.boot_machine(mid)
-    wait_for(lambda: _running(prov, mid), 90, "the machine running after the API server came back", poll=0.5)
+    wait_for(lambda: _running(prov, mid), 90, "the machine running after the API server came back", interval=0.5)
     assert len(c.nodes(mid)) == 1 and len(c.pods()) == 1 and len(c.procs.started) == 1
     prov.terminate_nodes([mid])
-    wait_for(lambda: not c.pods() and not c.nodes(), 40, "pod and Node gone", poll=0.5)
+    wait_for(lambda: not c.pods() and not c.nodes(), 40, "pod and Node gone", interval=0.5)
     assert mid not in c.machines()
