@@ -20,7 +20,7 @@ import pytest
 from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 
 from ray_nodeless.core.catalog import InstanceType, Offering
-from ray_nodeless.errors import CapacityError
+from ray_nodeless.errors import CapacityError, ForeignMachineError
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.pids import proc_info
@@ -88,7 +88,8 @@ def test_head_is_a_record_without_process_and_launch_is_idempotent(backend_confi
         # Another cluster sharing the state dir neither sees nor terminates it.
         foreign = LocalBackend(backend_config, "someone-else")
         assert foreign.list_machines() == []
-        foreign.terminate(ids)
+        with pytest.raises(ForeignMachineError):         # refused, by name
+            foreign.terminate(ids)
         be.terminate(ids + ["local-00000000"])   # unknown ids are ignored
         assert be.list_machines() == [] and other.list_machines() == []
 
