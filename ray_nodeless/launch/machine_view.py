@@ -42,7 +42,7 @@ class MachineView:
         self.cluster_name = cluster_name
         self.list_cache_s = list_cache_s
         self.on_interrupted = on_interrupted
-        self._clock = clock
+        self.clock = clock          # read at each use: a test may swap in a FakeClock after construction
         self._lock = threading.Lock()            # guards the fields below; never held across a backend call
         self._refresh_lock = threading.Lock()    # one listing at a time
         self._machines: dict[str, Machine] = {}
@@ -59,7 +59,7 @@ class MachineView:
     def refresh(self, force: bool = False) -> dict[str, Machine]:
         """The current machines of this cluster, from a listing at most `list_cache_s` old."""
         with self._lock:
-            if not force and self._listed_ok and self._clock() - self._listed_at < self.list_cache_s:
+            if not force and self._listed_ok and self.clock() - self._listed_at < self.list_cache_s:
                 return dict(self._machines)
         if not self._refresh_lock.acquire(blocking=False):
             # Another thread is listing right now: answer from the last listing rather than queue behind it.
@@ -111,7 +111,7 @@ class MachineView:
         return out
 
     def _apply(self, listed: dict[str, Machine]) -> dict[str, Machine]:
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             machines = dict(listed)
             for mid, tags in self._pending_tags.items():
@@ -201,7 +201,7 @@ class MachineView:
 
     def launched(self, machines: Iterable[Machine]) -> None:
         """Machines a launch just returned: visible now, kept while the cloud's listing catches up."""
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             for m in machines:
                 if m.id not in self._machines:

@@ -9,7 +9,7 @@ from ray_nodeless.errors import BackendError, ListingError
 from ray_nodeless.providers.base import TAG_CLUSTER, TAG_TERMINATING
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
-from tests.helpers import cluster_config, wait_for, write_cluster_yaml
+from tests.helpers import FakeClock, cluster_config, wait_for, write_cluster_yaml
 from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS, cloud, provider  # noqa: F401 (fixtures)
 
 GPU = {"CPU": 4, "GPU": 1}
@@ -186,3 +186,21 @@ def test_ray_v2_adapter_launching_10_of_two_types_in_one_request_gets_10_each(cl
     kinds = sorted(provider.node_tags(n)["ray-user-node-type"] for n in nodes)
     assert kinds == ["gpu_a"] * 10 + ["gpu_b"] * 10
     assert {provider.node_tags(n)["ray-launch-request"] for n in nodes} == {"one-request"}
+
+
+def test_a_launched_machine_the_listing_lags_on_stays_visible_for_the_launch_grace_only(cloud):
+    """The cloud's listing does not show a new machine (eventual consistency): Ray keeps seeing it for
+    `ttls.LAUNCH_GRACE_S` of the view's clock, then the cloud's answer wins. A FakeClock instead of a 2-minute sleep."""
+    from ray_nodeless.core import ttls
+
+    p = NodelessProvider(dict(PROVIDER), "c1")
+    p.view.clock = clock = FakeClock()
+    cloud.hide = lambda m: True
+    p.create_node_with_resources_and_labels({}, tags(), 1, GPU, {})
+    [mid] = p.non_terminated_nodes({})
+    clock.advance(ttls.LAUNCH_GRACE_S - 1)
+    assert p.non_terminated_nodes({}) == [mid]
+    clock.advance(2)
+    assert p.non_terminated_nodes({}) == []
+    cloud.hide = None
+    assert p.non_terminated_nodes({}) == [mid]          # listed again once the cloud shows it
