@@ -24,7 +24,8 @@ class UnavailableOfferings:
         self.ttl_s = ttl_s
         # Read at each call, so a test may swap it after construction (`provider.unavailable.clock = FakeClock()`).
         self.clock = clock
-        self._entries: TTLCache = TTLCache(maxsize=ttls.UNAVAILABLE_MAX_ENTRIES, ttl=max(ttl_s, 1e-9), timer=lambda: self.clock())
+        self._entries: TTLCache = TTLCache(maxsize=ttls.UNAVAILABLE_MAX_ENTRIES, ttl=max(ttl_s, 1e-9),
+                                           timer=lambda: self.clock())
         self._lock = threading.Lock()    # cachetools caches are not thread-safe
 
     def mark(self, offering: Offering, reason: str) -> None:
