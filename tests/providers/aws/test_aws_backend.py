@@ -279,7 +279,7 @@ def test_terminate_retries_without_ids_ec2_says_are_gone(moto: MotoServer) -> No
     b.list_machines()
     # Instances past the launch grace: a NotFound means gone (for a younger one it is eventual consistency and is
     # retried: tests/providers/aws/test_aws_not_found.py).
-    clock.advance(ttls.LAUNCH_GRACE_S + 1)
+    clock.advance(ttls.LAUNCH_GRACE_S + 60)     # well past it: listings read moto's real LaunchTime
 
     def vanish(request, n):
         if n == 1:   # as if ids[0] had vanished between our listing and this call (EC2 fails the whole call)

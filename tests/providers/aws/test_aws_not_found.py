@@ -93,7 +93,7 @@ def test_not_found_for_an_instance_past_the_launch_grace_means_gone(moto: MotoSe
     young = not_found_for(b.ec2, "CreateTags", times=1)
     assert b.set_tags(iid, {"a": "b"}) is True              # still young: the NotFound is retried
     assert young.calls == 2
-    clock.advance(2)                                        # now past the grace
+    clock.advance(60)                   # well past the grace (a describe reads moto's real LaunchTime)
     hook = not_found_for(b.ec2, "TerminateInstances", times=1)
     b.terminate([iid])                                      # gone: no error, no retry
     assert hook.calls == 1
