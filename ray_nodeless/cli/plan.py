@@ -36,7 +36,7 @@ def _plan_lines(name: str | None, plan: Plan, alternatives: int = 3) -> list[str
 
 @click.command("plan")
 @click.argument("cluster_yaml", required=False, type=click.Path(dir_okay=False))
-@click.option("--cloud", type=click.Choice(["aws", "gcp"]), help="Ad-hoc shape: the cloud.")
+@click.option("--cloud", type=click.Choice(catalog_mod.CLOUDS), help="Ad-hoc shape: the catalog's cloud.")
 @click.option("--region", help="Ad-hoc shape: the region.")
 @click.option("--cpu", type=float, default=0, show_default=True, help="Ad-hoc shape: vCPUs.")
 @click.option("--gpu", type=int, default=0, show_default=True, help="Ad-hoc shape: GPUs.")
@@ -86,19 +86,9 @@ def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None
             click.echo(f"catalog: {p.catalog_id}")
 
 
-def _template_note(cloud: str, node_config: dict[str, Any]) -> list[str]:
-    """An AWS launch template is read by `ray up` (bootstrap_config), which pins the InstanceType and spot market it
-    sets; `plan` makes no API call and cannot read it, so it says so where that could change the plan."""
-    ref = node_config.get("LaunchTemplate")
-    if cloud != "aws" or not isinstance(ref, dict) or "InstanceType" in node_config:
-        return []
-    which = ref.get("LaunchTemplateName") or ref.get("LaunchTemplateId") or "?"
-    return [f"    note: LaunchTemplate {which} is read by `ray up`: an InstanceType or spot InstanceMarketOptions "
-            "it sets pins this node type then (this preview makes no API call and cannot read it)"]
-
-
 def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
     from ray_nodeless.launch.config import check_cluster, prepare_like_ray_up
+    from ray_nodeless.providers import backend_config
     from ray_nodeless.ray_adapter.bootstrap import settle_images
 
     cfg = prepare_like_ray_up(load_cluster_yaml(path))
@@ -106,11 +96,13 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
     if isinstance(provider, dict):
         settle_images(cfg, provider.get("cloud", "local"))    # Ray's default image, as bootstrap_config sets it
     cp: ClusterPlan = check_cluster(cfg)
+    backend = backend_config(cp.settings.cloud)
     if as_json:
         click.echo(json.dumps(cp.to_dict(), indent=2, sort_keys=True))
         return
     s = cp.settings
-    where = f"{s.cloud} {s.region}" + (f" (priced as {s.price_cloud})" if s.cloud == "local" else "")
+    # A backend that is not a priced cloud (local, a test backend) is priced as `simulate_cloud`.
+    where = f"{s.cloud} {s.region}" + (f" (priced as {s.price_cloud})" if s.price_cloud != s.cloud else "")
     click.echo(f"cluster {cfg.get('cluster_name', '?')}: {where}, catalog {cp.catalog_id}")
     # The head first, then worker types by name.
     for name in sorted(cp.plans, key=lambda n: (n != cp.head_node_type, n)):
@@ -122,7 +114,7 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
             role = f"workers {int(nt.get('min_workers', 0))}..{int(nt.get('max_workers', cp.global_max_workers))}"
         lines = _plan_lines(name, p, alternatives)
         lines[0] = f"[{role}] " + lines[0]
-        lines += _template_note(s.cloud, (nt.get("node_config") or {}))
+        lines += [f"    {note}" for note in backend.plan_notes(nt.get("node_config") or {})]
         click.echo("\n".join(lines))
     c = cp.cost
     click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "

@@ -5,8 +5,11 @@ Two different questions, two functions:
   instance type, exactly as Ray's own AWS provider computes it (`AWSNodeProvider.
   fillout_available_node_types_resources` in ray/autoscaler/_private/aws/node_provider.py): CPU = the type's
   vCPUs; for worker node types only, memory = int(SizeInMiB * 2**20 * (1 - DEFAULT_OBJECT_STORE_MEMORY_PROPORTION));
-  each accelerator manager's count (`GPU` for NVIDIA GpuInfo, `neuron_cores` for Inferentia2/Trainium) and one
-  `accelerator_type:<name>`; then the declared resources override the detected ones.
+  each accelerator manager's count (`GPU` for NVIDIA GpuInfo, and the cores of other accelerators, e.g.
+  `neuron_cores` for Inferentia2/Trainium) and one `accelerator_type:<name>`; then the declared resources override
+  the detected ones. What differs per cloud (the name Ray gives a GPU model, accelerator cores per instance type,
+  whether declared CPU/GPU keep Ray from filling at all) is a `FillRule`: data the backend config of the catalog's
+  cloud supplies (`BackendConfig.fill_rule()`, e.g. providers/aws/ray_resources.py), so this module knows no cloud.
 - `instance_resources`: the logical resources a launched machine advertises (what a local player node starts with).
 
 Pure: Ray's constants are copied here (tests check them against the installed Ray).
@@ -14,7 +17,8 @@ Pure: Ray's constants are copied here (tests check them against the installed Ra
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog import InstanceType
@@ -25,23 +29,32 @@ logger = logging.getLogger(__name__)
 MIB = 1024 ** 2
 # ray._private.ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION (Ray's default, without its env override).
 OBJECT_STORE_MEMORY_PROPORTION = 0.3
-# ray._private.accelerators.neuron.AWS_NEURON_INSTANCE_MAP: NeuronCores per instance type (Ray's resource
-# `neuron_cores`, accelerator type `aws-neuron-core`); Ray knows no other Neuron types.
-AWS_NEURON_CORES = {
-    "trn1.2xlarge": 2, "trn1.32xlarge": 32, "trn1n.32xlarge": 32,
-    "inf2.xlarge": 2, "inf2.8xlarge": 2, "inf2.24xlarge": 12, "inf2.48xlarge": 24,
-}
-NEURON_CORES_RESOURCE = "neuron_cores"
-AWS_NEURON_CORE = "aws-neuron-core"        # ray.util.accelerators.AWS_NEURON_CORE
-# Canonical GPU model (core/gpus.py) -> the `GpuInfo.Gpus[0].Name` EC2 reports, which is what Ray puts in
-# `accelerator_type:<name>`. Models not listed are spelled the same.
-AWS_GPU_NAMES = {
-    "A100-80GB": "A100",
-    "T4G": "T4g",
-    "RTX-PRO-4500": "RTX PRO 4500",
-    "RTX-PRO-6000": "RTX PRO Server 6000",
-    "RADEON-PRO-V520": "Radeon Pro V520",
-}
+
+
+@dataclass(frozen=True)
+class FillRule:
+    """The cloud's part of Ray's fill-in of a pinned node type's resources: what that cloud's own Ray provider
+    detects beyond CPU, GPU and memory. The default is Ray's generic rule (GPU models named as the catalog names
+    them, no other accelerators, declared resources merged on top of the detected ones)."""
+
+    # Canonical GPU model (core/gpus.py) -> the name Ray puts in `accelerator_type:<name>`; models not listed are
+    # spelled the same.
+    gpu_names: Mapping[str, str] = field(default_factory=dict)
+    # Accelerator cores per instance type name (lower case), advertised as `cores_resource` with one
+    # `accelerator_type:<cores_accelerator>` (AWS: Neuron cores of Inferentia2 / Trainium).
+    accelerator_cores: Mapping[str, int] = field(default_factory=dict)
+    cores_resource: str = ""
+    cores_accelerator: str = ""
+    # The cloud's own provider fills nothing for a node type that declares CPU or GPU (Ray's GCP provider fills
+    # nothing at all; one declaring neither still gets the rule, or the autoscaler could never scale it).
+    declared_shape_kept: bool = False
+
+    def keeps(self, declared: Mapping[str, Any]) -> bool:
+        """True when `declared` resources stay as written (no fill-in at all) under this rule."""
+        return self.declared_shape_kept and bool({"CPU", "GPU"} & set(declared))
+
+
+GENERIC_FILL = FillRule()
 
 
 def size_in_mib(t: InstanceType) -> int:
@@ -54,15 +67,14 @@ def task_memory_bytes(t: InstanceType) -> int:
     return int(size_in_mib(t) * MIB * (1 - OBJECT_STORE_MEMORY_PROPORTION))
 
 
-def ray_accelerator_name(t: InstanceType) -> str:
-    """The `accelerator_type:` name Ray gives this type's GPUs (EC2's GpuInfo name on AWS, the model elsewhere)."""
-    if t.cloud == "aws":
-        return AWS_GPU_NAMES.get(t.gpu_model, t.gpu_model)
-    return t.gpu_model
+def ray_accelerator_name(t: InstanceType, rule: FillRule) -> str:
+    """The `accelerator_type:` name Ray gives this type's GPUs under `rule` (EC2's GpuInfo name on AWS)."""
+    return rule.gpu_names.get(t.gpu_model, t.gpu_model)
 
 
-def ray_autodetected_resources(t: InstanceType, is_head: bool) -> dict[str, int]:
-    """What Ray's AWS provider detects for a node type pinned to `t`, before the declared resources override it.
+def ray_autodetected_resources(t: InstanceType, is_head: bool, rule: FillRule) -> dict[str, int]:
+    """What the cloud's own Ray provider detects for a node type pinned to `t` (Ray's AWS provider's rule, with
+    the cloud's part from `rule`), before the declared resources override it.
 
     One deliberate difference: `accelerator_type:<name>` is left out when Ray's name would not select this very
     type under ray_nodeless's GPU vocabulary (p4de.24xlarge: EC2 names its GPUs `A100`, the catalog `A100-80GB`),
@@ -74,22 +86,24 @@ def ray_autodetected_resources(t: InstanceType, is_head: bool) -> dict[str, int]
         out["memory"] = task_memory_bytes(t)
     if t.gpu_count:
         out["GPU"] = int(t.gpu_count)
-        name = ray_accelerator_name(t)
+        name = ray_accelerator_name(t, rule)
         if canonical_gpu(name) == t.gpu_model:
             out[f"accelerator_type:{name}"] = 1
         else:
             logger.warning("%s: not adding Ray's accelerator_type:%s (ray_nodeless calls this GPU %s and would "
                            "refuse the type for that resource)", t.name, name, t.gpu_model)
-    cores = AWS_NEURON_CORES.get(t.name.lower()) if t.cloud == "aws" else None
+    cores = rule.accelerator_cores.get(t.name.lower())
     if cores:
-        out[NEURON_CORES_RESOURCE] = cores
-        out[f"accelerator_type:{AWS_NEURON_CORE}"] = 1
+        out[rule.cores_resource] = cores
+        out[f"accelerator_type:{rule.cores_accelerator}"] = 1
     return out
 
 
-def ray_filled_resources(t: InstanceType, declared: dict[str, Any] | None, is_head: bool) -> dict[str, Any]:
-    """A node type's resources after Ray's fill-in for instance type `t`: detected, then declared on top."""
-    out: dict[str, Any] = ray_autodetected_resources(t, is_head)
+def ray_filled_resources(t: InstanceType, declared: dict[str, Any] | None, is_head: bool, *,
+                         rule: FillRule) -> dict[str, Any]:
+    """A node type's resources after Ray's fill-in for instance type `t` under the cloud's `rule` (the backend
+    config of `t.cloud` supplies it): detected, then declared on top. Whether to fill at all is `rule.keeps`."""
+    out: dict[str, Any] = ray_autodetected_resources(t, is_head, rule)
     out.update(declared or {})
     return out
 

@@ -63,7 +63,8 @@ class CoreSettings(Section):
     # Spot interruption notices (ray_nodeless/interruptions/). The watcher is on by default because draining early
     # costs nothing and a reclaimed node's tasks otherwise fail only when its heartbeat times out; the key turns it
     # off (workers without ray_nodeless installed, or another agent already handles notices). The queue is AWS's
-    # EventBridge -> SQS path, polled by the provider; it is checked against `cloud` in parse_provider.
+    # EventBridge -> SQS path, polled by the provider; only a backend whose config `supports_interruption_queue`
+    # takes it (checked where the backend is known: launch/config.py).
     interruption_watcher: bool = True
     interruption_queue_url: str | None = Field(None, pattern=r"^https?://[^/\s]+/\S+$")
     exclude: Any = None            # parsed by requirements.parse_exclude (errors name the nested key)
@@ -125,9 +126,6 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
     # Backends that are not a priced cloud (local, or a registered test backend) are priced as `simulate_cloud`.
     if core.cloud in PRICE_CLOUDS and core.simulate_cloud is not None:
         raise ConfigError("provider.simulate_cloud", f"only applies to backends that are not a cloud, not {core.cloud!r}")
-    if core.interruption_queue_url is not None and core.cloud != "aws":
-        raise ConfigError("provider.interruption_queue_url", f"an SQS queue of EC2 spot interruption warnings; only "
-                                                             f"applies to cloud aws, not {core.cloud!r}")
     price_cloud = core.cloud if core.cloud in PRICE_CLOUDS else (core.simulate_cloud or "aws")
     rules = RuleSet(rules=parse_rules(provider.get("rules")),
                     exclude=parse_exclude(provider.get("exclude"), "provider.exclude"))

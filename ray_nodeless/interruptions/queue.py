@@ -1,5 +1,8 @@
 """The provider-side path: EC2 spot interruption warnings from an SQS queue (`provider.interruption_queue_url`).
 
+The queue client comes from the backend config (`BackendConfig.interruption_queue_client`: AWS's is
+providers/aws/interruption_queue.py); backends whose `supports_interruption_queue` is False refuse the key.
+
 An EventBridge rule (source aws.ec2, detail-type "EC2 Spot Instance Interruption Warning") with the queue as its
 target delivers each warning as an SQS message whose body is the event JSON. The provider polls the queue once per
 autoscaler update (`non_terminated_nodes`), bounded (QUEUE_MAX_RECEIVES receives of up to 10 messages, each waiting
@@ -20,12 +23,10 @@ What each message becomes:
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
-from urllib.parse import urlsplit
 
 from ray_nodeless.errors import DrainError, NoticeFormatError
 from ray_nodeless.interruptions.drain import RayDrainer
@@ -47,11 +48,6 @@ STALE_AFTER_S = 600.0
 # Polls closer together than this are skipped: Ray may list several times per update (and from several threads);
 # one poll per update is the point.
 MIN_POLL_INTERVAL_S = 2.0
-# SQS calls: one attempt and a short timeout; the next update is the retry.
-SQS_CONNECT_TIMEOUT_S = 2
-SQS_READ_TIMEOUT_S = QUEUE_WAIT_S + 4
-
-_REGION_IN_HOST = (re.compile(r"^sqs[.-]([a-z0-9-]+)\.amazonaws\.com"), re.compile(r"^([a-z0-9-]+)\.queue\.amazonaws"))
 
 
 @dataclass
@@ -65,31 +61,6 @@ class QueueReport:
     deleted: int = 0
     ignored: int = 0                                             # not a spot warning (deleted)
     error: str = ""                                              # the SQS call that failed, if any
-
-
-def queue_endpoint(queue_url: str) -> tuple[str, str | None]:
-    """(endpoint URL, region or None) for a queue URL: SQS accepts requests at the queue URL's own origin
-    (`https://sqs.us-east-1.amazonaws.com`, a VPC endpoint, a test server), and its host names the region."""
-    parts = urlsplit(queue_url)
-    host = parts.hostname or ""
-    region = next((m.group(1) for r in _REGION_IN_HOST if (m := r.match(host))), None)
-    return f"{parts.scheme}://{parts.netloc}", region
-
-
-def sqs_client(queue_url: str, provider_config: Mapping[str, Any]) -> Any:
-    """A boto3 SQS client for the queue, with the provider's AWS credentials and region."""
-    from botocore.config import Config
-
-    from ray_nodeless.core.schema import parse_section
-    from ray_nodeless.providers.aws.clients import session
-    from ray_nodeless.providers.aws.settings import AwsSettings
-
-    settings = parse_section(AwsSettings, provider_config, "provider")
-    endpoint, region = queue_endpoint(queue_url)
-    cfg = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=SQS_CONNECT_TIMEOUT_S,
-                 read_timeout=SQS_READ_TIMEOUT_S)
-    return session(settings.session_kwargs()).client("sqs", region_name=region or settings.region,
-                                                     endpoint_url=endpoint, config=cfg)
 
 
 class InterruptionQueue:

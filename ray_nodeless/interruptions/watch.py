@@ -6,9 +6,11 @@ the server's hanging GET) and, on a notice, drains its own Ray node through Ray'
 deadline, then exits. Ray then stops placing work on the node and reschedules at once, instead of noticing only
 when the machine vanishes (the raylet heartbeat timeout, tens of seconds after the machine is gone).
 
-The metadata base URL is `--metadata-url`, else `RAY_NODELESS_METADATA_URL`, else the cloud's own; the tests point
-it at ray_nodeless/testing/fake_metadata.py. The Ray node is the one whose instance id is `--instance-id` (default
-`RAY_CLOUD_INSTANCE_ID`, which the boot script exports before `ray start`), else the one on `--node-ip`.
+Where the notice comes from is the backend's (`BackendConfig.interruption_source`: providers/aws/metadata.py,
+providers/gcp/metadata.py); `--cloud` is any backend that has one. The metadata base URL is `--metadata-url`, else
+`RAY_NODELESS_METADATA_URL`, else the cloud's own; the tests point it at ray_nodeless/testing/fake_metadata.py.
+The Ray node is the one whose instance id is `--instance-id` (default `RAY_CLOUD_INSTANCE_ID`, which the boot
+script exports before `ray start`), else the one on `--node-ip`.
 
 Exit status: 0 once the node is drained, 1 if the deadline passed without a drain (no such node, GCS gone), 2 for
 bad arguments.
@@ -21,12 +23,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from ray_nodeless.errors import DrainError, MetadataError, NoticeFormatError
 from ray_nodeless.interruptions.drain import RayDrainer
-from ray_nodeless.interruptions.metadata import AWS_METADATA_URL, GCE_METADATA_URL, GceClient, ImdsClient
 from ray_nodeless.interruptions.notices import Notice
+from ray_nodeless.providers import backend_config, backend_names
 
 logger = logging.getLogger("ray_nodeless.interruptions.watch")
 
@@ -40,31 +42,17 @@ GCE_WAIT_S = 60.0
 DRAIN_RETRY_S = 1.0
 
 
-class _Imds:
-    """ImdsClient behind the NoticeSource shape (IMDS has no hanging GET: `wait_s` is spent sleeping by the loop)."""
+class NoticeSource(Protocol):
+    """A machine's own interruption notices, as a backend's `interruption_source` gives them."""
 
-    def __init__(self, client: ImdsClient):
-        self.client = client
-        self.blocks = False
+    blocks: bool        # True: `poll` waits (a hanging GET) by itself; False: the loop sleeps `poll_s` in between
 
-    def poll(self, wait_s: float = 0.0) -> Notice | None:
-        return self.client.poll()
-
-
-class _Gce:
-    """GceClient behind the same shape; its poll blocks in the metadata server's hanging GET."""
-
-    def __init__(self, client: GceClient):
-        self.client = client
-        self.blocks = True
-
-    def poll(self, wait_s: float = 0.0) -> Notice | None:
-        return self.client.poll(wait_s)
+    def poll(self, wait_s: float = 0.0) -> Notice | None: ...
 
 
 @dataclass
 class Watcher:
-    source: _Imds | _Gce
+    source: NoticeSource
     drainer: RayDrainer
     instance_id: str | None
     node_ip: str | None
@@ -121,10 +109,16 @@ def _local_ip() -> str | None:
         return None
 
 
+def notice_source(cloud: str, metadata_url: str | None) -> NoticeSource | None:
+    """The backend's notice source (None: its machines get no notices), at `metadata_url` (None: the cloud's own
+    metadata server, unless RAY_NODELESS_METADATA_URL says otherwise)."""
+    return backend_config(cloud).interruption_source(metadata_url or os.environ.get(METADATA_URL_ENV) or None)
+
+
 def build(args: argparse.Namespace) -> Watcher:
-    url = args.metadata_url or os.environ.get(METADATA_URL_ENV) or (
-        AWS_METADATA_URL if args.cloud == "aws" else GCE_METADATA_URL)
-    source: _Imds | _Gce = _Imds(ImdsClient(url)) if args.cloud == "aws" else _Gce(GceClient(url))
+    source = notice_source(args.cloud, args.metadata_url)
+    if source is None:
+        raise ValueError(f"--cloud {args.cloud}: that backend's machines get no interruption notices")
     instance_id = args.instance_id if args.instance_id is not None else os.environ.get("RAY_CLOUD_INSTANCE_ID")
     node_ip = args.node_ip or _local_ip()
     return Watcher(source=source, drainer=RayDrainer(args.gcs_address), instance_id=instance_id or None,
@@ -133,16 +127,19 @@ def build(args: argparse.Namespace) -> Watcher:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ray_nodeless.interruptions.watch", description=__doc__.split("\n")[0])
-    p.add_argument("--cloud", choices=("aws", "gcp"), required=True)
+    p.add_argument("--cloud", choices=backend_names(), required=True,
+                   help="the machine's backend (one whose machines get interruption notices)")
     p.add_argument("--gcs-address", required=True, help="the head's GCS address, HOST:PORT")
     p.add_argument("--metadata-url", default=None, help=f"metadata base URL (default: ${METADATA_URL_ENV}, else "
-                                                        f"{AWS_METADATA_URL} / {GCE_METADATA_URL})")
+                                                        "the cloud's own metadata server)")
     p.add_argument("--instance-id", default=None, help="this machine's instance id (default: $RAY_CLOUD_INSTANCE_ID)")
     p.add_argument("--node-ip", default=None, help="this node's IP in Ray (default: Ray's guess of this host's)")
     p.add_argument("--poll-s", type=float, default=DEFAULT_POLL_S, help="seconds between IMDS polls and retries")
     args = p.parse_args(argv)
     if args.poll_s <= 0:
         p.error("--poll-s must be > 0")
+    if notice_source(args.cloud, args.metadata_url) is None:
+        p.error(f"--cloud {args.cloud}: that backend's machines get no interruption notices")
     return args
 
 
@@ -151,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s ray_nodeless.watch: %(message)s")
     watcher = build(parse_args(argv))
     logger.info("watching %s for interruption notices (Ray node: instance %s, IP %s, GCS %s)",
-                type(watcher.source.client).__name__, watcher.instance_id, watcher.node_ip,
+                type(watcher.source).__name__, watcher.instance_id, watcher.node_ip,
                 watcher.drainer.gcs_address)
     return watcher.run()
 

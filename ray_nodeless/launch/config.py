@@ -43,6 +43,10 @@ def load_provider_config(provider: Any) -> tuple[ProviderSettings, BackendChecks
     reg = registration_class(provider.get("registration", "vm"))
     known = declared_keys(cls.settings_model, reg.settings_model)
     settings = parse_provider(provider, clouds=backend_names(), known_keys=known)
+    if settings.interruption_queue_url is not None and not cls.supports_interruption_queue:
+        raise ConfigError("provider.interruption_queue_url", f"backend {settings.cloud!r} polls no queue of "
+                                                             "interruption warnings (the aws backend polls an SQS "
+                                                             "queue of EC2 spot interruption warnings)")
     parse_section(cls.settings_model, provider, "provider")
     parse_section(reg.settings_model, provider, "provider")
     return settings, cls

@@ -21,8 +21,8 @@ _BACKENDS = {
 
 _CONFIGS = {
     "local": ("ray_nodeless.providers.local.settings", "LocalConfig"),
-    "aws": ("ray_nodeless.providers.aws.settings", "AwsConfig"),
-    "gcp": ("ray_nodeless.providers.gcp.node_config", "GcpConfig"),
+    "aws": ("ray_nodeless.providers.aws.config", "AwsConfig"),
+    "gcp": ("ray_nodeless.providers.gcp.config", "GcpConfig"),
 }
 
 

@@ -62,11 +62,15 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from ray_nodeless.core.catalog import Offering
+from ray_nodeless.core.node_resources import GENERIC_FILL, FillRule
 from ray_nodeless.core.schema import Section
-from ray_nodeless.errors import BackendError
+from ray_nodeless.errors import BackendError, ConfigError
+
+if TYPE_CHECKING:
+    from ray_nodeless.providers.swapin import SwapIn
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +159,57 @@ class BackendConfig:
         """Static, before planning (no API call): give each node type without an image the one Ray's own provider
         of this cloud would (AWS: Ray's default AMI of the region), in place; raise ConfigError naming the key when
         there is none. Default: nothing (the backend needs no image, or reads it from its own keys)."""
+
+    # ----- hooks: what callers outside providers/ ask of a cloud, instead of switching on its name. Each has a
+    # default that is right for a backend that is not a cloud (a third-party or test backend registered with
+    # `providers.register_backend`): it opts out of the feature, and the caller says so or does without.
+
+    # The backend polls a queue of interruption warnings (`provider.interruption_queue_url`; AWS: EventBridge ->
+    # SQS). Default False: the key is refused for this backend, naming it (launch/config.py).
+    supports_interruption_queue: ClassVar[bool] = False
+
+    @classmethod
+    def interruption_queue_client(cls, queue_url: str, provider: Mapping[str, Any]) -> Any:
+        """A client of the interruption queue at `queue_url` with SQS's `receive_message` / `delete_message`
+        (interruptions/queue.py polls it). Only called when `supports_interruption_queue`; default: ConfigError."""
+        raise ConfigError("provider.interruption_queue_url", f"backend {cls.cloud or cls.__name__!r} polls no "
+                                                             "interruption queue")
+
+    @classmethod
+    def interruption_source(cls, metadata_url: str | None) -> Any:
+        """Where a machine of this backend reads its own interruption notice, for the node-side watcher
+        (interruptions/watch.py): an object with `blocks` (True: `poll` waits in a hanging GET itself; False: the
+        watcher sleeps between polls) and `poll(wait_s) -> Notice | None`. `metadata_url` overrides the metadata
+        server's base URL (tests). Default None: no notices on this backend (the watcher refuses the cloud)."""
+        return None
+
+    @classmethod
+    def instance_id_snippet(cls, var: str) -> str | None:
+        """Bash lines that set the shell variable `var` to the booting machine's own id (the id `launch`
+        returned), read from the cloud's instance metadata: boot scripts (registrations/vm_boot.py, Kubernetes
+        join user data) start with it. Default None: the machine cannot tell, so ray_nodeless writes no boot script
+        of its own for it (updaters start Ray; a Kubernetes join takes the id from its environment)."""
+        return None
+
+    @classmethod
+    def fill_rule(cls) -> FillRule:
+        """The cloud's part of Ray's resource fill-in for a node type pinned to one of its catalog's instance
+        types (core/node_resources.py): the name Ray gives its GPUs, accelerator cores per type, whether declared
+        CPU/GPU keep Ray from filling. Asked of the backend config of the catalog cloud (`price_cloud`). Default:
+        Ray's generic rule."""
+        return GENERIC_FILL
+
+    @classmethod
+    def swapin(cls) -> SwapIn | None:
+        """How `ray-nodeless convert` turns a Ray YAML of this cloud (`type: <cloud>`) into a ray_nodeless one
+        (providers/swapin.py). Default None: Ray has no provider of that name to convert from."""
+        return None
+
+    @classmethod
+    def plan_notes(cls, node_config: Mapping[str, Any]) -> list[str]:
+        """Lines `ray-nodeless plan` prints under a node type: what its static preview cannot know of this
+        node_config (AWS: a LaunchTemplate is read only by `ray up`). Default: none."""
+        return []
 
 
 class MachineBackend(BackendConfig, abc.ABC):

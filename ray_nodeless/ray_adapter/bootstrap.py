@@ -15,8 +15,7 @@ from ray_nodeless.providers import backend_config, backend_names
 from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
 from ray_nodeless.registrations import registration_class
-from ray_nodeless.registrations.vm import BOOT_CLOUDS
-from ray_nodeless.registrations.vm_boot import BOOT_KEY
+from ray_nodeless.registrations.vm_boot import BOOT_KEY, boots_itself
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
         # Last, so that a config mistake is named first: file_mounts sources (the plugin's wheel: `make wheel`)
         # exist here, and self-booting workers run no command that needs one (launch/plugin_install.py).
         check_file_mounts(config, workers_boot_themselves=bool(provider.get("disable_node_updaters"))
-                          and settings.registration == "vm" and settings.cloud in BOOT_CLOUDS)
+                          and settings.registration == "vm" and boots_itself(settings.cloud))
     except (NoFeasibleOffering, CatalogError, BackendError, ConfigError) as e:
         if not teardown:
             raise
@@ -98,7 +97,8 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
     A node type is pinned when every offering its plan can launch is of one instance type (an `InstanceType` /
     `machineType`, or an `instance_types` allow-list of one). Ray's AWS rule (`AWSNodeProvider.
     fillout_available_node_types_resources`): CPU, GPU / neuron_cores and `accelerator_type:<name>`, memory for
-    worker types only, then the declared resources on top (core/node_resources.py). Ray's GCP provider fills
+    worker types only, then the declared resources on top (core/node_resources.py; the catalog cloud's part of the
+    rule is its backend config's `fill_rule`). Ray's GCP provider fills
     nothing for VM node types, so on GCP a pinned node type that declares CPU or GPU is left as Ray leaves it; one
     that declares neither gets the AWS rule (otherwise the autoscaler could never scale it for demand).
     A node type that is not pinned is never filled: the instance it gets depends on its shape, so a shape cannot
@@ -130,10 +130,11 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
                                "type; Ray's autoscaler can then start it only for min_workers (state its "
                                "resources, or pin an instance type)", name)
             continue
-        if settings.price_cloud == "gcp" and {"CPU", "GPU"} & set(declared):
-            continue
         [t] = pinned.values()
-        filled = ray_filled_resources(t, declared, is_head=name == cp.head_node_type)
+        rule = backend_config(t.cloud).fill_rule()       # the catalog cloud's part of Ray's rule
+        if rule.keeps(declared):
+            continue
+        filled = ray_filled_resources(t, declared, is_head=name == cp.head_node_type, rule=rule)
         if filled != declared:
             logger.info("%s: resources %s filled from %s: %s", name, declared, t.name, filled)
             types[name]["resources"] = filled

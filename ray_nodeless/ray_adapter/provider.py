@@ -25,7 +25,7 @@ from ray_nodeless.core.cluster_plan import planner_for
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import LaunchError
 from ray_nodeless.interruptions.drain import RayDrainer
-from ray_nodeless.interruptions.queue import InterruptionQueue, sqs_client
+from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.config import load_provider, provider_catalog
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
@@ -70,7 +70,8 @@ class NodelessProvider(NodeProvider):
             # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
             # nor wait on a GCS they may not reach.
             url = self.settings.interruption_queue_url
-            self.interruptions = InterruptionQueue(sqs_client(url, provider_config), url, RayDrainer(gcs))
+            sqs = backend_cls.interruption_queue_client(url, provider_config)     # the backend's (AWS: SQS)
+            self.interruptions = InterruptionQueue(sqs, url, RayDrainer(gcs))
 
     def _on_interrupted(self, machine: Machine) -> None:
         self.launcher.on_interrupted(machine.tags, machine.id)

@@ -10,9 +10,8 @@ from pydantic import Field
 from ray_nodeless.core.schema import Section
 from ray_nodeless.providers.base import LaunchSpec
 from ray_nodeless.registrations.base import Registration
-from ray_nodeless.registrations.vm_boot import BOOT_KEY, worker_boot_script
+from ray_nodeless.registrations.vm_boot import BOOT_KEY, boots_itself, worker_boot_script
 
-BOOT_CLOUDS = ("aws", "gcp")     # clouds whose machines can run a boot script we write
 DEFAULT_GCS_PORT = 6379          # Ray's default head port
 
 
@@ -35,7 +34,7 @@ class BareVM(Registration):
         self.head_ip = settings.head_ip
         self.gcs_port = int((settings.gcs_address or f":{DEFAULT_GCS_PORT}").rsplit(":", 1)[1])
         self.cloud = provider_config.get("cloud", "local")
-        self.boots_itself = bool(provider_config.get("disable_node_updaters")) and self.cloud in BOOT_CLOUDS
+        self.boots_itself = bool(provider_config.get("disable_node_updaters")) and boots_itself(self.cloud)
         # A core key (core/settings.py), validated before any provider object is built.
         self.interruption_watcher = provider_config.get("interruption_watcher", True) is not False
 

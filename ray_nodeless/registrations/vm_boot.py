@@ -17,22 +17,27 @@ import json
 import shlex
 from typing import Any
 
+from ray_nodeless.providers import backend_config
 from ray_nodeless.providers.base import LaunchSpec
 
 BOOT_KEY = "worker_boot"     # filled by bootstrap_config: {"setup": [...], "start": [...]}
 
-_INSTANCE_ID = {
-    "aws": ('TOKEN=$(curl -sf -X PUT http://169.254.169.254/latest/api/token '
-            '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")\n'
-            'RAY_CLOUD_INSTANCE_ID=$(curl -sf -H "X-aws-ec2-metadata-token: $TOKEN" '
-            'http://169.254.169.254/latest/meta-data/instance-id)'),
-    "gcp": ('RAY_CLOUD_INSTANCE_ID=$(curl -sf -H "Metadata-Flavor: Google" '
-            'http://metadata.google.internal/computeMetadata/v1/instance/name)'),
-}
 DEFAULT_START = "ray start --address=$RAY_HEAD_IP:{port}"
 # Where the watcher's log and pid go (`RAY_NODELESS_RUN_DIR` overrides, for tests).
 WATCHER_RUN_DIR = "${RAY_NODELESS_RUN_DIR:-/tmp}"
 WATCHER_MODULE = "ray_nodeless.interruptions.watch"
+
+
+def instance_id_snippet(cloud: str, var: str) -> str | None:
+    """Bash lines setting `var` to the booting machine's id, from the backend's own hook
+    (`BackendConfig.instance_id_snippet`: IMDSv2 on EC2, the metadata server on GCE); None when its machines cannot
+    tell. The one source of it for every boot script (this one, the Kubernetes join user data)."""
+    return backend_config(cloud).instance_id_snippet(var)
+
+
+def boots_itself(cloud: str) -> bool:
+    """Whether machines of `cloud` can run a boot script we write (they can read their own id)."""
+    return instance_id_snippet(cloud, "RAY_CLOUD_INSTANCE_ID") is not None
 
 
 def watcher_lines(cloud: str, gcs_port: int) -> list[str]:
@@ -59,8 +64,9 @@ def worker_boot_script(cloud: str, spec: LaunchSpec, head_ip: str, gcs_port: int
                        boot: dict[str, Any] | None, interruption_watcher: bool = True) -> str:
     """A bash script that joins this machine to the cluster at head_ip:gcs_port as node type spec.node_type (and,
     on spot capacity with `interruption_watcher`, watches for the interruption notice)."""
-    if cloud not in _INSTANCE_ID:
-        raise ValueError(f"no boot script for cloud {cloud!r}")
+    instance_id = instance_id_snippet(cloud, "RAY_CLOUD_INSTANCE_ID")
+    if instance_id is None:
+        raise ValueError(f"no boot script for cloud {cloud!r}: its machines cannot read their own id")
     boot = boot or {}
     setup = [str(c) for c in boot.get("setup") or []]
     start = [str(c) for c in boot.get("start") or []] or [DEFAULT_START.format(port=gcs_port)]
@@ -69,7 +75,7 @@ def worker_boot_script(cloud: str, spec: LaunchSpec, head_ip: str, gcs_port: int
         "#!/bin/bash",
         "# Written by ray_nodeless (disable_node_updaters: true): join the Ray cluster without SSH from the head.",
         "set -eu",
-        _INSTANCE_ID[cloud],
+        instance_id,
         "export RAY_CLOUD_INSTANCE_ID",
         f"export RAY_NODE_TYPE_NAME={shlex.quote(spec.node_type)}",
         f"export RAY_CLOUD_INSTANCE_TYPE_NAME={shlex.quote(spec.offering.instance_type.name)}",

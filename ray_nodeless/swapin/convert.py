@@ -33,40 +33,12 @@ from ray_nodeless.core.cost import NodeTypeCost, cluster_cost
 from ray_nodeless.core.node_resources import ray_filled_resources
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import catalog_for, check_cluster, load_provider
+from ray_nodeless.providers import backend_config
+from ray_nodeless.providers.swapin import SwapIn
 from ray_nodeless.swapin import keymap, ray_defaults, yaml_text
 
 MODULE = "ray_nodeless.NodelessProvider"
 NODE_TYPES = "available_node_types"
-
-# Retired / previous-generation EC2 types that Ray's examples and users still pin, which the catalog (current
-# offerings only) no longer lists: name -> (vCPU, memory GiB, GPU model, GPU count, GPU memory GiB per GPU).
-# Source: AWS EC2 documentation, "Previous generation instances" / accelerated computing specifications
-# (https://aws.amazon.com/ec2/previous-generation/, https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html).
-# Used only by `--free-instance-types`, to know the shape such a pin implies; never priced nor launched.
-RETIRED_AWS_TYPES: dict[str, tuple[int, float, str, int, float]] = {
-    "p2.xlarge": (4, 61, "K80", 1, 12),
-    "p2.8xlarge": (32, 488, "K80", 8, 12),
-    "p2.16xlarge": (64, 732, "K80", 16, 12),
-    "g3s.xlarge": (4, 30.5, "M60", 1, 8),
-    "g3.4xlarge": (16, 122, "M60", 1, 8),
-    "g3.8xlarge": (32, 244, "M60", 2, 8),
-    "g3.16xlarge": (64, 488, "M60", 4, 8),
-    "p3.2xlarge": (8, 61, "V100", 1, 16),
-    "p3.8xlarge": (32, 244, "V100", 4, 16),
-    "p3.16xlarge": (64, 488, "V100", 8, 16),
-}
-
-
-def retired_aws_type(name: str) -> catalog_mod.InstanceType | None:
-    """The shape of a retired EC2 type of RETIRED_AWS_TYPES, as an InstanceType (not in the catalog)."""
-    spec = RETIRED_AWS_TYPES.get(name)
-    if spec is None:
-        return None
-    vcpus, mem, model, count, gpu_mem = spec
-    return catalog_mod.InstanceType(cloud="aws", name=name, family=name.split(".", 1)[0], vcpus=vcpus,
-                                    memory_gib=mem, gpu_model=model, gpu_count=count, gpu_memory_gib=gpu_mem,
-                                    machine_type=name)
-
 
 @dataclass(frozen=True)
 class Side:
@@ -151,25 +123,24 @@ def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, so
     cloud = provider.get("type")
     if cloud == "external":
         raise ConfigError("provider.type", "external: this YAML already names a provider module; convert reads "
-                                           "Ray YAMLs for `type: aws` or `type: gcp`")
-    if cloud not in ray_defaults.RAY_CLOUDS:
-        raise ConfigError("provider.type", f"{cloud!r}: convert reads Ray YAMLs for `type: aws` or `type: gcp`")
+                                           "Ray YAMLs for " + " or ".join(f"`type: {c}`" for c in keymap.convertible()))
+    swap = keymap.strategy(cloud)        # the backend named after Ray's provider type: its SwapIn
     notes = _Notes()
     merged = ray_defaults.merge_ray_defaults(ray_config)
-    if cloud == "aws":
-        # Ray's AWS provider fills in `resources` before Ray's schema (which requires the key) sees the YAML;
+    if swap.ray_fills_resources:
+        # Ray's own provider fills in `resources` before Ray's schema (which requires the key) sees the YAML;
         # ray_nodeless fills a pinned type's the same way at `ray up`.
         for name, nt in (merged.get(NODE_TYPES) or {}).items():
             if isinstance(nt, dict) and "resources" not in nt:
                 nt["resources"] = {}
                 notes.add((NODE_TYPES, name, "resources"), "{} written out: filled from the pinned instance type "
-                                                           "at `ray up`, as Ray's AWS provider fills it")
+                                                           f"at `ray up`, as Ray's {cloud} provider fills it")
     ray_defaults.ray_checks(merged)                  # Ray itself must accept the YAML as it is
     for legacy in ("head_node", "worker_nodes"):
         if legacy in ray_config and legacy not in merged:
             notes.add((legacy,), "dropped, as Ray's own config preparation drops an empty legacy field")
 
-    new_provider = _swap_provider(cloud, merged["provider"], project_id, notes)
+    new_provider = _swap_provider(cloud, swap, merged["provider"], project_id, notes)
     converted = _ordered(ray_config, merged)
     converted["provider"] = new_provider
     _install_plugin(converted, notes)
@@ -183,25 +154,18 @@ def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, so
     for name, nt in node_types.items():
         key = f"{NODE_TYPES}.{name}.node_config"
         nc = nt.setdefault("node_config", {})
-        if cloud == "aws":
-            _fill_ami(name, nc, region, new_provider, notes)
-        elif isinstance(nc.get("scheduling"), list):
-            from ray_nodeless.providers.gcp.node_config import scheduling_map
-
-            nc["scheduling"] = scheduling_map(nc["scheduling"], f"{key}.scheduling")
-            notes.add((NODE_TYPES, name, "node_config", "scheduling"),
-                      "Ray's list form merged into one mapping (what it means to GCE)")
+        for path, text in swap.settle_node_config(new_provider, nc, key):     # Ray's bootstrap-time fill-ins
+            notes.add((NODE_TYPES, name, *path), text)
         before[name] = keymap.ray_launch(cloud, new_provider, nc)
         if before[name].instance_type is None:
             notes.add((NODE_TYPES, name, "node_config"),
-                      "pins no instance type: Ray's own provider would have none to launch "
-                      f"({'EC2 defaults to m1.small' if cloud == 'aws' else 'GCE requires a machineType'}); "
+                      f"pins no instance type: Ray's own provider would have none to launch ({swap.unpinned_launch}); "
                       "ray_nodeless plans it from its resources")
             continue
-        if free_instance_types and _free(cloud, name, nt, head, catalog, region, notes):
+        if free_instance_types and _free(cloud, swap, name, nt, head, catalog, region, notes):
             freed.add(name)
         else:
-            _check_pinned_offered(cloud, name, nc, before[name], catalog, region, free_instance_types)
+            _check_pinned_offered(cloud, swap, name, nc, before[name], catalog, region, free_instance_types)
 
     # What `ray up` would then do with it: Ray's preparation, our fill-in, Ray's schema, our bootstrap checks.
     from ray_nodeless.ray_adapter.bootstrap import fillout_available_node_types_resources
@@ -230,7 +194,8 @@ def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, so
               f"ray_nodeless; every key Ray {ray_defaults.ray_version()} merges from its {cloud} defaults.yaml "
               f"for `type: {cloud}` is written out (`type: external` gets none of them). "
               "Preview what launches: `ray-nodeless plan <this file>`."]
-    text, kept = yaml_text.render(converted, source_text, ray_defaults.defaults_text(cloud), notes.at, header)
+    text, kept = yaml_text.render(converted, source_text, ray_defaults.defaults_text(swap.ray_type), notes.at,
+                                  header)
     if not kept:
         notes.lines.append("comments: the YAML layout could not be copied; written without the file's comments")
     return Conversion(source=source_name, cloud=cloud, region=str(region), ray_version=ray_defaults.ray_version(),
@@ -241,7 +206,7 @@ def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, so
 # --------------------------------------------------------------------------------------------- provider block
 
 
-def _swap_provider(cloud: str, ray_provider: Mapping[str, Any], project_id: str | None,
+def _swap_provider(cloud: str, swap: SwapIn, ray_provider: Mapping[str, Any], project_id: str | None,
                    notes: _Notes) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "external", "module": MODULE, "cloud": cloud}
     for k, v in ray_provider.items():
@@ -253,12 +218,7 @@ def _swap_provider(cloud: str, ray_provider: Mapping[str, Any], project_id: str 
                                        "outside the plan)")
             continue
         out[k] = v
-    if cloud == "gcp":
-        if project_id:
-            out["project_id"] = project_id
-        if not out.get("project_id"):
-            raise ConfigError("provider.project_id", "is not set (Ray's own GCP bootstrap requires it too); set it "
-                                                     "in the YAML or pass --project-id")
+    swap.complete_provider(out, project_id)
     return out
 
 
@@ -280,54 +240,13 @@ def _install_plugin(config: dict[str, Any], notes: _Notes) -> None:
 # --------------------------------------------------------------------------------------------- node types
 
 
-def _fill_ami(name: str, nc: dict[str, Any], region: str, provider: Mapping[str, Any], notes: _Notes) -> None:
-    """Ray's AWS bootstrap (`_check_ami`) gives a node type without ImageId, or with `latest_dlami`, the default
-    AMI of the region; written out here so that the converted YAML says what will boot."""
-    image = nc.get("ImageId")
-    if (image and str(image).lower() != "latest_dlami") or "LaunchTemplate" in nc or provider.get("image_id"):
-        return
-    ami = ray_defaults.default_ami(region)
-    if ami is None:
-        return       # the checks below name node_config.ImageId
-    nc["ImageId"] = ami
-    notes.add((NODE_TYPES, name, "node_config", "ImageId"),
-              f"{ami}: Ray's default AMI for {region} (what Ray's AWS bootstrap would use"
-              f"{' for latest_dlami' if image else ''}; Ray {ray_defaults.ray_version()})")
-
-
-def _pinned_type(cloud: str, nc: Mapping[str, Any], catalog: catalog_mod.Catalog, key: str
-                 ) -> catalog_mod.InstanceType | None:
-    """The instance type a Ray node_config pins, from the catalog, or (GCP custom machine types) from its name."""
-    if cloud == "aws":
-        name = str(nc["InstanceType"])
-        return catalog.instance_type("aws", name) or retired_aws_type(name)
-    from ray_nodeless.providers.gcp import node_config as gcp_nc
-
-    machine, model, count = gcp_nc.pinned_machine(nc, key)
-    m = gcp_nc.CUSTOM_MACHINE_TYPE.match(machine)
-    if m:
-        return catalog_mod.InstanceType(
-            cloud="gcp", name=gcp_nc.catalog_type_name(machine, model, count), family=m.group("series") or "n1",
-            vcpus=int(m.group("vcpus")), memory_gib=int(m.group("mib")) / 1024, gpu_model=model, gpu_count=count,
-            machine_type=machine)
-    t = catalog.instance_type("gcp", gcp_nc.catalog_type_name(machine, model, count))
-    if t is None and count:
-        host = catalog.instance_type("gcp", machine)
-        if host is not None and model:
-            # The host is known; the GPUs are what the catalog lacks (checked against the region below).
-            return catalog_mod.InstanceType(cloud="gcp", name=gcp_nc.catalog_type_name(machine, model, count),
-                                            family=host.family, vcpus=host.vcpus, memory_gib=host.memory_gib,
-                                            gpu_model=model, gpu_count=count, machine_type=machine)
-    return t
-
-
-def _free(cloud: str, name: str, nt: dict[str, Any], head: str, catalog: catalog_mod.Catalog, region: str,
-          notes: _Notes) -> bool:
+def _free(cloud: str, swap: SwapIn, name: str, nt: dict[str, Any], head: str, catalog: catalog_mod.Catalog,
+          region: str, notes: _Notes) -> bool:
     """Replace the node type's pinned instance type by the shape it implies. False when it stays pinned."""
     nc = nt["node_config"]
     key = f"{NODE_TYPES}.{name}.node_config"
-    pin_key = "InstanceType" if cloud == "aws" else "machineType"
-    t = _pinned_type(cloud, nc, catalog, key)
+    pin_key = swap.pin_key
+    t = swap.pinned_type(nc, catalog, key)
     if t is None:
         raise ConfigError(f"{key}.{pin_key}", f"{nc[pin_key]!r} is not in the catalog's {cloud} instance types, nor "
                                               "among the retired types convert knows, so the shape it implies is "
@@ -336,14 +255,9 @@ def _free(cloud: str, name: str, nt: dict[str, Any], head: str, catalog: catalog
         notes.add((NODE_TYPES, name, "node_config", pin_key),
                   f"kept: {t.name} carries {t.accelerator} accelerators, which the planner cannot choose by shape")
         return False
-    if cloud == "aws" and catalog.instance_type("aws", t.name) is None:
-        notes.add((NODE_TYPES, name, "node_config", pin_key),
-                  f"{t.name} is a retired EC2 type (not in the catalog, so neither priced nor launched): its shape "
-                  f"is taken from AWS's previous-generation specifications ({_shape_text(t, t.gpu_model)})")
-    elif cloud == "gcp" and gcp_custom(t.machine_type):
-        notes.add((NODE_TYPES, name, "node_config", pin_key),
-                  f"{t.machine_type} is a GCE custom machine type (not in the catalog, which has no custom rates): "
-                  f"its shape is read from its name, {t.vcpus:g} vCPU and {int(round(t.memory_gib * 1024))} MiB")
+    off_catalog = swap.off_catalog_note(t, catalog)       # retired EC2 types, GCE custom machine types
+    if off_catalog:
+        notes.add((NODE_TYPES, name, "node_config", pin_key), off_catalog)
     model = t.gpu_model
     if t.gpu_count and not _gpu_offered(cloud, model, catalog, region):
         where = ("retired" if not any(x.gpu_model == model for x in catalog.types(cloud))
@@ -355,10 +269,11 @@ def _free(cloud: str, name: str, nt: dict[str, Any], head: str, catalog: catalog
         model = ""
     declared = dict(nt.get("resources") or {})
     is_head = name == head
-    if cloud == "gcp" and {"CPU", "GPU"} & set(declared):
-        resources = declared             # what Ray's GCP provider leaves them as
+    rule = backend_config(cloud).fill_rule()
+    if rule.keeps(declared):
+        resources = declared             # what Ray's own provider leaves them as (GCP)
     else:
-        resources = ray_filled_resources(t, declared, is_head)
+        resources = ray_filled_resources(t, declared, is_head, rule=rule)
         if t.gpu_count and not model:
             # Ray's fill-in names the pinned model (`accelerator_type:K80`); no offering has it any more.
             for k in [k for k in resources if k.startswith("accelerator_type:") and k not in declared]:
@@ -371,7 +286,7 @@ def _free(cloud: str, name: str, nt: dict[str, Any], head: str, catalog: catalog
             implied["gpus"] = [model]
         if not resources.get("GPU"):
             implied["allow_gpu_instances"] = True
-    for k in (("InstanceType",) if cloud == "aws" else ("machineType", "guestAccelerators")):
+    for k in swap.pin_keys:
         nc.pop(k, None)
     nc.update(implied)
     nt["resources"] = resources
@@ -379,12 +294,6 @@ def _free(cloud: str, name: str, nt: dict[str, Any], head: str, catalog: catalog
               f"{t.name} freed (--free-instance-types): any type with at least its {_shape_text(t, model)} may be "
               "chosen")
     return True
-
-
-def gcp_custom(machine_type: str) -> bool:
-    from ray_nodeless.providers.gcp.node_config import CUSTOM_MACHINE_TYPE
-
-    return bool(CUSTOM_MACHINE_TYPE.match(machine_type or ""))
 
 
 def _shape_text(t: catalog_mod.InstanceType, model: str) -> str:
@@ -416,21 +325,15 @@ def _check_gpu_offered(cloud: str, model: str, catalog: catalog_mod.Catalog, reg
                            "--free-instance-types` keeps the GPU count and lets the planner choose the model")
 
 
-def _check_pinned_offered(cloud: str, name: str, nc: Mapping[str, Any], launch: keymap.RayLaunch,
+def _check_pinned_offered(cloud: str, swap: SwapIn, name: str, nc: Mapping[str, Any], launch: keymap.RayLaunch,
                           catalog: catalog_mod.Catalog, region: str, free: bool) -> None:
     """A kept pin must be a type the catalog prices in the region, zones and capacity: else an error naming the
     key (what the planner would otherwise report as 'no offering')."""
     key = f"{NODE_TYPES}.{name}.node_config"
-    if cloud == "gcp":
-        from ray_nodeless.providers.gcp import node_config as gcp_nc
-
-        gcp_nc.check_machine_type(nc, key)
-        machine, model, count = gcp_nc.pinned_machine(nc, key)
-        if count and catalog.instance_type("gcp", machine) is not None:
-            _check_gpu_offered(cloud, model, catalog, region, f"{key}.guestAccelerators[0].acceleratorType")
-        pin_key = "machineType"
-    else:
-        pin_key = "InstanceType"
+    attached = swap.check_pinned(nc, catalog, key)      # GPUs attached apart from the type (GCE guestAccelerators)
+    if attached is not None:
+        _check_gpu_offered(cloud, attached[0], catalog, region, attached[1])
+    pin_key = swap.pin_key
     t = catalog.instance_type(cloud, launch.instance_type or "")
     if t is None:
         raise ConfigError(f"{key}.{pin_key}",
@@ -440,7 +343,7 @@ def _check_pinned_offered(cloud: str, name: str, nc: Mapping[str, Any], launch: 
                           "node type's resources (CPU, GPU, memory) and let the planner choose"
                           + (f" (`ray-nodeless convert --free-instance-types` writes that: it knows "
                              f"{launch.instance_type}'s shape)"
-                             if cloud == "aws" and launch.instance_type in RETIRED_AWS_TYPES else ""))
+                             if swap.off_catalog_shape(launch.instance_type or "") is not None else ""))
     if keymap.cheapest_offering(catalog, cloud, region, launch) is None:
         where = f"{cloud} {region}" + (f" zones {list(launch.zones)}" if launch.zones else "")
         hint = " (--free-instance-types lets the planner pick an equivalent type)" if not free else ""

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.ray_adapter.compat import aws_amis
 from ray_nodeless.ray_adapter.compat import defaults as ray_own
 
 logger = logging.getLogger(__name__)
@@ -70,8 +69,3 @@ def ray_checks(config: Mapping[str, Any]) -> dict[str, Any]:
     except (ValueError, RuntimeError) as e:
         raise ConfigError("cluster", f"Ray refused it: {e}") from e
     return prepared
-
-
-def default_ami(region: str) -> str | None:
-    """The AMI Ray's AWS bootstrap (`_check_ami`) uses for a node type without ImageId in `region`."""
-    return aws_amis.default_ami(region)

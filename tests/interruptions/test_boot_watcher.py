@@ -70,8 +70,11 @@ def test_bad_keys_name_the_key(key, value, match):
 def test_the_queue_is_aws_only():
     gcp = {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "gcp", "region": "us-central1",
            "project_id": "p", "interruption_queue_url": "https://sqs.us-east-1.amazonaws.com/1/q"}
-    with pytest.raises(ConfigError, match="provider.interruption_queue_url: .*only applies to cloud aws"):
+    with pytest.raises(ConfigError, match="provider.interruption_queue_url: backend 'gcp' polls no queue"):
         load_provider(gcp)
+    local = {"cloud": "local", "region": "us-east-1", "interruption_queue_url": gcp["interruption_queue_url"]}
+    with pytest.raises(ConfigError, match="provider.interruption_queue_url: backend 'local' polls no queue"):
+        load_provider(local)
 
 
 def _stand_ins(bin_dir: Path) -> None:

@@ -9,9 +9,8 @@ import threading
 import time
 
 from ray_nodeless.interruptions.drain import RayDrainer
-from ray_nodeless.interruptions.metadata import GceClient, ImdsClient
 from ray_nodeless.interruptions.notices import SOURCE_GCE, Notice
-from ray_nodeless.interruptions.watch import Watcher, _Gce, _Imds, parse_args
+from ray_nodeless.interruptions.watch import Watcher, notice_source, parse_args
 from ray_nodeless.testing.fake_metadata import FakeMetadataServer
 
 NO_GCS = RayDrainer("")       # a drain through it fails with DrainError("no GCS address ...")
@@ -19,7 +18,7 @@ NO_GCS = RayDrainer("")       # a drain through it fails with DrainError("no GCS
 
 def test_imds_notice_is_found_through_metadata_errors():
     with FakeMetadataServer() as fake:
-        w = Watcher(_Imds(ImdsClient(fake.url)), NO_GCS, "i-1", None, poll_s=0.05)
+        w = Watcher(notice_source("aws", fake.url), NO_GCS, "i-1", None, poll_s=0.05)
         fake.fail_next(500, 503, 404)      # token refused, token refused, then a 404 on the path
         fake.aws_notice("hibernate")
         notice = w.wait_for_notice()
@@ -29,7 +28,7 @@ def test_imds_notice_is_found_through_metadata_errors():
 
 def test_gce_notice_arrives_through_the_hanging_get_at_once():
     with FakeMetadataServer() as fake:
-        w = Watcher(_Gce(GceClient(fake.url)), NO_GCS, "vm-1", None)
+        w = Watcher(notice_source("gcp", fake.url), NO_GCS, "vm-1", None)
         got: list[Notice] = []
         t = threading.Thread(target=lambda: got.append(w.wait_for_notice()), daemon=True)
         t.start()
@@ -44,7 +43,7 @@ def test_gce_notice_arrives_through_the_hanging_get_at_once():
 
 def test_a_drain_that_cannot_happen_stops_at_the_deadline():
     slept: list[float] = []
-    w = Watcher(_Imds(ImdsClient("http://127.0.0.1:9")), NO_GCS, "i-1", None, sleep=slept.append)
+    w = Watcher(notice_source("aws", "http://127.0.0.1:9"), NO_GCS, "i-1", None, sleep=slept.append)
     now = time.time()
     assert w.drain(Notice(machine_id=None, deadline=now - 1, source="test")) is False
     assert slept == []                   # past the deadline: no retry at all
@@ -56,3 +55,20 @@ def test_cli_arguments():
     bad = subprocess.run([sys.executable, "-m", "ray_nodeless.interruptions.watch", "--cloud", "azure",
                           "--gcs-address", "h:1"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice: 'azure'" in bad.stderr
+    # A backend without an interruption source (BackendConfig's default): refused by name.
+    none = subprocess.run([sys.executable, "-m", "ray_nodeless.interruptions.watch", "--cloud", "local",
+                           "--gcs-address", "h:1"], capture_output=True, text=True, timeout=60)
+    assert none.returncode == 2 and "--cloud local: that backend's machines get no interruption notices" in none.stderr
+
+
+def test_each_cloud_source_reads_its_own_metadata_server(monkeypatch):
+    """The backends' hooks pick the client and its default server; the environment variable overrides both."""
+    from ray_nodeless.interruptions.metadata import AWS_METADATA_URL, GCE_METADATA_URL
+
+    monkeypatch.delenv("RAY_NODELESS_METADATA_URL", raising=False)
+    aws, gcp = notice_source("aws", None), notice_source("gcp", None)
+    assert (aws.blocks, aws.client.base_url) == (False, AWS_METADATA_URL)
+    assert (gcp.blocks, gcp.client.base_url) == (True, GCE_METADATA_URL)
+    monkeypatch.setenv("RAY_NODELESS_METADATA_URL", "http://127.0.0.1:7/")
+    assert notice_source("gcp", None).client.base_url == "http://127.0.0.1:7"
+    assert notice_source("local", None) is None

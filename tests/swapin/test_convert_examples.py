@@ -326,10 +326,11 @@ def test_gcp_custom_machine_types_freed_from_their_name(machine_type: str, vcpus
 
 
 @pytest.mark.parametrize("instance_type", sorted(__import__(
-    "ray_nodeless.swapin.convert", fromlist=["RETIRED_AWS_TYPES"]).RETIRED_AWS_TYPES))
+    "ray_nodeless.providers.aws.swapin", fromlist=["RETIRED_AWS_TYPES"]).RETIRED_AWS_TYPES))
 def test_retired_aws_types_freed(instance_type: str) -> None:
     from ray_nodeless.core.catalog import embedded
-    from ray_nodeless.swapin.convert import RETIRED_AWS_TYPES, convert
+    from ray_nodeless.providers.aws.swapin import RETIRED_AWS_TYPES
+    from ray_nodeless.swapin.convert import convert
 
     quiet_ray()
     # the table is for types the catalog lacks: a type back in the catalog must leave the table

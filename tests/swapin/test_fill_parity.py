@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from ray_nodeless.core.catalog import embedded
-from ray_nodeless.core.node_resources import (
-    AWS_NEURON_CORE, AWS_NEURON_CORES, OBJECT_STORE_MEMORY_PROPORTION, ray_filled_resources,
-)
+from ray_nodeless.core.node_resources import OBJECT_STORE_MEMORY_PROPORTION, ray_filled_resources
+from ray_nodeless.providers import backend_config
+from ray_nodeless.providers.aws.ray_resources import AWS_NEURON_CORE, AWS_NEURON_CORES
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.swapin import ray_defaults
 from tests.swapin.helpers import example, prepared, quiet_ray
@@ -53,8 +53,9 @@ def test_every_instance_type_fills_like_rays_aws_provider(moto: Any) -> None:
     logging.getLogger("ray.autoscaler").setLevel(logging.ERROR)
     ray = _ray_fill(moto, config)["available_node_types"]
     deviations = {}
+    rule = backend_config("aws").fill_rule()       # the hook bootstrap_config and convert use
     for n in names:
-        ours = ray_filled_resources(cat.instance_type("aws", n), {}, is_head=n == head)
+        ours = ray_filled_resources(cat.instance_type("aws", n), {}, is_head=n == head, rule=rule)
         if ours != ray[n]["resources"]:
             deviations[n] = (ours, ray[n]["resources"])
     # The one deliberate difference (core/node_resources.py): EC2 calls p4de's GPUs A100, the catalog A100-80GB,

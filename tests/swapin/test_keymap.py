@@ -14,10 +14,31 @@ from tests.swapin.helpers import PROJECT, example, quiet_ray
 
 
 def test_every_mapping_names_a_file_of_the_package() -> None:
+    from ray_nodeless.providers import backend_names
+
     root = Path(ray_nodeless.__file__).parent
-    for m in keymap.KEYMAP:
+    table = keymap.table()
+    for m in table:
         assert (root / m.where.split()[0]).is_file(), m
-        assert m.cloud in ("aws", "gcp", "both")
+        assert m.cloud in (*backend_names(), "both")
+    # Each convertible backend contributes its own rows, through its SwapIn (providers/<cloud>/swapin.py).
+    assert keymap.convertible() == ["aws", "gcp"]
+    assert {m.cloud for m in table} == {"aws", "gcp", "both"}
+    assert ("aws", "node_config.InstanceType") in {(m.cloud, m.ray_key) for m in table}
+    assert ("gcp", "node_config.machineType") in {(m.cloud, m.ray_key) for m in table}
+
+
+def test_a_ray_provider_type_without_a_swapin_is_refused_naming_the_key() -> None:
+    """`type: local` is one of Ray's providers and a ray_nodeless backend, but the local backend has no SwapIn
+    (BackendConfig's default): convert refuses it as it refuses a type no backend has."""
+    import pytest
+
+    from ray_nodeless.errors import ConfigError
+
+    for ray_type in ("local", "azure", ["aws"]):
+        with pytest.raises(ConfigError, match=r"provider.type: .*convert reads Ray YAMLs for `type: aws` or "
+                                              r"`type: gcp`"):
+            convert({"provider": {"type": ray_type}, "cluster_name": "c"})
 
 
 def test_hand_swapped_gcp_yaml_with_rays_list_scheduling_and_accelerators() -> None:

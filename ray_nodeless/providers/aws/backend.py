@@ -48,7 +48,8 @@ from ray_nodeless.providers.aws.errors import (
 )
 from ray_nodeless.providers.aws.known import Known, Sorted, chunks, launch_time, tags_of
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, instance_tags, run_instances_params
-from ray_nodeless.providers.aws.settings import AwsConfig, AwsSettings
+from ray_nodeless.providers.aws.config import AwsConfig
+from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.providers.aws.subnets import Subnets
 from ray_nodeless.providers.base import (
     MACHINE_PENDING,

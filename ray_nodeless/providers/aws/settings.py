@@ -28,12 +28,11 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
-from ray_nodeless.core.schema import Section, parse_section
+from ray_nodeless.core.schema import Section
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.aws.launch_model import (  # noqa: F401  (installed_botocore_version: tests read it here)
     _other_ec2_models, check_launch_keys, installed_botocore_version,
 )
-from ray_nodeless.providers.base import BackendConfig
 
 # Attempts per EC2 call, the first one included: botocore's for every call but RunInstances, ours for RunInstances.
 # Five rides out a typical throttling burst (RequestLimitExceeded) without holding an autoscaler update for long.
@@ -309,26 +308,3 @@ def requirement_overrides(settings: AwsSettings, node_config: Mapping[str, Any])
         out["zones"] = zones
     return out
 
-
-class AwsConfig(BackendConfig):
-    """The AWS backend's config-time half (see providers/base.py): AwsSettings and the checks above, without boto3
-    or botocore."""
-
-    cloud = "aws"
-    settings_model = AwsSettings
-
-    @classmethod
-    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
-                          key: str) -> None:
-        check_node_config(parse_section(AwsSettings, provider, "provider"), node_config, key)
-
-    @classmethod
-    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        return requirement_overrides(parse_section(AwsSettings, provider, "provider"), node_config)
-
-    @classmethod
-    def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:
-        from ray_nodeless.providers.aws.images import fill_default_images
-
-        settings = parse_section(AwsSettings, cluster_config["provider"], "provider")
-        fill_default_images(cluster_config, settings.region, settings.image_id)

@@ -31,7 +31,7 @@ from ray_nodeless.providers.gcp.labels import (
 )
 from ray_nodeless.providers.gcp.operations import PendingOp, wait_all
 from ray_nodeless.providers.gcp.retries import CallPolicy
-from ray_nodeless.providers.gcp.node_config import GcpConfig
+from ray_nodeless.providers.gcp.config import GcpConfig
 from ray_nodeless.providers.gcp.settings import GcpSettings
 
 logger = logging.getLogger(__name__)

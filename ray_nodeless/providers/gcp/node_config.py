@@ -21,9 +21,7 @@ from typing import Any, Mapping
 
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.providers.base import BackendConfig
 from ray_nodeless.providers.gcp.labels import LABEL_KEY_RE, LABEL_VALUE_RE
-from ray_nodeless.providers.gcp.settings import GcpSettings
 
 logger = logging.getLogger(__name__)
 
@@ -335,19 +333,3 @@ def _check_scheduling(sched: Mapping[str, Any], key: str) -> None:
         raise ConfigError(f"{key}.onHostMaintenance", "MIGRATE cannot be honoured for spot / preemptible VMs "
                                                       "(GCE terminates them on maintenance); remove it")
 
-
-class GcpConfig(BackendConfig):
-    """The gcp backend's config-time half (see providers/base.py): GcpSettings and the checks above, without the
-    Compute client."""
-
-    cloud = "gcp"
-    settings_model = GcpSettings
-
-    @classmethod
-    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
-                          key: str) -> None:
-        check_node_config(node_type, node_config, key, provider)
-
-    @classmethod
-    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        return requirement_overrides(node_config, provider)

@@ -29,6 +29,7 @@ from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import LaunchSpec
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.settings import JoinSettings
+from ray_nodeless.registrations.vm_boot import instance_id_snippet
 
 KEY = "provider.kubernetes.join"
 NODECONFIG_API = "node.eks.aws/v1alpha1"
@@ -37,16 +38,8 @@ KUBEADM_API = "kubeadm.k8s.io/v1beta3"
 JOIN_FILE = "/etc/ray-nodeless/kubeadm-join.yaml"
 K3S_INSTALLER = "https://get.k3s.io"
 
-# How a booted machine learns its own id (the cloud's instance id, which is our machine id).
-MACHINE_ID_SNIPPET = {
-    "aws": ('TOKEN=$(curl -sf -X PUT http://169.254.169.254/latest/api/token '
-            '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")\n'
-            'MACHINE_ID=$(curl -sf -H "X-aws-ec2-metadata-token: $TOKEN" '
-            'http://169.254.169.254/latest/meta-data/instance-id)'),
-    "gcp": ('MACHINE_ID=$(curl -sf -H "Metadata-Flavor: Google" '
-            'http://metadata.google.internal/computeMetadata/v1/instance/name)'),
-}
-# Anything else (the local backend, a test backend): whoever runs the script says (the kubelet player does).
+# How a booted machine learns its own id: the backend's `instance_id_snippet` (registrations/vm_boot.py); for a
+# backend without one (the local backend, a test backend) whoever runs the script says (the kubelet player does).
 DEFAULT_MACHINE_ID_SNIPPET = 'MACHINE_ID=${MACHINE_ID:-${RAY_CLOUD_INSTANCE_ID:?machine id unknown}}'
 
 REQUIRED = {"eks": ("cluster", "endpoint", "ca", "cidr"), "kubeadm": ("endpoint", "token", "ca_cert_hash"),
@@ -79,7 +72,7 @@ def user_data(join: JoinSettings, spec: LaunchSpec, cluster: str, cloud: str) ->
     if join.method == "eks":
         return _eks(join, L.node_labels(spec, cluster, None, "eks"), taints)
     labels = L.node_labels(spec, cluster, L.MACHINE_ID_VAR, join.method)
-    snippet = MACHINE_ID_SNIPPET.get(cloud, DEFAULT_MACHINE_ID_SNIPPET)
+    snippet = instance_id_snippet(cloud, "MACHINE_ID") or DEFAULT_MACHINE_ID_SNIPPET
     if join.method == "kubeadm":
         return _kubeadm(join, labels, taints, snippet)
     return _k3s(join, labels, taints, snippet)
