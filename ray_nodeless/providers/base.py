@@ -133,9 +133,11 @@ class Machine:
 
 
 class BackendConfig:
-    """The config-time half of a backend: its provider-block keys and node_config checks, importable without the
-    backend (no client, no cloud SDK, no Ray), so `ray-nodeless plan` stays fast. Each built-in backend has one,
-    registered in `ray_nodeless.providers` next to the backend class; the backend class answers the same calls."""
+    """The config-time half of a backend: its provider-block keys and node_config checks, and the hooks below
+    that callers outside providers/ use instead of switching on the cloud's name; importable without the backend
+    (no client, no cloud SDK, no Ray: a hook imports what it needs when called), so `ray-nodeless plan` stays fast.
+    Each built-in backend has one (`providers/<cloud>/config.py` for aws and gcp), registered in
+    `ray_nodeless.providers` next to the backend class; the backend class answers the same calls."""
 
     cloud: ClassVar[str] = ""
     settings_model: ClassVar[type[Section]] = Section
