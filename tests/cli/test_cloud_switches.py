@@ -24,7 +24,6 @@ EXEMPT_DIRS = ("providers", "testing")       # where backends, and the fakes of 
 
 # module (relative to ray_nodeless/) -> who removes its switches, and what they are.
 ALLOWED: dict[str, str] = {
-    "ray_adapter/bootstrap.py": "compat: settle_images / _cloud_bootstrap become bootstrap and default-image hooks",
     "ray_adapter/ray_defaults.py": "compat: RAY_DEFAULT_CLOUDS (which clouds Ray has a defaults.yaml for)",
     "swapin/ray_defaults.py": "compat: RAY_CLOUDS (Ray's defaults.yaml lookup, moving into the compat package)",
     "launch/config.py": "catalog: provider_catalog's live refresh per cloud becomes a live-catalog hook",
