@@ -43,7 +43,7 @@ class Watcher(threading.Thread):
 
     def __init__(self, cfg: dict, plans: dict):
         super().__init__(daemon=True)
-        self.backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
+        self.backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
         self.plans = plans
         self.seen: dict[str, dict] = {}
         self.lifetimes: dict[str, list] = {}     # id -> [tags, start, end]
@@ -155,7 +155,7 @@ def main() -> int:
         watcher.stop_event.set()
         say("ray down ...")
         subprocess.run([str(BIN / "ray"), "down", "-y", args.config], env=ENV, capture_output=True, text=True)
-        backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
+        backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
         left = [m.id for m in backend.list_machines()]
         if left:
             backend.terminate(left)

@@ -88,16 +88,14 @@ def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None
 
 
 def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
-    from ray_nodeless.launch.config import check_cluster, prepare_like_ray_up
-    from ray_nodeless.providers import backend_config
+    from ray_nodeless.launch.config import check_cluster, load_provider, prepare_like_ray_up
     from ray_nodeless.ray_adapter.bootstrap import settle_images
 
     cfg = prepare_like_ray_up(load_cluster_yaml(path))
-    provider = cfg.get("provider")
-    if isinstance(provider, dict):
-        settle_images(cfg, provider.get("cloud", "local"))    # Ray's default image, as bootstrap_config sets it
-    cp: ClusterPlan = check_cluster(cfg)
-    backend = backend_config(cp.settings.cloud)
+    bundle = load_provider(cfg.get("provider"))
+    settle_images(cfg, bundle)    # Ray's default image, as bootstrap_config sets it
+    cp: ClusterPlan = check_cluster(cfg, bundle=bundle)
+    backend = bundle.backend_config
     if as_json:
         click.echo(json.dumps(cp.to_dict(), indent=2, sort_keys=True))
         return

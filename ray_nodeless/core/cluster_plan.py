@@ -14,7 +14,7 @@ import yaml
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.catalog_checks import check_catalog_values
 from ray_nodeless.core.diagnose import explain_no_offering
-from ray_nodeless.core.settings import ProviderSettings, Resolver, node_types_of, parse_provider
+from ray_nodeless.core.settings import CoreSettings, Resolver, node_types_of, parse_provider
 from ray_nodeless.core.cost import ClusterCost, cluster_cost, node_type_cost
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
 from ray_nodeless.core.planner import Plan, Planner
@@ -108,7 +108,7 @@ def check_names(cluster_config: Mapping[str, Any]) -> None:
 
 @dataclass
 class ClusterPlan:
-    settings: ProviderSettings
+    settings: CoreSettings
     catalog_id: str
     head_node_type: str
     plans: dict[str, Plan]               # node type -> plan, sorted by name
@@ -133,7 +133,7 @@ class ClusterPlan:
 def plan_cluster(cluster_config: Mapping[str, Any],
                  backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  catalog: catalog_mod.Catalog | None = None,
-                 settings: ProviderSettings | None = None) -> ClusterPlan:
+                 settings: CoreSettings | None = None) -> ClusterPlan:
     """Resolve every node type of `cluster_config`. Raises ConfigError / NoFeasibleOffering naming the key.
 
     Pure: the backend's knowledge comes in as `backend_overrides` and pre-validated `settings`

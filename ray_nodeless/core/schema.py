@@ -63,6 +63,9 @@ def _message(err: dict[str, Any]) -> str:
 def config_error(exc: ValidationError, prefix: str) -> ConfigError:
     """The first error of a pydantic ValidationError as a ConfigError naming `prefix.<path>`."""
     err = sorted(exc.errors(include_url=False), key=lambda e: [str(p) for p in e["loc"]])[0]
+    cause = (err.get("ctx") or {}).get("error")
+    if err["type"] == "value_error" and isinstance(cause, ConfigError):
+        return cause     # a field parsed by our own parser (rules, exclude): its error names the nested key already
     loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
     key = ".".join([prefix, *loc]) if loc else prefix
     msg = _message(err)

@@ -17,10 +17,9 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.requirements import (
@@ -46,9 +45,12 @@ RAY_PROVIDER_KEYS = frozenset({
 
 
 class CoreSettings(Section):
-    """The provider-block keys of the core (every backend and registration declares its own)."""
+    """The provider-block keys of the core (every backend and registration declares its own), parsed: `rules` and
+    `exclude` are the planner's `RuleSet`, `price_cloud` the catalog cloud that prices decisions. The one model of
+    the core's settings: `parse_provider` builds it, and the launch layer's loader (`launch.config.load_provider`)
+    hands this instance to everything below."""
 
-    cloud: str = "local"
+    cloud: str = "local"                     # the machine backend (a name of the backend registry)
     region: str = Field(min_length=1)
     simulate_cloud: Literal["aws", "gcp"] | None = None
     catalog: str = Field("embedded", min_length=1)
@@ -67,32 +69,34 @@ class CoreSettings(Section):
     # takes it (checked where the backend is known: launch/config.py).
     interruption_watcher: bool = True
     interruption_queue_url: str | None = Field(None, pattern=r"^https?://[^/\s]+/\S+$")
-    exclude: Any = None            # parsed by requirements.parse_exclude (errors name the nested key)
-    rules: Any = None              # parsed by rules.parse_rules
+    # `exclude` is declared before `rules`: the rules' validator folds the parsed exclusions into the RuleSet.
+    exclude: Requirements = Field(default_factory=Requirements)   # requirements.parse_exclude (names nested keys)
+    rules: RuleSet = Field(None, validate_default=True)            # rules.parse_rules, plus `exclude`
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
     node_type_resources: dict[str, Any] = Field(default_factory=dict)
     worker_boot: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("exclude", mode="plain")
+    @classmethod
+    def _parse_exclude(cls, value: Any) -> Requirements:
+        return parse_exclude(value, "provider.exclude")        # a ConfigError passes through parse_section as is
+
+    @field_validator("rules", mode="plain")
+    @classmethod
+    def _parse_rules(cls, value: Any, info: ValidationInfo) -> RuleSet:
+        return RuleSet(rules=parse_rules(value), exclude=info.data.get("exclude") or Requirements())
+
+    @property
+    def price_cloud(self) -> str:
+        """The catalog cloud that prices decisions: `cloud` itself for a priced cloud; a backend that is not one
+        (local, or a registered test backend) is priced as `simulate_cloud` (default aws)."""
+        return self.cloud if self.cloud in PRICE_CLOUDS else (self.simulate_cloud or "aws")
+
 
 CORE_KEYS = declared_keys(CoreSettings)
 
-
-@dataclass(frozen=True)
-class ProviderSettings:
-    cloud: str                 # the machine backend
-    price_cloud: str           # the catalog cloud that prices decisions (== cloud except for local)
-    region: str
-    catalog: str
-    unavailable_ttl_s: float
-    registration: str
-    rules: RuleSet
-    list_cache_s: float
-    max_candidates_per_launch: int = ttls.MAX_CANDIDATES_PER_LAUNCH
-    launch_timeout_s: float = ttls.LAUNCH_TIMEOUT_S
-    launch_retry_backoff_s: float = ttls.TRANSIENT_LAUNCH_BACKOFF_S
-    max_hourly_cost: float | None = None
-    interruption_watcher: bool = True
-    interruption_queue_url: str | None = None
+# The name the core's settings had when a dataclass copied the fields of CoreSettings; kept for callers of it.
+ProviderSettings = CoreSettings
 
 
 def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
@@ -112,10 +116,10 @@ def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
 
 
 def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None = None,
-                   known_keys: Iterable[str] | None = None) -> ProviderSettings:
-    """The core's reading of the provider block. `clouds` (the backend registry's names) and `known_keys` (the
-    backend's and registration's declared keys) come from the launch layer; without them only the core keys are
-    checked, which is what the pure tools (simulate) need."""
+                   known_keys: Iterable[str] | None = None) -> CoreSettings:
+    """The core's reading of the provider block (one validation of CoreSettings). `clouds` (the backend
+    registry's names) and `known_keys` (the backend's and registration's declared keys) come from the launch
+    layer; without them only the core keys are checked, which is what the pure tools (simulate) need."""
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
     core = parse_section(CoreSettings, provider, "provider")
@@ -123,25 +127,15 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
         check_keys(provider, known_keys)
     if clouds is not None and core.cloud not in set(clouds):
         raise ConfigError("provider.cloud", f"{core.cloud!r} is not one of {sorted(clouds)}")
-    # Backends that are not a priced cloud (local, or a registered test backend) are priced as `simulate_cloud`.
     if core.cloud in PRICE_CLOUDS and core.simulate_cloud is not None:
         raise ConfigError("provider.simulate_cloud", f"only applies to backends that are not a cloud, not {core.cloud!r}")
-    price_cloud = core.cloud if core.cloud in PRICE_CLOUDS else (core.simulate_cloud or "aws")
-    rules = RuleSet(rules=parse_rules(provider.get("rules")),
-                    exclude=parse_exclude(provider.get("exclude"), "provider.exclude"))
-    return ProviderSettings(cloud=core.cloud, price_cloud=price_cloud, region=core.region, catalog=core.catalog,
-                            unavailable_ttl_s=core.unavailable_ttl_s, registration=core.registration, rules=rules,
-                            list_cache_s=core.list_cache_s, max_candidates_per_launch=core.max_candidates_per_launch,
-                            launch_timeout_s=core.launch_timeout_s, max_hourly_cost=core.max_hourly_cost,
-                            launch_retry_backoff_s=core.launch_retry_backoff_s,
-                            interruption_watcher=core.interruption_watcher,
-                            interruption_queue_url=core.interruption_queue_url)
+    return core
 
 
 class Resolver:
     """Node type -> planner Request: first matching rule, narrowed by node_config, global exclusions added."""
 
-    def __init__(self, settings: ProviderSettings,
+    def __init__(self, settings: CoreSettings,
                  backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
         self.settings = settings
         self.backend_overrides = backend_overrides

@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan, load_catalog, plan_cluster
 from ray_nodeless.core.requirements import split_node_config
-from ray_nodeless.core.schema import declared_keys, parse_section
-from ray_nodeless.core.settings import ProviderSettings, node_types_of, parse_provider
+from ray_nodeless.core.schema import Section, declared_keys, parse_section
+from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_types_of, parse_provider
 from ray_nodeless.errors import CatalogError, ConfigError
 from ray_nodeless.providers import backend_class, backend_config, backend_names
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.registrations import registration_class
+from ray_nodeless.registrations.base import Registration
 
 logger = logging.getLogger(__name__)
 
@@ -24,16 +26,43 @@ logger = logging.getLogger(__name__)
 BackendChecks = type[BackendConfig] | type[MachineBackend]
 
 
-def load_provider(provider: Any) -> tuple[ProviderSettings, type[MachineBackend]]:
-    """Validate the whole provider block (core, backend and registration keys) and return the core settings and
-    the backend class. Errors name the key."""
-    settings, _ = load_provider_config(provider)
-    return settings, backend_class(settings.cloud)
+@dataclass(frozen=True)
+class ProviderBundle:
+    """One provider block, validated once (`load_provider`): the core's settings, the backend's and the
+    registration's parsed sections, and the classes they belong to. Everything below the loader takes its part of
+    this (a backend its section, a registration its section and the core's) instead of the raw block, so no layer
+    parses the block again or climbs back up for a key."""
+
+    core: CoreSettings
+    backend_settings: Section                  # an instance of backend_config.settings_model
+    registration_settings: Section             # an instance of registration_class.settings_model
+    backend_config: BackendChecks              # the backend's config-time half: no cloud SDK, no Ray
+    registration_class: type[Registration]
+
+    def backend_class(self) -> type[MachineBackend]:
+        """The backend itself (imports its cloud SDK)."""
+        return backend_class(self.core.cloud)
+
+    def make_backend(self, cluster_name: str) -> MachineBackend:
+        return self.backend_class()(self.backend_settings, cluster_name)
+
+    def make_registration(self, cluster_name: str) -> Registration:
+        return self.registration_class(self.registration_settings, cluster_name, self.core)
+
+    def registration_for_sweep(self, cluster_name: str) -> Registration:
+        return self.registration_class.for_sweep(self.registration_settings, cluster_name, self.core)
+
+    def requirement_overrides(self, node_config: dict[str, Any]) -> dict[str, Any]:
+        """Requirement keys the backend's keys of `node_config` imply, given its parsed settings."""
+        return self.backend_config.requirement_overrides(self.backend_settings, node_config)
+
+    def check_node_config(self, node_type: str, node_config: dict[str, Any], key: str) -> None:
+        self.backend_config.check_node_config(self.backend_settings, node_type, node_config, key)
 
 
-def load_provider_config(provider: Any) -> tuple[ProviderSettings, BackendChecks]:
-    """`load_provider` without importing the backend: the same checks and errors, and the backend's config-time
-    half (`providers.backend_config`: no cloud SDK, no Ray) instead of its class."""
+def load_provider(provider: Any) -> ProviderBundle:
+    """The one loader of a provider block: every key validated once (core, backend and registration keys; unknown
+    keys with a did-you-mean), errors naming the key. Imports no cloud SDK: `bundle.backend_class()` does."""
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
     cloud = provider.get("cloud", "local")
@@ -42,24 +71,23 @@ def load_provider_config(provider: Any) -> tuple[ProviderSettings, BackendChecks
     cls = backend_config(cloud)
     reg = registration_class(provider.get("registration", "vm"))
     known = declared_keys(cls.settings_model, reg.settings_model)
-    settings = parse_provider(provider, clouds=backend_names(), known_keys=known)
-    if settings.interruption_queue_url is not None and not cls.supports_interruption_queue:
-        raise ConfigError("provider.interruption_queue_url", f"backend {settings.cloud!r} polls no queue of "
+    core = parse_provider(provider, clouds=backend_names(), known_keys=known)
+    if core.interruption_queue_url is not None and not cls.supports_interruption_queue:
+        raise ConfigError("provider.interruption_queue_url", f"backend {core.cloud!r} polls no queue of "
                                                              "interruption warnings (the aws backend polls an SQS "
                                                              "queue of EC2 spot interruption warnings)")
-    parse_section(cls.settings_model, provider, "provider")
-    parse_section(reg.settings_model, provider, "provider")
-    return settings, cls
+    return ProviderBundle(core=core, backend_settings=parse_section(cls.settings_model, provider, "provider"),
+                          registration_settings=parse_section(reg.settings_model, provider, "provider"),
+                          backend_config=cls, registration_class=reg)
 
 
-def check_node_types(cluster_config: Mapping[str, Any], provider: Mapping[str, Any],
-                     cls: BackendChecks) -> None:
+def check_node_types(cluster_config: Mapping[str, Any], bundle: ProviderBundle) -> None:
     for name, nt in node_types_of(cluster_config).items():
         node_config = nt.get("node_config") or {}
         if not isinstance(node_config, Mapping):
             raise ConfigError(f"available_node_types.{name}.node_config", "must be a mapping")
         _, backend_keys = split_node_config(node_config)
-        cls.check_node_config(provider, name, backend_keys, f"available_node_types.{name}.node_config")
+        bundle.check_node_config(name, backend_keys, f"available_node_types.{name}.node_config")
 
 
 # What Ray's `prepare_config` requires of a `type: external` YAML (it fills nothing for external providers) and
@@ -97,17 +125,18 @@ def prepare_like_ray_up(cluster_config: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalog | None = None) -> ClusterPlan:
-    """Validate a whole cluster YAML and plan every node type (no cloud I/O)."""
+def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalog | None = None,
+                  bundle: ProviderBundle | None = None) -> ClusterPlan:
+    """Validate a whole cluster YAML and plan every node type (no cloud I/O). `bundle`: its provider block as
+    `load_provider` read it, when the caller has it already."""
     if not isinstance(cluster_config, Mapping):
         raise ConfigError("cluster", "a cluster YAML must be a mapping")
-    provider = cluster_config.get("provider")
-    settings, cls = load_provider_config(provider)
-    check_node_types(cluster_config, provider, cls)
-    registration_class(settings.registration).check_config(provider)
-    catalog = catalog or catalog_for(settings)
-    return plan_cluster(cluster_config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
-                        catalog=catalog, settings=settings)
+    bundle = bundle or load_provider(cluster_config.get("provider"))
+    check_node_types(cluster_config, bundle)
+    bundle.registration_class.check_config(cluster_config.get("provider"))
+    catalog = catalog or catalog_for(bundle.core)
+    return plan_cluster(cluster_config, backend_overrides=bundle.requirement_overrides, catalog=catalog,
+                        settings=bundle.core)
 
 
 def catalog_for(settings: ProviderSettings) -> catalog_mod.Catalog:

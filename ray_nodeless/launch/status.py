@@ -36,18 +36,17 @@ def price_of(tags: dict[str, str]) -> float | None:
 
 
 def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> list[NodeStatus]:
-    _, backend_cls = load_provider(cluster_config.get("provider"))
-    backend = backend_cls(dict(cluster_config["provider"]), cluster_config["cluster_name"])
+    bundle = load_provider(cluster_config.get("provider"))
+    backend = bundle.make_backend(cluster_config["cluster_name"])
     try:
         machines = backend.list_machines()
     finally:
         backend.close()
     now = time.time() if now is None else now
     extra: dict[str, dict] = {}
-    provider = cluster_config["provider"]
-    if provider.get("registration") == "kubernetes":
+    if bundle.core.registration == "kubernetes":
         from ray_nodeless.registrations.kubernetes.status import machine_status
-        extra = machine_status(provider, cluster_config["cluster_name"], [m.id for m in machines])
+        extra = machine_status(bundle.registration_settings, cluster_config["cluster_name"], [m.id for m in machines])
     out = []
     for m in sorted(machines, key=lambda m: (m.tags.get("ray-node-type") != "head", m.launched_at, m.id)):
         price = price_of(m.tags)

@@ -26,8 +26,6 @@ from ray_nodeless.launch.status import price_of
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_TERMINATING, TAG_ZONE, Machine,
 )
-from ray_nodeless.providers import backend_class
-from ray_nodeless.registrations import registration_class
 
 logger = logging.getLogger(__name__)
 
@@ -87,15 +85,14 @@ class Sweep:
         name = cluster_config.get("cluster_name")
         if not isinstance(name, str) or not name:
             raise ConfigError("cluster_name", "missing: a sweep ends only what is tagged with the cluster's name")
-        provider = dict(cluster_config.get("provider") or {})
-        settings, _ = load_provider(cluster_config.get("provider"))   # keys only: never plans
+        bundle = load_provider(cluster_config.get("provider"))   # keys only: never plans
         self.cluster_name = name
         self.workers_only = workers_only
         self.progress = progress
         self.verify_s = ttls.SWEEP_VERIFY_S if verify_s is None else verify_s
-        self.backend = backend_class(settings.cloud)(provider, name)
+        self.backend = bundle.make_backend(name)
         try:
-            self.registration = registration_class(settings.registration).for_sweep(provider, name)
+            self.registration = bundle.registration_for_sweep(name)
         except BaseException:
             self.backend.close()
             raise

@@ -8,8 +8,7 @@ the checks of `bootstrap_config`) loads only that.
 from __future__ import annotations
 
 import importlib
-from typing import Any
-
+from ray_nodeless.core.schema import Section
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 
@@ -27,8 +26,10 @@ _CONFIGS = {
 
 
 def register_backend(cloud: str, module: str, class_name: str, config: tuple[str, str] | None = None) -> None:
-    """Make `provider.cloud: <cloud>` load `module.class_name` (a MachineBackend). For third-party backends.
-    `config` (module, class name) is its `BackendConfig`; without it the config checks load the backend class."""
+    """Make `provider.cloud: <cloud>` load `module.class_name` (a MachineBackend). For third-party backends: the
+    class declares its provider keys as `settings_model` and is built as `cls(settings, cluster_name)` with them
+    parsed (the contract in base.py). `config` (module, class name) is its `BackendConfig`; without it the config
+    checks load the backend class."""
     _BACKENDS[cloud] = (module, class_name)
     if config is None:
         _CONFIGS.pop(cloud, None)
@@ -58,5 +59,6 @@ def backend_config(cloud: str) -> type[BackendConfig] | type[MachineBackend]:
     return getattr(importlib.import_module(module), name)
 
 
-def make_backend(cloud: str, provider_config: dict[str, Any], cluster_name: str) -> MachineBackend:
-    return backend_class(cloud)(provider_config, cluster_name)
+def make_backend(cloud: str, settings: Section, cluster_name: str) -> MachineBackend:
+    """`cloud`'s backend on its parsed settings (an instance of its `settings_model`; see base.py)."""
+    return backend_class(cloud)(settings, cluster_name)

@@ -56,6 +56,16 @@ Config-time checks are class-level (`settings_model`, `check_node_config`, `requ
 has them in a `BackendConfig` that imports no cloud SDK (what `plan` loads). So are the steps of `ray up`'s
 bootstrap: the static ones (`fill_default_images`) on the BackendConfig, the cloud set-up that makes API calls
 (`bootstrap`) on the backend class; both do nothing unless a backend overrides them.
+
+**Settings come parsed.** A backend declares its provider-block keys once, as `settings_model` (a
+`core.schema.Section`); the launch layer's loader (`launch.config.load_provider`) validates the whole block once and
+hands each part down. So the constructor contract is `Backend(settings, cluster_name)`, `settings` an instance of
+`Backend.settings_model`, and the config-time checks get that same instance (`check_node_config(settings, ...)`,
+`requirement_overrides(settings, ...)`), never the raw provider dict: a key a backend reads must be declared in its
+model (a key of the core's, such as `region`, too). A third-party backend (`providers.register_backend`) follows
+the same contract; with no keys of its own it keeps the default `settings_model` (the empty `Section`).
+`Backend.from_provider(provider, cluster_name)` parses only the backend's own section of a raw block, for tests and
+tools that hold one; the adapter, `sweep` and `status` build backends from the loader's bundle.
 """
 from __future__ import annotations
 
@@ -66,7 +76,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.node_resources import GENERIC_FILL, FillRule
-from ray_nodeless.core.schema import Section
+from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
@@ -143,14 +153,15 @@ class BackendConfig:
     settings_model: ClassVar[type[Section]] = Section
 
     @classmethod
-    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
+    def check_node_config(cls, settings: Section, node_type: str, node_config: dict[str, Any],
                           key: str) -> None:
         """Raise ConfigError (naming `key`.<field>) for backend keys of node_config that cannot work, given the
-        provider block `provider`. No client, no network."""
+        backend's parsed provider keys `settings` (an instance of `settings_model`). No client, no network."""
 
     @classmethod
-    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        """Requirement keys implied by backend keys, e.g. AWS `InstanceType: x` -> `{"instance_types": [x]}`."""
+    def requirement_overrides(cls, settings: Section, node_config: dict[str, Any]) -> dict[str, Any]:
+        """Requirement keys implied by backend keys (given the backend's parsed `settings`), e.g. AWS
+        `InstanceType: x` -> `{"instance_types": [x]}`."""
         return {}
 
     # -- static parts of `ray up`'s bootstrap, as Ray's own provider of this cloud does them (no API call;
@@ -218,9 +229,16 @@ class MachineBackend(BackendConfig, abc.ABC):
     """A place where machines run: local processes, EC2, Compute Engine. A built-in backend class also derives from
     its BackendConfig (`class AwsBackend(AwsConfig, MachineBackend)`), so both answer the config calls alike."""
 
-    def __init__(self, provider_config: dict[str, Any], cluster_name: str):
-        self.provider_config = provider_config
+    def __init__(self, settings: Section, cluster_name: str):
+        """`settings`: this backend's provider keys as parsed by the loader (an instance of `settings_model`)."""
+        self.settings = settings
         self.cluster_name = cluster_name
+
+    @classmethod
+    def from_provider(cls, provider: Mapping[str, Any], cluster_name: str):
+        """A backend from a raw provider block, parsing only its own section (errors name the key). For tests and
+        tools; the launch path builds backends from `launch.config.load_provider`'s bundle."""
+        return cls(parse_section(cls.settings_model, provider, "provider"), cluster_name)
 
     @classmethod
     def bootstrap(cls, cluster_config: dict[str, Any], registration: str,

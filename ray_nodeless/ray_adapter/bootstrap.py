@@ -9,12 +9,10 @@ from typing import Any
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
-from ray_nodeless.launch.config import check_cluster, check_node_types, load_provider, load_provider_config
+from ray_nodeless.launch.config import ProviderBundle, check_cluster, check_node_types, load_provider
 from ray_nodeless.launch.plugin_install import check_file_mounts
-from ray_nodeless.providers import backend_config, backend_names
 from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
-from ray_nodeless.registrations import registration_class
 from ray_nodeless.registrations.vm_boot import BOOT_KEY, boots_itself
 
 logger = logging.getLogger(__name__)
@@ -43,28 +41,31 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     config = copy.deepcopy(cluster_config)
     fill_ray_defaults(config)
     teardown = in_teardown()
-    settings, cls = load_provider(config.get("provider"))
+    bundle = load_provider(config.get("provider"))
     provider = config["provider"]
     try:
-        cls.fill_default_images(config)
-        cp = check_cluster(config)
+        bundle.backend_config.fill_default_images(config)
+        cp = check_cluster(config, bundle=bundle)
         # The registration's live services (Kubernetes: kubeconfig, API server, RBAC, namespace, a dry run of the
         # pod) before anything of the cloud is touched: `ray up` then fails before the head is created.
-        registration_class(settings.registration).preflight(provider, str(config.get("cluster_name", "")))
+        bundle.registration_class.preflight(provider, str(config.get("cluster_name", "")))
         allowed = {name: p.request.requirements.zones for name, p in cp.plans.items()}
-        if cls.bootstrap(config, settings.registration, allowed):
-            cp = check_cluster(config)          # on the zones the filled subnets allow
+        if bundle.backend_class().bootstrap(config, bundle.core.registration, allowed):
+            # The cloud's bootstrap wrote keys into the provider block (subnets, zones): read it again, then plan
+            # on the zones the filled subnets allow.
+            bundle = load_provider(provider)
+            cp = check_cluster(config, bundle=bundle)
         # Last, so that a config mistake is named first: file_mounts sources (the plugin's wheel: `make wheel`)
         # exist here, and self-booting workers run no command that needs one (launch/plugin_install.py).
         check_file_mounts(config, workers_boot_themselves=bool(provider.get("disable_node_updaters"))
-                          and settings.registration == "vm" and boots_itself(settings.cloud))
+                          and bundle.core.registration == "vm" and boots_itself(bundle.core.cloud))
     except (NoFeasibleOffering, CatalogError, BackendError, ConfigError) as e:
         if not teardown:
             raise
         # `ray down` ends every machine of the cluster whatever the rules say now: keys are still checked (the
         # backend must be built), the plan and the cloud's bootstrap are not.
         logger.warning("ray down: not planning (%s); terminating the cluster's machines anyway", e)
-        check_node_types(config, provider, cls)
+        check_node_types(config, bundle)
     else:
         for name, p in cp.plans.items():
             o = p.chosen
@@ -84,11 +85,10 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def settle_images(config: dict[str, Any], cloud: str) -> None:
+def settle_images(config: dict[str, Any], bundle: ProviderBundle) -> None:
     """Static, before planning: a node type's image as Ray would default it (the backend's `fill_default_images`;
-    AWS: Ray's default AMI per region). For callers that have the cloud's name, not its backend (`plan`)."""
-    if isinstance(cloud, str) and cloud in backend_names():    # else the config checks name provider.cloud
-        backend_config(cloud).fill_default_images(config)
+    AWS: Ray's default AMI per region). For `plan`, which has the loader's bundle but no backend."""
+    bundle.backend_config.fill_default_images(config)
 
 
 def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:
@@ -113,10 +113,10 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
     types = config.get("available_node_types") or {}
     if not types:
         return config
-    provider = config.get("provider")
-    settings, cls = load_provider_config(provider)
-    cp = plan_cluster(config, backend_overrides=lambda nc: cls.requirement_overrides(provider, nc),
-                      catalog=catalog_for(settings), settings=settings)
+    bundle = load_provider(config.get("provider"))
+    settings = bundle.core
+    cp = plan_cluster(config, backend_overrides=bundle.requirement_overrides, catalog=catalog_for(settings),
+                      settings=settings)
     for name, plan in cp.plans.items():
         declared = dict(types[name].get("resources") or {})
         pinned: dict[str, Any] = {}

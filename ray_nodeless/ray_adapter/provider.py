@@ -32,7 +32,6 @@ from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, Machine
 from ray_nodeless.ray_adapter import bootstrap
 from ray_nodeless.ray_adapter.compat import monitor_gcs_address
-from ray_nodeless.registrations import make_registration
 
 logger = logging.getLogger(__name__)
 
@@ -50,27 +49,28 @@ class NodelessProvider(NodeProvider):
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str):
         super().__init__(provider_config, cluster_name)
-        self.settings, backend_cls = load_provider(provider_config)
+        # The provider block is read here once; every part below gets its parsed piece of the bundle.
+        self.bundle = load_provider(provider_config)
+        self.settings = self.bundle.core
         self.catalog = provider_catalog(self.settings, provider_config)
         self.planner = planner_for(self.catalog)
-        self.backend = backend_cls(provider_config, cluster_name)
-        self.registration = make_registration(self.settings.registration, provider_config, cluster_name)
-        self.resolver = Resolver(self.settings, lambda nc: backend_cls.requirement_overrides(provider_config, nc))
+        self.backend = self.bundle.make_backend(cluster_name)
+        self.registration = self.bundle.make_registration(cluster_name)
+        self.resolver = Resolver(self.settings, self.bundle.requirement_overrides)
         self.unavailable = UnavailableOfferings(self.settings.unavailable_ttl_s)
         self.view = MachineView(self.backend, self.registration, cluster_name, self.settings.list_cache_s,
                                 on_interrupted=self._on_interrupted)
         self.launcher = Launcher(cluster_name, self.catalog, self.planner, self.resolver, self.backend,
                                  self.registration, self.unavailable, terminate=self.terminate_nodes,
                                  hourly_cost=lambda: self.view.hourly_cost(machine_price))
-        self._node_type_resources: dict[str, dict] = dict(
-            provider_config.get(bootstrap.NODE_TYPE_RESOURCES_KEY) or {})
+        self._node_type_resources: dict[str, dict] = dict(self.settings.node_type_resources)
         self.interruptions: InterruptionQueue | None = None
         gcs = monitor_gcs_address()
         if self.settings.interruption_queue_url and gcs:
             # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
             # nor wait on a GCS they may not reach.
             url = self.settings.interruption_queue_url
-            sqs = backend_cls.interruption_queue_client(url, provider_config)     # the backend's (AWS: SQS)
+            sqs = self.backend.interruption_queue_client(url, provider_config)     # the backend's (AWS: SQS)
             self.interruptions = InterruptionQueue(sqs, url, RayDrainer(gcs))
 
     def _on_interrupted(self, machine: Machine) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ray_nodeless.core.schema import Section
+from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.registrations.base import Registration
 
@@ -24,5 +26,6 @@ def registration_class(name: Any) -> type[Registration]:
     raise ConfigError("provider.registration", f"{name!r} is not one of {list(REGISTRATIONS)}")
 
 
-def make_registration(name: str, provider_config: dict[str, Any], cluster_name: str) -> Registration:
-    return registration_class(name)(provider_config, cluster_name)
+def make_registration(name: str, settings: Section, cluster_name: str, core: CoreSettings) -> Registration:
+    """Registration `name` on its parsed settings and the core's (the contract in base.py)."""
+    return registration_class(name)(settings, cluster_name, core)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar
 
-from ray_nodeless.core.schema import Section
+from ray_nodeless.core.schema import Section, parse_section
+from ray_nodeless.core.settings import CoreSettings, parse_provider
 from ray_nodeless.providers.base import LaunchSpec, Machine
 
 
@@ -14,6 +15,10 @@ class Registration(abc.ABC):
     `vm` (BareVM): the machine runs Ray itself. `kubernetes`: the machine joins a Kubernetes cluster as a node.
     `local-player`: every machine a backend launches is *played* by a local `ray start` process carrying its id,
     so the real cloud control-plane code (EC2 under moto, GCE under a fake server) drives a real Ray cluster.
+
+    Constructor contract: `Registration(settings, cluster_name, core)`: `settings` its own provider keys as the
+    loader (`launch.config.load_provider`) parsed them (an instance of `settings_model`), `core` the core's
+    (`core.settings.CoreSettings`: cloud, region, the recorded worker boot commands, ...). Never the raw block.
     """
 
     name: ClassVar[str] = ""
@@ -31,10 +36,17 @@ class Registration(abc.ABC):
         head (the API server a machine joins, ...); ConfigError naming the key. Includes `check_config`."""
         cls.check_config(provider_config)
 
-    @classmethod
-    def for_sweep(cls, provider_config: dict[str, Any], cluster_name: str) -> "Registration":
+    def for_sweep(cls, settings: Section, cluster_name: str, core: CoreSettings) -> "Registration":
         """An instance for `ray-nodeless sweep`: it must create nothing (no pod, no join), only list and end."""
-        return cls(provider_config, cluster_name)
+        return cls(settings, cluster_name, core)
+
+    @classmethod
+    def from_provider(cls, provider: Any, cluster_name: str, core: CoreSettings | None = None) -> "Registration":
+        """A registration from a raw provider block: its own section, then (unless given) the core's keys, each
+        parsed alone (errors name the key; no check of unknown keys). For tests and tools; the launch path builds
+        registrations from `launch.config.load_provider`'s bundle."""
+        settings = parse_section(cls.settings_model, provider, "provider")
+        return cls(settings, cluster_name, core if core is not None else parse_provider(provider))
 
     def prepare(self, spec: LaunchSpec) -> LaunchSpec:
         """Adjust a launch before it reaches the backend (e.g. add a join script to user data)."""

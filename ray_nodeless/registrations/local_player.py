@@ -16,7 +16,7 @@ from typing import Any
 
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
-from ray_nodeless.core.schema import parse_section
+from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
@@ -35,10 +35,9 @@ class LocalPlayer(Registration):
     name = "local-player"
     settings_model = LocalPlayerSettings
 
-    def __init__(self, provider_config: dict[str, Any], cluster_name: str):
-        self.provider_config = provider_config
+    def __init__(self, settings: LocalPlayerSettings, cluster_name: str, core: CoreSettings):
         self.cluster_name = cluster_name
-        self.settings = parse_section(LocalPlayerSettings, provider_config, "provider")
+        self.settings = settings
         self.state_dir = Path(self.settings.player_state_dir or default_state_dir(cluster_name, "-player"))
         self.nodes = LocalNodeProcesses.from_settings(self.settings, self.state_dir)
         self.home = self.state_dir / "home"

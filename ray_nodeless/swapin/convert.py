@@ -145,8 +145,7 @@ def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, so
     converted["provider"] = new_provider
     _install_plugin(converted, notes)
     region = new_provider.get("region")
-    settings, _ = load_provider(new_provider)
-    catalog = catalog or catalog_for(settings)
+    catalog = catalog or catalog_for(load_provider(new_provider).core)
     head = converted.get("head_node_type")
     node_types = converted[NODE_TYPES]
     before: dict[str, keymap.RayLaunch] = {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers import backend_config, backend_names
 from ray_nodeless.providers.swapin import KeyMapping, SwapIn
@@ -67,7 +68,8 @@ class RayLaunch:
 def implied_requirements(cloud: str, provider: Mapping[str, Any], node_config: Mapping[str, Any]) -> dict[str, Any]:
     """The requirement keys Ray's keys in `node_config` and `provider` (a ray_nodeless provider block) imply,
     through the backend's own mapping (`requirement_overrides`, what every YAML read goes through)."""
-    return backend_config(cloud).requirement_overrides(provider, dict(node_config))
+    cls = backend_config(cloud)
+    return cls.requirement_overrides(parse_section(cls.settings_model, provider, "provider"), dict(node_config))
 
 
 def ray_launch(cloud: str, provider: Mapping[str, Any], node_config: Mapping[str, Any]) -> RayLaunch:

@@ -93,7 +93,7 @@ def cmdline(pid: int) -> str:
 
 def end_local_cluster(cfg: dict) -> None:
     """A test's finally: end whatever a local-backend cluster still has (machines, then the head's processes)."""
-    backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
+    backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
     try:
         ids = [m.id for m in backend.list_machines()]
         if ids:

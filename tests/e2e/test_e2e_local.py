@@ -53,7 +53,7 @@ def _driver(cfg: dict, body: str, timeout: float = 240) -> dict:
 
 
 def _machines(cfg: dict) -> dict[str, dict]:
-    backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
+    backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
     return {m.id: m.tags for m in backend.list_machines()}
 
 
@@ -116,7 +116,7 @@ def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp
             print(ray.get(long_task.remote()))
         """)], env=RAY_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         victim = _wait(lambda: status.exists() and status.read_text().split(), 120, "the long task to start")[0]
-        backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
+        backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
         rec = backend.nodes.get(victim)
         os.killpg(rec.pgid, signal.SIGKILL)
         out, err = proc.communicate(timeout=240)

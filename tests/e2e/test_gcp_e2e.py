@@ -201,7 +201,7 @@ def test_gpu_task_launches_cheapest_spot_t4_falls_back_a_zone_and_scales_down() 
             t0 = time.monotonic()
             wait_for(lambda: not workers(fake), 75, "idle worker deleted from the fake GCE")
             timings["scale_down"] = time.monotonic() - t0
-            player = LocalPlayer(boot["provider"], CLUSTER)
+            player = LocalPlayer.from_provider(boot["provider"], CLUSTER)
             wait_for(lambda: not player.nodes.list(), 30, "player stopped")
         finally:
             # ---- teardown: every instance, every player, the head's process group
@@ -212,7 +212,7 @@ def test_gpu_task_launches_cheapest_spot_t4_falls_back_a_zone_and_scales_down() 
             stop_marked_processes(head_marker, timeout=5)
             with contextlib.suppress(Exception):
                 provider.terminate_nodes(provider.non_terminated_nodes({}))
-            player = LocalPlayer(boot["provider"], CLUSTER)
+            player = LocalPlayer.from_provider(boot["provider"], CLUSTER)
             player_ids = [r.id for r in player.nodes._all_records()]
             stop_everything(player.nodes)
             for mid in player_ids:

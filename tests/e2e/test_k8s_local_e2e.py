@@ -172,7 +172,7 @@ def test_ray_up_local_k8s_gpu_task_runs_in_a_bound_pod_idle_removal_and_ray_down
     admin = cp.api_client()
     core = client.CoreV1Api(admin)
     sel = L.cluster_selector(cluster)
-    backend = LocalBackend(dict(cfg["provider"]), cluster)
+    backend = LocalBackend.from_provider(dict(cfg["provider"]), cluster)
     planned = plan_cluster(cfg).plans["gpu_worker"]
     timeline = Timeline(admin, cluster)
 
@@ -274,7 +274,7 @@ def test_a_killed_ray_pod_ends_its_machine_and_the_task_finishes_on_a_replacemen
     admin = cp.api_client()
     core = client.CoreV1Api(admin)
     sel = L.cluster_selector(cluster)
-    backend = LocalBackend(dict(cfg["provider"]), cluster)
+    backend = LocalBackend.from_provider(dict(cfg["provider"]), cluster)
     timeline = Timeline(admin, cluster)
     status = tmp_path / "running"
     seen: list[str] = []

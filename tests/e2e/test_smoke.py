@@ -42,7 +42,7 @@ def test_smoke_script_against_moto(moto: MotoServer, tmp_path: Path) -> None:
                SMOKE_UP_TIMEOUT="300", SMOKE_TASK_TIMEOUT="240", SMOKE_DOWN_TIMEOUT="180",
                SMOKE_RAY_ADDRESS=cfg["provider"]["gcs_address"], AWS_ACCESS_KEY_ID="testing",
                AWS_SECRET_ACCESS_KEY="testing")
-    player = LocalPlayer(dict(cfg["provider"]), cluster)
+    player = LocalPlayer.from_provider(dict(cfg["provider"]), cluster)
     ec2 = moto.client()
 
     def instances() -> list[dict]:

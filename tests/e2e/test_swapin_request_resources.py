@@ -22,7 +22,7 @@ from tests.e2e.clusters import BIN, RAY_ENV, end_local_cluster, write_config
 pytestmark = pytest.mark.e2e
 
 def _machines(cfg: dict) -> dict[str, dict]:
-    backend = LocalBackend(dict(cfg["provider"]), cfg["cluster_name"])
+    backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
     return {m.id: m.tags for m in backend.list_machines()}
 
 

@@ -50,10 +50,10 @@ def test_on_demand_workers_and_the_switched_off_key_start_no_watcher(cloud):
 
 
 def test_the_provider_key_reaches_the_boot_script():
-    assert WATCHER_MODULE in BareVM(dict(PROVIDER), "c").prepare(_spec("aws", "spot")).boot_script
+    assert WATCHER_MODULE in BareVM.from_provider(dict(PROVIDER), "c").prepare(_spec("aws", "spot")).boot_script
     off = dict(PROVIDER, interruption_watcher=False)
     load_provider(off)                                      # a declared key: accepted
-    assert WATCHER_MODULE not in BareVM(off, "c").prepare(_spec("aws", "spot")).boot_script
+    assert WATCHER_MODULE not in BareVM.from_provider(off, "c").prepare(_spec("aws", "spot")).boot_script
 
 
 @pytest.mark.parametrize("key,value,match", [

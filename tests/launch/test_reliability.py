@@ -38,7 +38,7 @@ def test_a_retried_batch_gets_the_same_machines(provider, cloud):
     """Within one create_node call a retry reuses the token, and the cloud (like EC2/GCE) returns the same ids."""
     provider.create_node_with_resources_and_labels({}, tags(), 2, GPU, {})
     first = cloud.launches[0]
-    again = fake_backend.FakeBackend(dict(PROVIDER), "c1").launch(first)
+    again = fake_backend.FakeBackend.from_provider(dict(PROVIDER), "c1").launch(first)
     assert sorted(again) == provider.non_terminated_nodes({})
 
 

@@ -141,7 +141,7 @@ def _old_error(body: dict) -> tuple[str, str] | None:
 @pytest.mark.parametrize("body", BAD)
 def test_errors_are_the_clients_own_unchanged(body):
     with pytest.raises(ConfigError) as ei:
-        gcp_nc.check_node_config("w", copy.deepcopy(body), KEY, {"region": "us-central1"})
+        gcp_nc.check_node_config("w", copy.deepcopy(body), KEY)
     key, message = _old_error(body)
     assert str(ei.value).split(": ", 1)[1] == message
     # Where the client's message names no path, the key names the field at fault (the first top-level field the

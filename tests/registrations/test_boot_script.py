@@ -45,12 +45,12 @@ def test_vm_registration_adds_the_boot_script_to_workers_only():
 
     provider = {"cloud": "aws", "region": "us-east-1", "disable_node_updaters": True, "head_ip": "10.0.0.9",
                 "gcs_address": "10.0.0.9:6390"}
-    vm = BareVM(provider, "c")
+    vm = BareVM.from_provider(provider, "c")
     worker = vm.prepare(_spec("aws", "g4dn.xlarge"))
     assert "ray start --address=$RAY_HEAD_IP:6390" in worker.boot_script
     assert "export RAY_HEAD_IP=10.0.0.9" in worker.boot_script
     head = _spec("aws", "g4dn.xlarge")
     head.is_head = True
     assert vm.prepare(head).boot_script == ""
-    updaters_on = BareVM(dict(provider, disable_node_updaters=False), "c")
+    updaters_on = BareVM.from_provider(dict(provider, disable_node_updaters=False), "c")
     assert updaters_on.prepare(_spec("aws", "g4dn.xlarge")).boot_script == ""

@@ -58,7 +58,7 @@ def test_the_errors_say_why() -> None:
 def test_converted_yaml_passes_rays_config_path_and_ours(name: str, free: bool) -> None:
     from ray.autoscaler._private.util import validate_config
 
-    from ray_nodeless.launch.config import check_cluster, prepare_like_ray_up
+    from ray_nodeless.launch.config import check_cluster, load_provider, prepare_like_ray_up
     from ray_nodeless.ray_adapter.bootstrap import settle_images
     from ray_nodeless.ray_adapter.provider import NodelessProvider
 
@@ -72,7 +72,7 @@ def test_converted_yaml_passes_rays_config_path_and_ours(name: str, free: bool) 
     check_cluster(loaded)
     # `ray-nodeless plan`'s path gives the same plan as the conversion reported
     planned = prepare_like_ray_up(loaded)
-    settle_images(planned, conv.cloud)
+    settle_images(planned, load_provider(planned["provider"]))
     assert {n: p.chosen for n, p in check_cluster(planned).plans.items()} == {
         n: p.chosen for n, p in conv.plan.plans.items()}
     # Every top-level key Ray's defaults give `type: aws|gcp` is written out (`type: external` gets none).

@@ -85,9 +85,10 @@ _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 class AwsBackend(AwsConfig, MachineBackend):
     """EC2 instances, one RunInstances per LaunchSpec. Provider keys and node_config checks: `AwsConfig`."""
 
-    def __init__(self, provider_config: dict[str, Any], cluster_name: str):
-        super().__init__(provider_config, cluster_name)
-        self.settings = parse_section(AwsSettings, provider_config, "provider")
+    settings: AwsSettings
+
+    def __init__(self, settings: AwsSettings, cluster_name: str):
+        super().__init__(settings, cluster_name)
         self._clients = ec2_clients(self.settings)
         self.ec2: BaseClient = self._clients.ec2
         self.ec2_launch: BaseClient = self._clients.launch

@@ -24,13 +24,13 @@ class AwsConfig(BackendConfig):
     supports_interruption_queue = True          # EventBridge -> SQS spot interruption warnings
 
     @classmethod
-    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
+    def check_node_config(cls, settings: AwsSettings, node_type: str, node_config: dict[str, Any],
                           key: str) -> None:
-        check_node_config(parse_section(AwsSettings, provider, "provider"), node_config, key)
+        check_node_config(settings, node_config, key)
 
     @classmethod
-    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        return requirement_overrides(parse_section(AwsSettings, provider, "provider"), node_config)
+    def requirement_overrides(cls, settings: AwsSettings, node_config: dict[str, Any]) -> dict[str, Any]:
+        return requirement_overrides(settings, node_config)
 
     @classmethod
     def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:

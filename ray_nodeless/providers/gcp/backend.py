@@ -82,9 +82,10 @@ class GcpBackend(GcpConfig, MachineBackend):
     """Compute Engine instances. Instance names are the machine ids (unique per project). Provider keys and
     node_config checks: `GcpConfig`."""
 
-    def __init__(self, provider_config: dict[str, Any], cluster_name: str):
-        super().__init__(provider_config, cluster_name)
-        self.settings = parse_section(GcpSettings, provider_config, "provider")
+    settings: GcpSettings
+
+    def __init__(self, settings: GcpSettings, cluster_name: str):
+        super().__init__(settings, cluster_name)
         self.project = self.settings.project_id
         self.region = self.settings.region
         self._policy = CallPolicy(self.settings)

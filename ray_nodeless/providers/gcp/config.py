@@ -26,13 +26,13 @@ class GcpConfig(BackendConfig):
     settings_model = GcpSettings
 
     @classmethod
-    def check_node_config(cls, provider: Mapping[str, Any], node_type: str, node_config: dict[str, Any],
+    def check_node_config(cls, settings: GcpSettings, node_type: str, node_config: dict[str, Any],
                           key: str) -> None:
-        check_node_config(node_type, node_config, key, provider)
+        check_node_config(node_type, node_config, key, settings)
 
     @classmethod
-    def requirement_overrides(cls, provider: Mapping[str, Any], node_config: dict[str, Any]) -> dict[str, Any]:
-        return requirement_overrides(node_config, provider)
+    def requirement_overrides(cls, settings: GcpSettings, node_config: dict[str, Any]) -> dict[str, Any]:
+        return requirement_overrides(node_config, settings)
 
     @classmethod
     def interruption_source(cls, metadata_url: str | None) -> Any:

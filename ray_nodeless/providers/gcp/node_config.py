@@ -123,11 +123,11 @@ def catalog_type_name(machine_type: str, gpu_model: str, gpu_count: int) -> str:
     return f"{machine_type}+{gpu_count}x{gpu_model}" if gpu_count else machine_type
 
 
-def availability_zones(provider: Mapping[str, Any] | None) -> list[str] | None:
+def availability_zones(settings: GcpSettings | None) -> list[str] | None:
     """Ray's `provider.availability_zone` (one zone; a comma-separated list is accepted) as zones of the region."""
-    if not provider or provider.get("availability_zone") is None:
+    if settings is None or settings.availability_zone is None:
         return None
-    value, region = provider["availability_zone"], str(provider.get("region") or "")
+    value, region = settings.availability_zone, settings.region
     if not isinstance(value, str):
         raise ConfigError("provider.availability_zone", f"must be a zone name, got {value!r}")
     zones = sorted({z.strip() for z in value.split(",") if z.strip()})
@@ -139,8 +139,7 @@ def availability_zones(provider: Mapping[str, Any] | None) -> list[str] | None:
     return zones
 
 
-def requirement_overrides(node_config: Mapping[str, Any],
-                          provider: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def requirement_overrides(node_config: Mapping[str, Any], settings: GcpSettings | None = None) -> dict[str, Any]:
     """Requirement keys implied by Ray's GCP keys: `machineType` (with its `guestAccelerators`) becomes an
     allow-list of that one catalog type, `scheduling`'s preemptible / provisioningModel the capacity type,
     `provider.availability_zone` the zones. `check_node_config` has rejected what cannot be honoured."""
@@ -151,14 +150,14 @@ def requirement_overrides(node_config: Mapping[str, Any],
     capacity = scheduling_capacity(scheduling_map(node_config.get("scheduling")))
     if capacity:
         out["capacity"] = [capacity]
-    zones = availability_zones(provider)
+    zones = availability_zones(settings)
     if zones is not None:
         out["zones"] = zones
     return out
 
 
 def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str,
-                      provider: Mapping[str, Any] | None = None) -> None:
+                      settings: GcpSettings | None = None) -> None:
     """Raise ConfigError naming `key`.<field> for node_config keys an insert could not take, or that Ray would
     honour and ray_nodeless could not."""
     for k in node_config:
@@ -188,7 +187,7 @@ def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str,
             raise ConfigError(f"{key}.labels.{lk}", "GCE labels must be lowercase [a-z0-9_-], keys start "
                                                     "with a letter, at most 63 characters")
     _check_scheduling(body.get("scheduling") or {}, f"{key}.scheduling")
-    availability_zones(provider)
+    availability_zones(settings)
 
 
 def parse_with_client(body: Mapping[str, Any], key: str) -> None:

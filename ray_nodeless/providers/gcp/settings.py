@@ -151,6 +151,7 @@ class GcpSettings(Section):
     retry_max_s: float = Field(RETRY_MAX_S, gt=0)
     poll_interval_s: float = Field(POLL_INTERVAL_S, gt=0)
     # Ray's keys, with Ray's meaning.
+    availability_zone: Any = None      # "us-west1-b" or a comma-separated list; node_config.availability_zones
     gcp_credentials: GcpCredentials | None = None
     cache_stopped_nodes: bool | None = None            # only `false` can be honoured
 

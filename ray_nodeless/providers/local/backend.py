@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 class LocalBackend(LocalConfig, MachineBackend):
     """Machines are local Ray node processes; its provider-block keys are `LocalSettings` (`LocalConfig`)."""
 
-    def __init__(self, provider_config: dict[str, Any], cluster_name: str):
-        super().__init__(provider_config, cluster_name)
-        self.settings = parse_section(LocalSettings, provider_config, "provider")
+    settings: LocalSettings
+
+    def __init__(self, settings: LocalSettings, cluster_name: str):
+        super().__init__(settings, cluster_name)
         self.state_dir = Path(self.settings.state_dir or default_state_dir(cluster_name))
         self.nodes = LocalNodeProcesses.from_settings(self.settings, self.state_dir)
         self.home = self.state_dir / "home"

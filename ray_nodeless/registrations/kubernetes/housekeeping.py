@@ -84,10 +84,10 @@ class Housekeeping:
         return sorted(out, key=lambda d: (d["kind"], d["name"]))
 
     @classmethod
-    def for_sweep(cls, provider_config: dict[str, Any], cluster_name: str):
+    def for_sweep(cls, settings, cluster_name: str, core):
         """Passive: no Node watch and no housekeeping, which would act (a Ready Node without its pod gets one);
         `sweep` starts only what it needs."""
-        return cls(provider_config, cluster_name, start=False)
+        return cls(settings, cluster_name, core, start=False)
 
     def sweep(self, machine_ids: list[str]) -> None:
         """`after_terminate` for a sweep, waited for: the pods deleted (grace `pod_grace_s`), the Nodes cordoned,

@@ -28,7 +28,7 @@ from typing import Any, Callable
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from ray_nodeless.core.schema import parse_section
+from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.providers.base import (
     MACHINE_PENDING, TAG_INSTANCE_TYPE, LaunchSpec, Machine,
 )
@@ -91,15 +91,15 @@ class KubernetesRegistration(Housekeeping, Registration):
 
         check(provider_config, cluster_name)
 
-    def __init__(self, provider_config: dict[str, Any], cluster_name: str, *, start: bool = True,
+    def __init__(self, settings: KubernetesSettings, cluster_name: str, core: CoreSettings, *, start: bool = True,
                  api: client.ApiClient | None = None):
-        self.provider_config = provider_config
         self.cluster_name = cluster_name
-        self.settings = parse_section(KubernetesSettings, provider_config, "provider")
+        self.settings = settings
         self.k = self.settings.kubernetes
         check_join(self.k.join)
-        self.cloud = provider_config.get("cloud", "local")
-        self.region = provider_config.get("region", "")
+        self.cloud = core.cloud
+        self.region = core.region
+        self.node_type_resources = core.node_type_resources     # recorded by bootstrap_config
         self.namespace = self.k.namespace
         self.selector = L.cluster_selector(cluster_name)
         self.api = api or api_client(self.k)
@@ -156,7 +156,7 @@ class KubernetesRegistration(Housekeeping, Registration):
         api = api_client(self.k, kubeconfig) if kubeconfig else self.api
         s = self.settings
         procs = LocalNodeProcesses(Path(default_state_dir(self.cluster_name, "-kubelet")), s.gcs_address or
-                                   f"{self._head_ip()}:{DEFAULT_GCS_PORT}", **_local_kwargs(self.provider_config))
+                                   f"{self._head_ip()}:{DEFAULT_GCS_PORT}", **_local_kwargs(s))
         return KubeletPlayer(api, self.namespace, procs)
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -417,7 +417,7 @@ class KubernetesRegistration(Housekeeping, Registration):
 
     def _resources_from(self, t: Tracked) -> dict[str, float]:
         """After a restart the launch spec is gone: the node type's declared resources, else the Node's size."""
-        declared = (self.provider_config.get("node_type_resources") or {}).get(t.node_type)
+        declared = self.node_type_resources.get(t.node_type)
         if declared:
             return {k: float(v) for k, v in declared.items()}
         from kubernetes.utils import parse_quantity
@@ -483,9 +483,8 @@ def default_home(cluster_name: str) -> str:
     return str(default_state_dir(cluster_name, "-kubelet") / "home")
 
 
-def _local_kwargs(provider_config: dict[str, Any]) -> dict[str, Any]:
-    from ray_nodeless.providers.local.settings import NodeProcessSettings
-    s = parse_section(NodeProcessSettings, provider_config, "provider")
+def _local_kwargs(s: KubernetesSettings) -> dict[str, Any]:
+    """The node-process keys KubernetesSettings shares with the local backend (NodeProcessSettings)."""
     return dict(object_store_memory=s.local_object_store_memory, port_base=s.local_port_base,
                 start_timeout_s=s.local_start_timeout_s, min_free_memory_mb=s.local_min_free_memory_mb,
                 extra_ray_start_args=s.local_ray_start_args, prewarm=False)

@@ -3,20 +3,20 @@ the pod's phase, from one listing of the cluster's Nodes and pods (no watch, no 
 nothing)."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 from kubernetes import client
 
-from ray_nodeless.core.schema import parse_section
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.client import api_client
 from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
 
 
-def machine_status(provider_config: Mapping[str, Any], cluster_name: str,
+def machine_status(settings: KubernetesSettings, cluster_name: str,
                    machine_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """machine id -> {k8s_node, k8s_ready, pod, pod_phase} (None where there is none)."""
-    k = parse_section(KubernetesSettings, provider_config, "provider").kubernetes
+    """machine id -> {k8s_node, k8s_ready, pod, pod_phase} (None where there is none); `settings` as the loader
+    parsed them."""
+    k = settings.kubernetes
     api = api_client(k)
     try:
         core = client.CoreV1Api(api)

@@ -34,7 +34,7 @@ class FakeWorld(World):
 
     def start(self) -> None:
         self.cloud = fake_backend.reset()
-        foreign = fake_backend.FakeBackend(dict(self.provider_config), "other")
+        foreign = fake_backend.FakeBackend.from_provider(dict(self.provider_config), "other")
         o = self.new_provider().launcher.plan("cpu", SHAPES["cpu"], {}, False).chosen
         self.foreign_ids = foreign.launch(LaunchSpec(
             cluster_name="other", node_type="cpu", offering=o, count=2,
@@ -84,7 +84,7 @@ class FakeWorld(World):
         self.cloud.next_errors.pop("terminate", None)
 
     def reclaim(self, machine_id: str) -> None:
-        fake_backend.FakeBackend(dict(self.provider_config), CLUSTER).reclaim(machine_id)
+        fake_backend.FakeBackend.from_provider(dict(self.provider_config), CLUSTER).reclaim(machine_id)
 
     def fail_next_listing(self) -> None:
         self.cloud.list_failures = 1

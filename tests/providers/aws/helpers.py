@@ -25,7 +25,7 @@ def make_backend(moto: MotoServer, cluster: str = CLUSTER, **extra: Any) -> AwsB
         "aws_retry_base_delay_s": 0.0, "aws_max_attempts": 5,
     }
     cfg.update(extra)
-    return AwsBackend(cfg, cluster)
+    return AwsBackend.from_provider(cfg, cluster)
 
 
 def make_spec(off: Offering | None = None, count: int = 1, cluster: str = CLUSTER, node_config: dict | None = None,

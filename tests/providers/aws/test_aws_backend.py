@@ -10,10 +10,12 @@ import time
 
 import pytest
 
+from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError, CapacityError, ConfigError, ForeignMachineError, TransientBackendError
 from ray_nodeless.testing.clock import FakeClock
 from ray_nodeless.providers.aws.backend import AwsBackend
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, client_token
+from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER
 from ray_nodeless.testing.moto_server import REGION, MotoServer, counter, ec2_error, install, query_params
 from tests.providers.aws.helpers import (
@@ -112,7 +114,7 @@ def test_node_config_pass_through_and_subnet_ids(moto: MotoServer) -> None:
                                                                     {"Key": TAG_CLUSTER, "Value": "spoof"}]}],
         "min_vcpus": 2,                       # a requirement key that leaked through: stripped, not sent
     }
-    assert b.requirement_overrides(b.provider_config, node_config) == {"instance_types": ["m5.xlarge"],
+    assert b.requirement_overrides(b.settings, node_config) == {"instance_types": ["m5.xlarge"],
                                                                        "zones": ["us-east-1c"]}
     ids = b.launch(make_spec(offering(M5, "us-east-1c"), node_config=node_config))
 
@@ -177,7 +179,7 @@ def test_provider_subnets_map(moto: MotoServer) -> None:
     ec2 = moto.client()
     sub = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]}
     b = make_backend(moto, subnets={"us-east-1d": sub["us-east-1d"]})
-    assert b.requirement_overrides(b.provider_config, {}) == {"zones": ["us-east-1d"]}
+    assert b.requirement_overrides(b.settings, {}) == {"zones": ["us-east-1d"]}
     [i] = b.launch(make_spec(offering(M5, "us-east-1d")))
     assert all_instances(moto, instance_id=[i])[0]["SubnetId"] == sub["us-east-1d"]
     with pytest.raises(CapacityError):
@@ -187,23 +189,23 @@ def test_provider_subnets_map(moto: MotoServer) -> None:
 def test_validate_node_config(moto: MotoServer) -> None:
     b = make_backend(moto)
     key = "available_node_types.cpu.node_config"
-    b.check_node_config(b.provider_config, "cpu", {
+    b.check_node_config(b.settings, "cpu", {
         "ImageId": "ami-1", "SubnetIds": ["s-1"], "IamInstanceProfile": {"Arn": "x"}, "MetadataOptions": {},
         "EbsOptimized": True, "NetworkInterfaces": [], "InstanceType": "m5.large", "gpus": ["T4"],
         "max_hourly_price": 1}, key)
     with pytest.raises(ConfigError) as e:
-        b.check_node_config(b.provider_config, "cpu", {"ImageId": "ami-1", "SecurityGroupIDs": ["sg"]}, key)
+        b.check_node_config(b.settings, "cpu", {"ImageId": "ami-1", "SecurityGroupIDs": ["sg"]}, key)
     assert e.value.key == f"{key}.SecurityGroupIDs" and "SecurityGroupIds" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        b.check_node_config(b.provider_config, "cpu", {"ImageId": "ami-1", "MaxCount": 3}, key)
+        b.check_node_config(b.settings, "cpu", {"ImageId": "ami-1", "MaxCount": 3}, key)
     assert e.value.key == f"{key}.MaxCount"
     with pytest.raises(ConfigError) as e:
-        b.check_node_config(b.provider_config, "cpu", {"ImageId": "ami-1", "SubnetIds": "subnet-1"}, key)
+        b.check_node_config(b.settings, "cpu", {"ImageId": "ami-1", "SubnetIds": "subnet-1"}, key)
     assert e.value.key == f"{key}.SubnetIds"
 
     no_image = make_backend(moto, image_id=None)
     with pytest.raises(ConfigError) as e:
-        no_image.check_node_config(no_image.provider_config, "cpu", {}, key)
+        no_image.check_node_config(no_image.settings, "cpu", {}, key)
     assert e.value.key == f"{key}.ImageId"
     with pytest.raises(ConfigError) as e:
         no_image.launch(make_spec())
@@ -211,7 +213,7 @@ def test_validate_node_config(moto: MotoServer) -> None:
     assert live(moto) == []
 
     with pytest.raises(ConfigError) as e:
-        AwsBackend({}, CLUSTER)
+        AwsBackend.from_provider({}, CLUSTER)
     assert e.value.key == "provider.region"
 
 
@@ -340,7 +342,7 @@ def test_listing_throttled_is_transient(moto: MotoServer) -> None:
 
 
 def test_listing_connection_error_is_transient() -> None:
-    b = AwsBackend({"region": REGION, "endpoint_url": "http://127.0.0.1:9", "aws_max_attempts": 1,
+    b = AwsBackend.from_provider({"region": REGION, "endpoint_url": "http://127.0.0.1:9", "aws_max_attempts": 1,
                     "aws_credentials": {"aws_access_key_id": "x", "aws_secret_access_key": "y"}}, CLUSTER)
     with pytest.raises(TransientBackendError):
         b.list_machines()
@@ -359,7 +361,7 @@ def test_user_data_is_never_logged(moto: MotoServer, caplog: pytest.LogCaptureFi
 
 def test_config_checks_are_class_level() -> None:
     """`bootstrap_config` and `plan` call these on the class: no clients, no backend object."""
-    provider = {"region": REGION, "image_id": "ami-1"}
+    provider = parse_section(AwsSettings, {"region": REGION, "image_id": "ami-1"}, "provider")
     key = "available_node_types.gpu.node_config"
     AwsBackend.check_node_config(provider, "gpu", {"InstanceType": "g5.xlarge"}, key)
     assert AwsBackend.requirement_overrides(provider, {"InstanceType": "g5.xlarge"}) == {
@@ -372,7 +374,7 @@ def test_config_checks_are_class_level() -> None:
 def test_endpoint_from_aws_endpoint_url_env(moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without provider.endpoint_url, botocore's own AWS_ENDPOINT_URL handling applies (how e2e runs reach moto)."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.url)
-    b = AwsBackend({"region": REGION, "image_id": moto.ami(), "aws_retry_base_delay_s": 0.0}, CLUSTER)
+    b = AwsBackend.from_provider({"region": REGION, "image_id": moto.ami(), "aws_retry_base_delay_s": 0.0}, CLUSTER)
     ids = b.launch(make_spec())
     assert [i["InstanceId"] for i in live(moto)] == ids
 

@@ -201,7 +201,7 @@ def test_a_step_the_account_refuses_is_a_config_error_naming_the_key(aws: MotoSe
 def test_the_backend_launches_with_the_filled_keys(aws: MotoServer) -> None:
     got = bootstrap_config(ours(aws))
     node_config = dict(nc(got, "gpu"), **got["head_node"])   # what `ray up` hands create_node for the head
-    backend = AwsBackend(copy.deepcopy(got["provider"]), CLUSTER)
+    backend = AwsBackend.from_provider(copy.deepcopy(got["provider"]), CLUSTER)
     [iid] = backend.launch(make_spec(offering(G4, zone="us-east-1b"), cluster=CLUSTER, node_config=node_config))
     [inst] = [i for i in all_instances(aws) if i["InstanceId"] == iid]
     assert inst["KeyName"] == node_config["KeyName"]

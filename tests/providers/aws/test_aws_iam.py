@@ -78,7 +78,7 @@ class Head:
         cfg = {"region": REGION, "endpoint_url": self.moto.url, "image_id": self.moto.ami(),
                "aws_credentials": self.creds, "aws_retry_base_delay_s": 0.0, "aws_max_attempts": 2}
         cfg.update(extra)
-        return AwsBackend(cfg, CLUSTER)
+        return AwsBackend.from_provider(cfg, CLUSTER)
 
     def client(self, service: str = "ec2"):
         return self.moto.client(service, **self.creds)

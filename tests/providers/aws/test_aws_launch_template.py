@@ -54,7 +54,7 @@ def test_the_templates_instance_type_is_planned_and_launched(aws: MotoServer, re
     assert nc(got, "gpu")["InstanceType"] == "g4dn.2xlarge"
     plan = check_cluster(got).plans["gpu"]
     assert {o.instance_type.name for o in plan.candidates()} == {"g4dn.2xlarge"}
-    backend = AwsBackend(copy.deepcopy(got["provider"]), CLUSTER)
+    backend = AwsBackend.from_provider(copy.deepcopy(got["provider"]), CLUSTER)
     try:
         [iid] = backend.launch(make_spec(plan.chosen, cluster=CLUSTER, node_config=nc(got, "gpu")))
         [inst] = [i for i in all_instances(aws) if i["InstanceId"] == iid]

@@ -24,11 +24,12 @@ def provider(**extra: Any) -> dict[str, Any]:
 
 
 def config_error(**extra: Any) -> ConfigError:
-    """The error of the backend's own parse, which must be the class-level checks' error too."""
+    """The error of the backend's own parse, which must be the loader's error too (what the class-level checks and
+    the provider object are given)."""
     with pytest.raises(ConfigError) as e:
-        AwsBackend(provider(**extra), "c1")
+        AwsBackend.from_provider(provider(**extra), "c1")
     with pytest.raises(ConfigError) as e2:
-        AwsBackend.check_node_config(provider(**extra), "cpu", {"ImageId": "ami-1"}, "available_node_types.cpu")
+        load_provider(provider(**extra))
     assert (e2.value.key, str(e2.value)) == (e.value.key, str(e.value))
     return e.value
 
@@ -73,7 +74,7 @@ def test_bad_values_name_the_key(extra: dict[str, Any], key: str, words: str) ->
 
 def test_region_is_required() -> None:
     with pytest.raises(ConfigError) as e:
-        AwsBackend({"cloud": "aws"}, "c1")
+        AwsBackend.from_provider({"cloud": "aws"}, "c1")
     assert e.value.key == "provider.region"
 
 
@@ -94,9 +95,9 @@ def test_unknown_profile_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
     config.write_text("[profile ml]\nregion = us-east-1\n")
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
-    AwsBackend(provider(aws_credentials={"profile_name": "ml"}), "c1").close()
+    AwsBackend.from_provider(provider(aws_credentials={"profile_name": "ml"}), "c1").close()
     with pytest.raises(ConfigError) as e:
-        AwsBackend(provider(aws_credentials={"profile_name": "nope"}), "c1")
+        AwsBackend.from_provider(provider(aws_credentials={"profile_name": "nope"}), "c1")
     assert e.value.key == "provider.aws_credentials.profile_name" and "nope" in str(e.value)
 
 
@@ -122,13 +123,15 @@ NC_KEY = "available_node_types.w.node_config"
 
 
 def overrides(node_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    AwsBackend.check_node_config(provider(**extra), "w", {"ImageId": "ami-1", **node_config}, NC_KEY)
-    return AwsBackend.requirement_overrides(provider(**extra), node_config)
+    settings = parse_section(AwsSettings, provider(**extra), "provider")
+    AwsBackend.check_node_config(settings, "w", {"ImageId": "ami-1", **node_config}, NC_KEY)
+    return AwsBackend.requirement_overrides(settings, node_config)
 
 
 def node_config_error(node_config: dict[str, Any], **extra: Any) -> ConfigError:
     with pytest.raises(ConfigError) as e:
-        AwsBackend.check_node_config(provider(**extra), "w", {"ImageId": "ami-1", **node_config}, NC_KEY)
+        AwsBackend.check_node_config(parse_section(AwsSettings, provider(**extra), "provider"), "w",
+                                     {"ImageId": "ami-1", **node_config}, NC_KEY)
     return e.value
 
 
@@ -179,7 +182,7 @@ def test_availability_zone_limits_the_zones() -> None:
 def test_cache_stopped_nodes_true_cannot_be_honoured() -> None:
     e = config_error(cache_stopped_nodes=True)
     assert e.key == "provider.cache_stopped_nodes" and "never reuses stopped" in str(e)
-    AwsBackend(provider(cache_stopped_nodes=False), "c1").close()
+    AwsBackend.from_provider(provider(cache_stopped_nodes=False), "c1").close()
     load_provider(provider(cache_stopped_nodes=False, availability_zone="us-east-1a"))
 
 

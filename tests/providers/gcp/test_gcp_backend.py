@@ -12,12 +12,14 @@ from hypothesis import strategies as st
 
 from ray_nodeless.testing.fake_gce import LABEL_KEY_RE, LABEL_VALUE_RE, FakeGce, Fault
 from ray_nodeless.core.catalog import InstanceType, Offering
+from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import (
     BackendError, CapacityError, ConfigError, ForeignMachineError, TransientBackendError,
 )
 from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec
 from ray_nodeless.providers.gcp.backend import GcpBackend
 from ray_nodeless.providers.gcp.instance_body import instance_name
+from ray_nodeless.providers.gcp.settings import GcpSettings
 from ray_nodeless.providers.gcp.labels import (
     METADATA_TAGS_KEY,
     cluster_label_value,
@@ -67,7 +69,7 @@ def make_backend(fake: FakeGce, cluster: str = CLUSTER, **extra: Any) -> GcpBack
     cfg = {"region": REGION, "project_id": PROJECT, "api_endpoint": fake.url, "credentials": "anonymous",
            "retry_base_s": 0.001, "retry_max_s": 0.01, "poll_interval_s": 0.01, "operation_timeout_s": 5}
     cfg.update(extra)
-    return GcpBackend(cfg, cluster)
+    return GcpBackend.from_provider(cfg, cluster)
 
 
 @pytest.fixture
@@ -171,8 +173,8 @@ def test_ray_gcp_yaml_node_config_swaps_in(fake: FakeGce, backend: GcpBackend) -
         "tags": {"items": ["ray-worker"]},
         "minCpuPlatform": "Intel Skylake",
     }
-    backend.check_node_config(backend.provider_config, "worker", node_config, "available_node_types.worker.node_config")
-    assert backend.requirement_overrides(backend.provider_config, node_config) == {
+    backend.check_node_config(backend.settings, "worker", node_config, "available_node_types.worker.node_config")
+    assert backend.requirement_overrides(backend.settings, node_config) == {
         "instance_types": ["n1-standard-8"], "capacity": ["spot"]}
     n1 = InstanceType(cloud="gcp", name="n1-standard-8", family="n1", vcpus=8, memory_gib=30,
                       machine_type="n1-standard-8")
@@ -558,40 +560,40 @@ def test_tag_storage_round_trip(tags: dict[str, str], cluster: str) -> None:
 def test_validate_node_config_rejects_unknown_and_bad_fields(backend: GcpBackend) -> None:
     key = "available_node_types.w.node_config"
     with pytest.raises(ConfigError) as ei:
-        backend.check_node_config(backend.provider_config, "w", {"machineTypo": "n1-standard-4"}, key)
+        backend.check_node_config(backend.settings, "w", {"machineTypo": "n1-standard-4"}, key)
     assert ei.value.key == f"{key}.machineTypo"
     with pytest.raises(ConfigError) as ei:
-        backend.check_node_config(backend.provider_config, "w", {"scheduling": {"preemptable": True}}, key)
+        backend.check_node_config(backend.settings, "w", {"scheduling": {"preemptable": True}}, key)
     assert ei.value.key == f"{key}.scheduling"
     with pytest.raises(ConfigError) as ei:
-        backend.check_node_config(backend.provider_config, "w", {"canIpForward": "yes"}, key)
+        backend.check_node_config(backend.settings, "w", {"canIpForward": "yes"}, key)
     assert ei.value.key == f"{key}.canIpForward"
     for k in ("status", "selfLink", "name"):
         with pytest.raises(ConfigError) as ei:
-            backend.check_node_config(backend.provider_config, "w", {k: "x"}, key)
+            backend.check_node_config(backend.settings, "w", {k: "x"}, key)
         assert ei.value.key == f"{key}.{k}"
     with pytest.raises(ConfigError) as ei:
-        backend.check_node_config(backend.provider_config, "w", {"labels": {"Team": "ML"}}, key)
+        backend.check_node_config(backend.settings, "w", {"labels": {"Team": "ML"}}, key)
     assert ei.value.key == f"{key}.labels.Team"
     with pytest.raises(ConfigError) as ei:
-        backend.check_node_config(backend.provider_config, "w", {"guestAccelerators": [
+        backend.check_node_config(backend.settings, "w", {"guestAccelerators": [
             {"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]}, key)
     assert ei.value.key == f"{key}.guestAccelerators"
-    backend.check_node_config(backend.provider_config, "w", {}, key)
+    backend.check_node_config(backend.settings, "w", {}, key)
 
 
 def test_requirement_overrides(backend: GcpBackend) -> None:
-    assert backend.requirement_overrides(backend.provider_config, {}) == {}
-    assert backend.requirement_overrides(backend.provider_config, {"machineType": "zones/us-central1-a/machineTypes/n2-standard-8"}) == {
+    assert backend.requirement_overrides(backend.settings, {}) == {}
+    assert backend.requirement_overrides(backend.settings, {"machineType": "zones/us-central1-a/machineTypes/n2-standard-8"}) == {
         "instance_types": ["n2-standard-8"]}
-    assert backend.requirement_overrides(backend.provider_config, {"machineType": "n1-standard-8", "guestAccelerators": [
+    assert backend.requirement_overrides(backend.settings, {"machineType": "n1-standard-8", "guestAccelerators": [
         {"acceleratorType": "projects/p/zones/z/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 2}]}) == {
         "instance_types": ["n1-standard-8+2xT4"]}
 
 
 def test_missing_provider_keys_are_config_errors() -> None:
     with pytest.raises(ConfigError) as ei:
-        GcpBackend({"region": REGION}, CLUSTER)
+        GcpBackend.from_provider({"region": REGION}, CLUSTER)
     assert ei.value.key == "provider.project_id"
 
 
@@ -614,7 +616,7 @@ def test_no_warning_noise_on_success(fake: FakeGce, backend: GcpBackend, caplog:
 
 def test_config_checks_are_class_level() -> None:
     """`bootstrap_config` and `plan` call these on the class: no clients, no backend object."""
-    provider = {"region": REGION, "project_id": "p"}
+    provider = parse_section(GcpSettings, {"region": REGION, "project_id": "p"}, "provider")
     GcpBackend.check_node_config(provider, "w", {"machineType": "n1-standard-4", "disks": []}, "k")
     assert GcpBackend.requirement_overrides(provider, {"machineType": "n1-standard-4"}) == {
         "instance_types": ["n1-standard-4"]}

@@ -134,7 +134,7 @@ def test_a_credentials_token_drives_the_backend_against_the_fake_gce() -> None:
         cfg = {**BASE, "api_endpoint": fake.url, "retry_base_s": 0.001, "retry_max_s": 0.01,
                "poll_interval_s": 0.01, "operation_timeout_s": 5,
                "gcp_credentials": {"type": "credentials_token", "credentials": SECRET}}
-        b = GcpBackend(copy.deepcopy(cfg), "c1")
+        b = GcpBackend.from_provider(copy.deepcopy(cfg), "c1")
         try:
             creds = b._clients.instances._transport._credentials
             assert isinstance(creds, Credentials) and creds.token == SECRET

@@ -35,7 +35,7 @@ def test_defaults() -> None:
 ])
 def test_bad_values_name_the_key(key: str, value: Any, message: str) -> None:
     with pytest.raises(ConfigError) as ei:
-        GcpBackend({**BASE, key: value}, "c")          # fails before building a client
+        GcpBackend.from_provider({**BASE, key: value}, "c")          # fails before building a client
     assert ei.value.key == f"provider.{key}"
     assert message in str(ei.value)
 
@@ -77,9 +77,9 @@ PROVIDER = {**BASE, "region": "us-west1", "availability_zone": "us-west1-b"}
 
 
 def check(node_config: dict[str, Any], provider: dict[str, Any] | None = None) -> dict[str, Any]:
-    provider = provider if provider is not None else PROVIDER
-    gcp_nc.check_node_config("w", node_config, NC_KEY, provider)
-    return gcp_nc.requirement_overrides(node_config, provider)
+    settings = parse_section(GcpSettings, provider if provider is not None else PROVIDER, "provider")
+    gcp_nc.check_node_config("w", node_config, NC_KEY, settings)
+    return gcp_nc.requirement_overrides(node_config, settings)
 
 
 def check_error(node_config: dict[str, Any], provider: dict[str, Any] | None = None) -> ConfigError:

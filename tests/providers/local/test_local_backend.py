@@ -64,7 +64,7 @@ def backend_config(tmp_path: Path) -> dict:
 
 @contextlib.contextmanager
 def _backend(config: dict) -> Iterator[LocalBackend]:
-    be = LocalBackend(config, CLUSTER)
+    be = LocalBackend.from_provider(config, CLUSTER)
     try:
         yield be
     finally:
@@ -83,10 +83,10 @@ def test_head_is_a_record_without_process_and_launch_is_idempotent(backend_confi
         assert m.tags["ray-node-type"] == "head" and m.tags[TAG_CLUSTER] == CLUSTER and m.launched_at > 0
         be.set_tags(m.id, {"ray-node-status": "up-to-date"})
         # Another process on the same state dir (the head's monitor vs the `ray up` CLI) sees the same machine.
-        other = LocalBackend(backend_config, CLUSTER)
+        other = LocalBackend.from_provider(backend_config, CLUSTER)
         assert [x.tags["ray-node-status"] for x in other.list_machines()] == ["up-to-date"]
         # Another cluster sharing the state dir neither sees nor terminates it.
-        foreign = LocalBackend(backend_config, "someone-else")
+        foreign = LocalBackend.from_provider(backend_config, "someone-else")
         assert foreign.list_machines() == []
         with pytest.raises(ForeignMachineError):         # refused, by name
             foreign.terminate(ids)
@@ -157,7 +157,7 @@ def test_config_fault_fires_once_then_a_real_worker_launches(backend_config: dic
 
 @pytest.mark.e2e
 def test_player_plays_cloud_machines(tmp_path: Path, gcs_address: str) -> None:
-    player = LocalPlayer({"gcs_address": gcs_address, "player_state_dir": str(tmp_path / "player")}, CLUSTER)
+    player = LocalPlayer.from_provider({"gcs_address": gcs_address, "player_state_dir": str(tmp_path / "player")}, CLUSTER)
     try:
         s = spec(token="p1", node_type="gpu")
         s.resources = {"CPU": 1, "GPU": 1}
@@ -175,7 +175,7 @@ def test_player_plays_cloud_machines(tmp_path: Path, gcs_address: str) -> None:
                         "player registered under the cloud id")
         assert node.node_manager_address == played.internal_ip and dict(node.resources_total)["GPU"] == 1
         # A fresh player (restarted monitor) maps the id to the same IP.
-        again = LocalPlayer({"gcs_address": gcs_address, "player_state_dir": str(tmp_path / "player")}, CLUSTER)
+        again = LocalPlayer.from_provider({"gcs_address": gcs_address, "player_state_dir": str(tmp_path / "player")}, CLUSTER)
         assert again.describe(cloud).internal_ip == played.internal_ip
         # The machine vanished from the cloud (preempted out of band): the provider calls after_terminate.
         player.after_terminate(["i-0abc000000000001"])

@@ -49,12 +49,12 @@ def test_errors_name_the_key(provider: dict, key: str, words: str) -> None:
 
 def test_backend_and_player_parse_once_at_construction(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as ei:
-        LocalBackend({"state_dir": str(tmp_path / "s"), "gcs_address": "localhost"}, "c")
+        LocalBackend.from_provider({"state_dir": str(tmp_path / "s"), "gcs_address": "localhost"}, "c")
     assert ei.value.key == "provider.gcs_address"
     with pytest.raises(ConfigError) as ei:
-        LocalPlayer({"player_state_dir": str(tmp_path / "p"), "local_port_base": "20000"}, "c")
+        LocalPlayer.from_provider({"player_state_dir": str(tmp_path / "p"), "local_port_base": "20000"}, "c")
     assert ei.value.key == "provider.local_port_base"
-    be = LocalBackend({"state_dir": str(tmp_path / "s"), "head_ip": "10.1.2.3", "local_port_base": 30000,
+    be = LocalBackend.from_provider({"state_dir": str(tmp_path / "s"), "head_ip": "10.1.2.3", "local_port_base": 30000,
                        "local_prewarm": False}, "c")
     assert be.head_ip == "10.1.2.3" and be.nodes.port_base == 30000 and be.nodes.starter is None
     assert be.state_dir == tmp_path / "s"

@@ -35,7 +35,7 @@ def local(tmp_path: Path):
                 "region": "us-west-2", "state_dir": str(tmp_path / "state"), "gcs_address": "127.0.0.1:6399",
                 "local_prewarm": False}
     procs: list[subprocess.Popen] = []
-    backend = LocalBackend(dict(provider), CLUSTER)
+    backend = LocalBackend.from_provider(dict(provider), CLUSTER)
 
     def spawn(env: dict[str, str] | None = None) -> subprocess.Popen:
         p = subprocess.Popen(["sleep", "300"], start_new_session=True, env={**os.environ, **(env or {})})

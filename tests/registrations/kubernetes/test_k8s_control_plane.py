@@ -53,7 +53,7 @@ class Harness:
     def __init__(self, cp, method="eks", fail=False, **block):
         self.cp = cp
         self.cluster = f"t{uuid.uuid4().hex[:6]}"
-        self.reg = KubernetesRegistration(provider(cp, method, **block), self.cluster)
+        self.reg = KubernetesRegistration.from_provider(provider(cp, method, **block), self.cluster)
         self.admin = cp.api_client()
         self.core = client.CoreV1Api(self.admin)
         self.procs = StubProcesses(fail=fail)
@@ -240,7 +240,7 @@ def test_state_is_rebuilt_after_a_restart(cp, h_factory):
     h.player.play(mid, s.boot_script, s.offering)
     wait_for(lambda: (p := h.pod_of(mid)) and p.status.phase == "Running", 60, "the pod to run")
     h.reg.close()
-    fresh = KubernetesRegistration(provider(cp), h.cluster)
+    fresh = KubernetesRegistration.from_provider(provider(cp), h.cluster)
     try:
         m = fresh.describe(Machine(mid, dict(s.tags), internal_ip="10.1.1.1", launched_at=time.time() - 30))
         wait_for(lambda: fresh.status(mid)["pod_phase"] == "Running", 15, "state rebuilt from Node and pod")
