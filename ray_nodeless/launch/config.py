@@ -1,6 +1,10 @@
 """Reading a cluster YAML with everything the launch needs known: the backend registry, each backend's and
 registration's declared keys, each node type's node_config checks. One path for `ray up`'s bootstrap,
 `ray-nodeless plan` and the provider object, so they fail on the same errors, before anything launches.
+
+`load_provider` is the one reader of a provider block: it validates every key once and returns a `ProviderBundle`
+(the core's settings, the backend's and the registration's parsed sections, and their classes). The provider
+object, `bootstrap_config`, `plan`, `sweep` and `status` build from it; nothing below parses the block again.
 """
 from __future__ import annotations
 

@@ -114,3 +114,42 @@ def test_aws_provider_and_launches_on_moto_parse_once(moto: MotoServer, validati
     finally:
         provider.terminate_nodes(provider.non_terminated_nodes({}))
         provider.backend.close()
+
+
+class KnobSettings(Section):
+    """A third-party backend's own provider keys."""
+
+    fake_knob: int = 1
+
+
+class KnobBackend(fake_backend.FakeBackend):
+    """A backend registered from outside the package (`providers.register_backend`) that declares its own keys."""
+
+    cloud = "knob"
+    settings_model = KnobSettings
+
+
+@pytest.fixture
+def knob_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray_nodeless import providers
+
+    monkeypatch.setattr(providers, "_BACKENDS", dict(providers._BACKENDS))    # the registration ends with the test
+    monkeypatch.setattr(providers, "_CONFIGS", dict(providers._CONFIGS))
+    providers.register_backend("knob", __name__, "KnobBackend")
+
+
+def test_a_registered_backend_gets_its_own_section_parsed(knob_registered: None, validations: Validations) -> None:
+    """The contract of providers/base.py: `Backend(settings, cluster_name)`, `settings` its settings_model parsed
+    once by the loader; a wrong value of its key is an error naming the key, before any backend exists."""
+    from ray_nodeless.errors import ConfigError
+
+    fake_backend.reset()
+    provider = NodelessProvider(dict(FAKE, cloud="knob", fake_knob=3), "c1")
+    assert isinstance(provider.backend, KnobBackend) and provider.backend.cluster_name == "c1"
+    assert provider.backend.settings == KnobSettings(fake_knob=3) and validations.of(KnobSettings) == 1
+    with pytest.raises(ConfigError) as e:
+        load_provider(dict(FAKE, cloud="knob", fake_knob="three"))
+    assert e.value.key == "provider.fake_knob" and "must be an integer" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_provider(dict(FAKE, cloud="knob", fake_knop=3))
+    assert e.value.key == "provider.fake_knop" and "fake_knob" in str(e.value)

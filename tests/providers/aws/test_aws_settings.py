@@ -107,8 +107,9 @@ def test_launch_layer_accepts_every_aws_key_and_names_a_misspelt_one() -> None:
                                      "aws_session_token": "c", "aws_account_id": "123456789012"},
                     aws_max_attempts=3, aws_retry_mode="adaptive", aws_retry_base_delay_s=0,
                     aws_describe_page_size=50)
-    settings, cls = load_provider(full)
-    assert cls is AwsBackend and settings.region == REGION
+    bundle = load_provider(full)
+    assert bundle.backend_class() is AwsBackend and bundle.core.region == REGION
+    assert isinstance(bundle.backend_settings, AwsSettings) and bundle.backend_settings.aws_describe_page_size == 50
     with pytest.raises(ConfigError) as e:
         load_provider({**full, "aws_max_attempt": 3})
     assert e.value.key == "provider.aws_max_attempt" and "aws_max_attempts" in str(e.value)

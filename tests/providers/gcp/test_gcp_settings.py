@@ -61,8 +61,8 @@ def test_every_key_passes_the_provider_block_check_and_typos_get_a_suggestion() 
             "network": "global/networks/n", "disk_size_gb": 100, "operation_timeout_s": 60, "call_timeout_s": 10,
             "max_attempts": 3, "retry_base_s": 0.1, "retry_max_s": 2, "poll_interval_s": 0.5}
     assert set(full) - {"cloud"} <= declared_keys(GcpSettings)
-    _, cls = load_provider(full)
-    assert cls is GcpBackend and cls.settings_model is GcpSettings
+    bundle = load_provider(full)
+    assert bundle.backend_class() is GcpBackend and isinstance(bundle.backend_settings, GcpSettings)
     with pytest.raises(ConfigError) as ei:
         load_provider({**BASE, "disk_size_gbs": 100})
     assert ei.value.key == "provider.disk_size_gbs" and "disk_size_gb" in str(ei.value)

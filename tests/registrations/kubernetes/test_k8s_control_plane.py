@@ -15,6 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import LaunchSpec, Machine
 from ray_nodeless.registrations.kubernetes import KubernetesRegistration, check
 from ray_nodeless.registrations.kubernetes import labels as L
@@ -144,7 +145,7 @@ def test_join_labels_taints_and_the_scheduler_binds_the_ray_pod(cp, h_factory, m
                                  "pod_phase": "Running"}
     # `ray-nodeless status` reads the same from one read-only listing (no watch, no housekeeping)
     from ray_nodeless.registrations.kubernetes.status import machine_status
-    assert machine_status(h.reg.provider_config, h.cluster, [mid, "gone"]) == {
+    assert machine_status(h.reg.settings, h.cluster, [mid, "gone"]) == {
         mid: h.reg.status(mid), "gone": {"k8s_node": None, "k8s_ready": None, "pod": None, "pod_phase": None}}
     print(f"\nFIGURES {method}: Node Ready (not-ready taint lifted) {ready_s:.1f} s after play; "
           f"pod bound {bound_s:.1f} s after play")
@@ -431,7 +432,7 @@ def test_a_sweep_ends_the_clusters_nodes_and_pods_and_nothing_else(cp, h_factory
     other.player.play(mid2, s2.boot_script, s2.offering)
     wait_for(lambda: (p := other.pod_of(mid2)) and p.status.phase == "Running", 60, "the other cluster's pod")
     h.reg.close()
-    sweeper = KubernetesRegistration.for_sweep(provider(cp), h.cluster)
+    sweeper = load_provider(provider(cp)).registration_for_sweep(h.cluster)   # as `ray-nodeless sweep` builds it
     try:
         left = sweeper.leftovers()
         listed = {(d["kind"], d["machine_id"]) for d in left}
