@@ -157,7 +157,8 @@ def test_config_fault_fires_once_then_a_real_worker_launches(backend_config: dic
 
 @pytest.mark.e2e
 def test_player_plays_cloud_machines(tmp_path: Path, gcs_address: str) -> None:
-    player = LocalPlayer.from_provider({"gcs_address": gcs_address, "player_state_dir": str(tmp_path / "player")}, CLUSTER)
+    player = LocalPlayer.from_provider({"region": "us-west-2", "gcs_address": gcs_address,
+                                        "player_state_dir": str(tmp_path / "player")}, CLUSTER)
     try:
         s = spec(token="p1", node_type="gpu")
         s.resources = {"CPU": 1, "GPU": 1}
@@ -175,7 +176,8 @@ def test_player_plays_cloud_machines(tmp_path: Path, gcs_address: str) -> None:
                         "player registered under the cloud id")
         assert node.node_manager_address == played.internal_ip and dict(node.resources_total)["GPU"] == 1
         # A fresh player (restarted monitor) maps the id to the same IP.
-        again = LocalPlayer.from_provider({"gcs_address": gcs_address, "player_state_dir": str(tmp_path / "player")}, CLUSTER)
+        again = LocalPlayer.from_provider({"region": "us-west-2", "gcs_address": gcs_address,
+                                           "player_state_dir": str(tmp_path / "player")}, CLUSTER)
         assert again.describe(cloud).internal_ip == played.internal_ip
         # The machine vanished from the cloud (preempted out of band): the provider calls after_terminate.
         player.after_terminate(["i-0abc000000000001"])
