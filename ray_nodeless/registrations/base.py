@@ -36,6 +36,7 @@ class Registration(abc.ABC):
         head (the API server a machine joins, ...); ConfigError naming the key. Includes `check_config`."""
         cls.check_config(provider_config)
 
+    @classmethod
     def for_sweep(cls, settings: Section, cluster_name: str, core: CoreSettings) -> "Registration":
         """An instance for `ray-nodeless sweep`: it must create nothing (no pod, no join), only list and end."""
         return cls(settings, cluster_name, core)
