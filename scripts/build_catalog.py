@@ -50,15 +50,20 @@ from ray_nodeless.core.catalog import (  # noqa: E402
     type_row,
     write_atomic,
 )
-from ray_nodeless.core.gpus import GCE_ACCELERATOR_FOR_MODEL, NON_GPU_ACCELERATORS, canonical_gpu  # noqa: E402
-
-AWS_BURSTABLE_FAMILIES = {"t1", "t2", "t3", "t3a", "t4g"}
-GCP_BURSTABLE_TYPES = {"e2-micro", "e2-small", "e2-medium", "f1-micro", "g1-small"}
-GCP_ARM_FAMILIES = {"t2a", "c4a", "n4a"}
-
-# GPU memory per device (GiB) for GCP models, which the CSV gives only on accelerator rows.
-GPU_MEMORY_GIB = {"T4": 16, "P4": 8, "P100": 16, "V100": 16, "L4": 24, "A100": 40, "A100-80GB": 80,
-                  "H100": 80, "H200": 141, "B200": 180, "K80": 12}
+from ray_nodeless.core.cloud_facts import (  # noqa: E402  (one copy of each fact, shared with the live refreshers)
+    AWS_BURSTABLE_FAMILIES,
+    GCP_ARM_FAMILIES,
+    GCP_BURSTABLE_TYPES,
+    aws_family,
+    gcp_family,
+)
+from ray_nodeless.core.gpus import (  # noqa: E402
+    GCE_ACCELERATOR_FOR_MODEL,
+    GPU_MEMORY_GIB,
+    NON_GPU_ACCELERATORS,
+    canonical_gpu,
+    gpu_model_by_memory,
+)
 
 # (regex on the GCE machine type, GPU model, the accelerator row name in the CSV, GPU count or None = from name)
 GCP_GPU_MACHINES = (
@@ -150,11 +155,9 @@ def build_aws(source: Path) -> dict:
                     info = json.loads(r["GpuInfo"]) if r["GpuInfo"] else {}
                     total_mib = info.get("TotalGpuMemoryInMiB", 0)
                     gpu_mem = round(total_mib / 1024, 2)
-                    per_gpu = gpu_mem / count if count else 0
-                    if canon == "A100" and per_gpu >= 79:
-                        canon = "A100-80GB"
-                    gpu_model, gpu_count = canon, count
-            family = name.split(".")[0]
+                    gpu_model = gpu_model_by_memory(canon, gpu_mem / count if count else 0)
+                    gpu_count = count
+            family = aws_family(name)
             types[name] = InstanceType(
                 cloud="aws", name=name, family=family, vcpus=_clean_number(float(r["vCPUs"])),
                 memory_gib=_clean_number(float(r["MemoryGiB"])), gpu_model=gpu_model, gpu_count=gpu_count,
@@ -223,7 +226,7 @@ def build_gcp(source: Path) -> dict:
 
     for name in sorted(hosts):
         r = hosts[name]
-        family = name.split("-")[0]
+        family = gcp_family(name)
         gpu = _gcp_gpu_of(name)
         model, count = (gpu[0], gpu[2]) if gpu else ("", 0)
         types[name] = InstanceType(

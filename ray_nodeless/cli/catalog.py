@@ -1,15 +1,19 @@
-"""`ray-nodeless catalog`: list a region's offerings, show the embedded catalog, refresh one from a cloud's APIs."""
+"""`ray-nodeless catalog`: list a region's offerings, show the embedded catalog, refresh a live one from a cloud's
+APIs (through the backend's `live_catalog` hook and the one refresh policy, `core/catalog/refresh.py`)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
-from ray_nodeless.cli.errors import BAD_INPUT, fail, user_errors
+from ray_nodeless.cli.errors import FAILURE, user_errors
 from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.catalog.refresh import CACHE_DIR_ENV, SOURCE_LIVE, resolve_live, summarize
 from ray_nodeless.core.cluster_plan import load_catalog
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers import backend_config
 
 
 @click.group("catalog")
@@ -43,36 +47,52 @@ def catalog_list(cloud: str, region: str, catalog_spec: str, as_json: bool) -> N
                    f"{o.capacity:9} {price:>12}")
 
 
+# The provider-block keys `catalog refresh` takes as options (a backend's live_catalog hook reads them).
+REFRESH_OPTIONS = {"endpoint_url": "--endpoint-url", "project_id": "--project-id", "api_endpoint": "--api-endpoint"}
+
+
 @catalog_group.command("refresh")
 @click.option("--cloud", type=click.Choice(["aws", "gcp"]), required=True)
 @click.option("--region", required=True)
-@click.option("--out", type=click.Path(dir_okay=False), help="Where to write the catalog file "
-              "(default: catalog-<cloud>-<region>.json.gz); use it with `provider.catalog: <path>`.")
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="Also write the catalog there, for `provider.catalog: <path>` (gzip if it ends in .gz).")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help=f"The live-catalog cache (default: ${CACHE_DIR_ENV}, else ~/.cache/ray-nodeless/catalog).")
 @click.option("--endpoint-url", help="AWS: API endpoint (default: AWS_ENDPOINT_URL or the real one).")
 @click.option("--project-id", help="GCP: the project to read machine types from.")
 @click.option("--api-endpoint", help="GCP: Compute API endpoint.")
 @click.option("--json", "as_json", is_flag=True)
-def catalog_refresh(cloud: str, region: str, out: str | None, endpoint_url: str | None, project_id: str | None,
-                    api_endpoint: str | None, as_json: bool) -> None:
-    """Rebuild a region's catalog from the cloud's APIs (cached on disk); falls back to the last good one."""
-    out = out or f"catalog-{cloud}-{region}.json.gz"
-    if cloud == "aws":
-        from ray_nodeless.providers.aws.catalog import refresh_cli
+def catalog_refresh(cloud: str, region: str, out: str | None, cache_dir: str | None, endpoint_url: str | None,
+                    project_id: str | None, api_endpoint: str | None, as_json: bool) -> None:
+    """Read a region's catalog from the cloud's APIs now, into the cache `provider.catalog: live` reads.
 
-        summary = refresh_cli(region, out, endpoint_url=endpoint_url)
-    else:
-        from ray_nodeless.providers.gcp.catalog import refresh_gcp_catalog_with_summary
-
-        if not project_id:
-            fail(ConfigError("--project-id", "required for --cloud gcp"), BAD_INPUT)
-        cat, summary = refresh_gcp_catalog_with_summary(region, project_id, api_endpoint=api_endpoint)
-        Path(out).write_bytes(catalog_mod.dump_bytes(cat.doc))
-        summary = dict(summary, written=str(out))
+    Exit status 1 when the cloud could not be read (the last good cache file, if any, is kept and nothing is
+    written to --out); 2 for bad input."""
+    options = {"endpoint_url": endpoint_url, "project_id": project_id, "api_endpoint": api_endpoint}
+    provider = {k: v for k, v in options.items() if v}
+    with user_errors(other=()):
+        try:
+            live = backend_config(cloud).live_catalog(provider, region)
+        except ConfigError as e:   # name the option, not the provider key it stands for
+            option = REFRESH_OPTIONS.get(e.key.removeprefix("provider."))
+            raise (ConfigError(option, str(e).split(": ", 1)[1]) if option else e) from None
+    result = resolve_live(live, ttl_s=0, cache_dir=cache_dir, force=True)
+    summary = summarize(result, cloud, region)
+    summary["written"] = None
+    if out and result.source == SOURCE_LIVE:
+        doc = result.catalog.doc
+        raw = catalog_mod.dump_bytes(doc) if out.endswith(".gz") else \
+            json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+        catalog_mod.write_atomic(Path(out), raw)
+        summary["written"] = str(out)
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True, default=str))
     else:
         for k in sorted(summary):
             click.echo(f"{k}: {summary[k]}")
+    if result.source != SOURCE_LIVE:
+        click.echo(f"ray-nodeless: error: {result.reason}", err=True)
+        sys.exit(FAILURE)
 
 
 @catalog_group.command("info")

@@ -50,6 +50,25 @@ _ALIASES: dict[str, str] = {
 
 # Accelerators that are not CUDA GPUs: they never satisfy a Ray `GPU` demand.
 NON_GPU_ACCELERATORS = frozenset({"INFERENTIA", "INFERENTIA2", "TRAINIUM", "TRAINIUM2", "QUALCOMM-AI100"})
+# Makers whose devices EC2 lists under `GpuInfo` but that are not CUDA/ROCm GPUs (Gaudi, AI 100).
+NON_GPU_MANUFACTURERS = frozenset({"Habana", "Qualcomm"})
+
+# Memory per GPU (GiB) by canonical model, where a cloud does not state it: GCE's machine types and the reference
+# CSVs give GPU counts but not their memory (EC2's DescribeInstanceTypes does, and wins there). Vendors' data sheets.
+GPU_MEMORY_GIB: dict[str, float] = {
+    "K80": 12, "M60": 8, "P4": 8, "P100": 16, "T4": 16, "V100": 16, "L4": 24, "A100": 40, "A100-80GB": 80,
+    "H100": 80, "H200": 141, "B200": 180,
+}
+# EC2 names both A100 variants `A100`; the 80 GB one (p4de) is its own model here, told apart by memory per GPU
+# (80 GiB nominal, 79.x as EC2 reports it in MiB).
+A100_80GB_MIN_GIB = 79.0
+
+
+def gpu_model_by_memory(model: str, memory_per_gpu_gib: float) -> str:
+    """The canonical model once the memory per GPU is known: `A100` with >= 79 GiB is `A100-80GB`."""
+    if model == "A100" and memory_per_gpu_gib >= A100_80GB_MIN_GIB:
+        return "A100-80GB"
+    return model
 
 
 # Every model a user may name in `gpus` / `exclude_gpus` / `accelerator_type:` (canonical names). A name outside it is

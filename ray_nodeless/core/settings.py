@@ -7,6 +7,7 @@
       region: us-west-2
       simulate_cloud: aws        # cloud: local only: whose catalog prices the local "instances"
       catalog: embedded          # embedded | live | a path to a catalog file
+      catalog_ttl_s: 86400       # catalog: live: how long a read of the cloud is reused (memory, disk cache)
       unavailable_ttl_s: 180     # how long an offering that failed for capacity is skipped
       registration: vm           # vm | local-player (| kubernetes)
       interruption_watcher: true # spot workers that boot themselves drain their Ray node on a notice
@@ -22,6 +23,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 from pydantic import Field, ValidationInfo, field_validator
 
 from ray_nodeless.core import ttls
+from ray_nodeless.core.catalog.refresh import DEFAULT_TTL_S as CATALOG_TTL_S
 from ray_nodeless.core.requirements import (
     Request, Requirements, Shape, parse_exclude, parse_requirements, split_node_config,
 )
@@ -54,7 +56,8 @@ class CoreSettings(Section):
     region: str = Field(min_length=1)
     simulate_cloud: Literal["aws", "gcp"] | None = None
     catalog: str = Field("embedded", min_length=1)
-    catalog_ttl_s: float = Field(3600.0, ge=0)
+    # How long a live catalog (memory, then disk cache) is used before the cloud is read again; 0 = every time.
+    catalog_ttl_s: float = Field(CATALOG_TTL_S, ge=0)
     unavailable_ttl_s: float = Field(ttls.UNAVAILABLE_TTL_S, ge=0)
     list_cache_s: float = Field(ttls.LIST_CACHE_S, ge=0)
     registration: str = "vm"

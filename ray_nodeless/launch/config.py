@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ray_nodeless.core import catalog as catalog_mod
-from ray_nodeless.core.cluster_plan import ClusterPlan, load_catalog, plan_cluster
+from ray_nodeless.core.cluster_plan import ClusterPlan, plan_cluster
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.schema import Section, declared_keys, parse_section
 from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_types_of, parse_provider
-from ray_nodeless.errors import CatalogError, ConfigError
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.launch.catalog import catalog_for, provider_catalog  # noqa: F401 (callers import them from here)
 from ray_nodeless.providers import backend_class, backend_config, backend_names
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.registrations import registration_class
@@ -142,36 +143,3 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
     return plan_cluster(cluster_config, backend_overrides=bundle.requirement_overrides, catalog=catalog,
                         settings=bundle.core)
 
-
-def catalog_for(settings: ProviderSettings) -> catalog_mod.Catalog:
-    """The catalog file and region the settings name, as errors naming `provider.catalog` / `provider.region`."""
-    try:
-        catalog = load_catalog(settings.catalog)
-    except CatalogError as e:
-        raise ConfigError("provider.catalog", str(e)) from e
-    try:
-        catalog.region(settings.price_cloud, settings.region)
-    except CatalogError as e:
-        raise ConfigError("provider.region", str(e)) from e
-    return catalog
-
-
-def provider_catalog(settings: ProviderSettings, provider: Mapping[str, Any]) -> catalog_mod.Catalog:
-    """The catalog that prices decisions: `embedded`, a file, or `live` (refreshed from the cloud's API, falling
-    back to the embedded one: a live catalog is an optimisation, never a reason to fail the cluster)."""
-    if settings.catalog != "live":
-        return catalog_for(settings)
-    try:
-        if settings.price_cloud == "aws":
-            from ray_nodeless.providers.aws.catalog import refresh_aws_catalog
-            return refresh_aws_catalog(settings.region, session_kwargs=provider.get("aws_credentials"),
-                                       endpoint_url=provider.get("endpoint_url"))
-        from ray_nodeless.providers.gcp.catalog import refresh_gcp_catalog
-        from ray_nodeless.providers.gcp.settings import GcpSettings
-
-        credentials = parse_section(GcpSettings, provider, "provider").client_credentials()
-        return refresh_gcp_catalog(settings.region, provider.get("project_id", ""),
-                                   api_endpoint=provider.get("api_endpoint"), credentials=credentials)
-    except Exception as e:
-        logger.warning("live catalog unavailable (%s); using the embedded catalog", e)
-        return load_catalog("embedded")

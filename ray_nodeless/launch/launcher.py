@@ -27,6 +27,7 @@ from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import (
     BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, NoFeasibleOffering, TransientBackendError,
 )
+from ray_nodeless.launch.catalog import PlanningCatalog
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, LaunchSpec,
     MachineBackend,
@@ -67,7 +68,7 @@ class Launched:
 
 
 class Launcher:
-    def __init__(self, cluster_name: str, catalog: Catalog, planner: Planner, resolver: Resolver,
+    def __init__(self, cluster_name: str, catalog: PlanningCatalog, resolver: Resolver,
                  backend: MachineBackend, registration: Registration, unavailable: UnavailableOfferings,
                  terminate: Callable[[list[str]], None], hourly_cost: Callable[[], float] = lambda: 0.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -77,13 +78,20 @@ class Launcher:
         self._clock = clock
         self._batches: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
         self._batches_lock = threading.Lock()
-        self.catalog = catalog
-        self.planner = planner
+        self._catalog = catalog          # loaded at the first plan: listing and terminating never need it
         self.resolver = resolver
         self.backend = backend
         self.registration = registration
         self.unavailable = unavailable
         self._terminate = terminate     # ends machines whose registration failed, through the provider's path
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog.catalog
+
+    @property
+    def planner(self) -> Planner:
+        return self._catalog.planner
 
     def plan(self, node_type: str, resources: dict[str, Any], node_config: dict[str, Any] | None,
              is_head: bool) -> Plan:

@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.node_resources import GENERIC_FILL, FillRule
+from ray_nodeless.core.catalog.refresh import LiveCatalog
 from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.errors import BackendError, ConfigError
 
@@ -223,6 +224,14 @@ class BackendConfig:
         """Lines `ray-nodeless plan` prints under a node type: what its static preview cannot know of this
         node_config (AWS: a LaunchTemplate is read only by `ray up`). Default: none."""
         return []
+
+    @classmethod
+    def live_catalog(cls, provider: Mapping[str, Any], region: str) -> LiveCatalog | None:
+        """For `provider.catalog: live`: how to read `region`'s catalog from this backend's cloud (no I/O here; the
+        policy of `core/catalog/refresh.py` decides when to call its `fetch`). None, the default (local and
+        third-party backends): no live catalog; the embedded one is used, with a warning. May raise ConfigError
+        for a provider block that cannot name what to read."""
+        return None
 
 
 class MachineBackend(BackendConfig, abc.ABC):

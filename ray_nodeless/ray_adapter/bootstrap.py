@@ -112,8 +112,8 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
 
     config = copy.deepcopy(cluster_config)
     types = config.get("available_node_types") or {}
-    if not types:
-        return config
+    if not types or in_teardown():
+        return config      # `ray down` needs no resources: it must not need the catalog either
     bundle = load_provider(config.get("provider"))
     settings = bundle.core
     cp = plan_cluster(config, backend_overrides=bundle.requirement_overrides, catalog=catalog_for(settings),

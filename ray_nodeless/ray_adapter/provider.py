@@ -21,12 +21,14 @@ from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_LAUNCH_REQUEST, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
 from ray_nodeless.core.availability import UnavailableOfferings
-from ray_nodeless.core.cluster_plan import planner_for
+from ray_nodeless.core.catalog import Catalog
+from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import LaunchError
 from ray_nodeless.interruptions.drain import RayDrainer
 from ray_nodeless.interruptions.queue import InterruptionQueue
-from ray_nodeless.launch.config import load_provider, provider_catalog
+from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
+from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, Machine
@@ -52,15 +54,16 @@ class NodelessProvider(NodeProvider):
         # The provider block is read here once; every part below gets its parsed piece of the bundle.
         self.bundle = load_provider(provider_config)
         self.settings = self.bundle.core
-        self.catalog = provider_catalog(self.settings, provider_config)
-        self.planner = planner_for(self.catalog)
+        # Loaded at the first launch: `ray down` and `sweep` list and terminate without it (a gone catalog file,
+        # or a live catalog's price lists, must not keep machines running).
+        self._catalog = PlanningCatalog(lambda: catalog_result(self.settings, provider_config))
         self.backend = self.bundle.make_backend(cluster_name)
         self.registration = self.bundle.make_registration(cluster_name)
         self.resolver = Resolver(self.settings, self.bundle.requirement_overrides)
         self.unavailable = UnavailableOfferings(self.settings.unavailable_ttl_s)
         self.view = MachineView(self.backend, self.registration, cluster_name, self.settings.list_cache_s,
                                 on_interrupted=self._on_interrupted)
-        self.launcher = Launcher(cluster_name, self.catalog, self.planner, self.resolver, self.backend,
+        self.launcher = Launcher(cluster_name, self._catalog, self.resolver, self.backend,
                                  self.registration, self.unavailable, terminate=self.terminate_nodes,
                                  hourly_cost=lambda: self.view.hourly_cost(machine_price))
         self._node_type_resources: dict[str, dict] = dict(self.settings.node_type_resources)
@@ -72,6 +75,14 @@ class NodelessProvider(NodeProvider):
             url = self.settings.interruption_queue_url
             sqs = self.backend.interruption_queue_client(url, provider_config)     # the backend's (AWS: SQS)
             self.interruptions = InterruptionQueue(sqs, url, RayDrainer(gcs))
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog.catalog
+
+    @property
+    def planner(self) -> Planner:
+        return self._catalog.planner
 
     def _on_interrupted(self, machine: Machine) -> None:
         self.launcher.on_interrupted(machine.tags, machine.id)

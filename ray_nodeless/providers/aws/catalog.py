@@ -1,4 +1,7 @@
-"""A live AWS catalog for one region, built from the EC2 and Pricing APIs, cached on disk and in memory.
+"""A live AWS catalog for one region, built from the EC2 and Pricing APIs: `AwsConfig.live_catalog`'s hook.
+
+When it is read, and what is used when it cannot be, is the one policy of `core/catalog/refresh.py` (memory ->
+disk cache -> live -> stale disk cache -> embedded, `catalog_ttl_s`); this module only reads the cloud.
 
 Sources, one catalog document in the embedded format (`ray_nodeless.core.catalog`: types through `type_row`, the region
 through `region_entry`):
@@ -11,77 +14,38 @@ through `region_entry`):
 - on-demand: the Pricing API (`pricing` in us-east-1, `GetProducts`, Linux / Shared tenancy / no pre-installed
   software / capacitystatus Used).
 
-Failure policy (a live catalog is an optimisation; it must never stop a cluster):
-- specs or offerings fail -> the last catalog cached on disk for this region (any age), else `fallback()` (the
-  embedded catalog), with a warning that says what failed;
-- pricing or spot history fail -> prices for the same type (and zone, for spot) from `fallback()`, recorded in the
-  document's `price_source`; but if a cached catalog of this region has better price sources (more of them from
-  AWS), that one is kept instead.
+Failures (a live catalog is an optimisation; it must never stop a cluster):
+- specs or offerings fail -> the fetch raises; the policy falls back to the cache file, then the embedded catalog;
+- pricing or spot history fail -> prices for the same type (and zone, for spot) from `prices()` (the embedded
+  catalog), recorded in the document's `price_source` and reported as warnings; `price_quality` lets the policy
+  keep a cache file with better price sources (more of them from AWS) instead.
 """
 from __future__ import annotations
 
 import datetime as dt
-import gzip
 import hashlib
 import json
 import logging
 import math
-import threading
-import time
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from cachetools import TTLCache
-
-from ray_nodeless.core.catalog import (
-    CAPACITY_TYPES,
-    FORMAT_VERSION,
-    Catalog,
-    InstanceType,
-    dump_bytes,
-    embedded,
-    region_entry,
-    type_row,
-    write_atomic,
-)
-from ray_nodeless.core.gpus import NON_GPU_ACCELERATORS, canonical_gpu
+from ray_nodeless.core.catalog import FORMAT_VERSION, Catalog, InstanceType, embedded, region_entry, type_row
+from ray_nodeless.core.catalog.refresh import LiveCatalog, LiveFetch
+from ray_nodeless.core.cloud_facts import AWS_BURSTABLE_FAMILIES, aws_family
+from ray_nodeless.core.gpus import NON_GPU_ACCELERATORS, NON_GPU_MANUFACTURERS, canonical_gpu, gpu_model_by_memory
 from ray_nodeless.errors import CatalogError
-from ray_nodeless.providers.aws.clients import catalog_clients
 
 logger = logging.getLogger(__name__)
 
-BURSTABLE_FAMILIES = frozenset({"t1", "t2", "t3", "t3a", "t4g"})
-# GPU manufacturers whose devices are not CUDA/ROCm GPUs for Ray's `GPU` resource.
-NON_GPU_MANUFACTURERS = frozenset({"Habana", "Qualcomm"})
 SOURCE_AWS_PRICING = "aws:pricing:GetProducts"
 SOURCE_AWS_SPOT = "aws:ec2:DescribeSpotPriceHistory"
 MIN_SPOT_PRICE = 0.0005                 # $/h; below it a spot price is a placeholder (moto's is 0.00001)
 MIN_SPOT_FRACTION_OF_ON_DEMAND = 0.03   # no real spot discount reaches 97 %
-# A live catalog is reused this long (memory, then disk): a refresh reads every type, offering and price of the
-# region in many paginated calls, so it is done once a day, not on every cluster start.
-CATALOG_TTL_S = 86400.0
-MEMORY_CACHE_SIZE = 64                  # in-memory entries: one per (region, endpoint, cache dir) a process uses
-MEMORY_CACHE_MAX_AGE_S = 7 * 86400.0    # an outer bound only: each call checks its own ttl_s against the entry
 # Page sizes: DescribeInstanceTypes allows at most 100; the offerings and spot history calls 1000.
 INSTANCE_TYPES_PAGE_SIZE = 100
 OFFERINGS_PAGE_SIZE = 1000
-DEFAULT_CACHE_DIR = Path("~/.cache/ray_nodeless")
-
-_memory: TTLCache = TTLCache(maxsize=MEMORY_CACHE_SIZE, ttl=MEMORY_CACHE_MAX_AGE_S)
-_memory_lock = threading.Lock()
-
-
-@dataclass
-class RefreshResult:
-    """What a refresh produced and where it came from."""
-
-    catalog: Catalog
-    source: str                         # live | memory | cache | stale-cache | fallback
-    region: str
-    doc: dict | None = None             # the document (None for the fallback catalog)
-    errors: list[str] = field(default_factory=list)
-    path: Path | None = None            # the disk cache file
 
 
 @dataclass
@@ -110,7 +74,7 @@ def instance_type_from_api(item: dict[str, Any]) -> InstanceType | None:
     if not archs or all(a.endswith("_mac") for a in archs):
         return None
     arch = "arm64" if "arm64" in archs else "x86_64"
-    family = name.split(".")[0]
+    family = aws_family(name)
     vcpus = item.get("VCpuInfo", {}).get("DefaultVCpus", 0)
     memory_gib = item.get("MemoryInfo", {}).get("SizeInMiB", 0) / 1024
 
@@ -127,10 +91,8 @@ def instance_type_from_api(item: dict[str, Any]) -> InstanceType | None:
             total_mib = gpu_info.get("TotalGpuMemoryInMiB") or sum(
                 int(x.get("Count", 0)) * int(x.get("MemoryInfo", {}).get("SizeInMiB", 0)) for x in gpus)
             gpu_mem = round(total_mib / 1024, 2)
-            per_gpu = gpu_mem / count if count else 0.0
-            if canon == "A100" and per_gpu >= 79:
-                canon = "A100-80GB"
-            gpu_model, gpu_count = canon, count
+            gpu_model = gpu_model_by_memory(canon, gpu_mem / count if count else 0.0)
+            gpu_count = count
     neuron = (item.get("NeuronInfo") or {}).get("NeuronDevices") or []
     if neuron and not accel:
         accel = neuron[0].get("Name", "")
@@ -143,7 +105,7 @@ def instance_type_from_api(item: dict[str, Any]) -> InstanceType | None:
     return InstanceType(
         cloud="aws", name=name, family=family, vcpus=_clean_number(vcpus), memory_gib=_clean_number(memory_gib),
         gpu_model=gpu_model, gpu_count=gpu_count, gpu_memory_gib=_clean_number(gpu_mem), arch=arch,
-        burstable=family in BURSTABLE_FAMILIES or bool(item.get("BurstablePerformanceSupported")),
+        burstable=family in AWS_BURSTABLE_FAMILIES or bool(item.get("BurstablePerformanceSupported")),
         accelerator=accel, accelerator_count=accel_count, machine_type=name, attached_gpu="",
     )
 
@@ -334,160 +296,40 @@ def build_document(region: str, f: _Fetched, built: str | None = None) -> dict:
     }
 
 
-# ------------------------------------------------------------------------------------------------------ caching
+# ------------------------------------------------------------------------------------------------------ the hook
 
 
-
-def _catalog_of(doc: dict, raw: bytes, source: str) -> Catalog:
-    return Catalog(doc, hashlib.sha256(raw).hexdigest(), source)
-
-
-def _cache_path(cache_dir: str | Path | None, region: str, endpoint_url: str | None) -> Path:
-    base = Path(cache_dir).expanduser() if cache_dir else DEFAULT_CACHE_DIR.expanduser()
-    # A catalog built against another endpoint (moto, a proxy) must never be mistaken for the real one.
-    suffix = "-" + hashlib.sha256(endpoint_url.encode()).hexdigest()[:8] if endpoint_url else ""
-    return base / f"aws-{region}{suffix}.json.gz"
-
-
-def _read_cache(path: Path) -> tuple[dict, Catalog] | None:
-    try:
-        raw = path.read_bytes()
-        doc = json.loads(gzip.decompress(raw))
-        return doc, _catalog_of(doc, raw, str(path))
-    except FileNotFoundError:
-        return None
-    except Exception as e:  # noqa: BLE001 - a corrupt cache is as good as none
-        logger.warning("ignoring unreadable AWS catalog cache %s: %s", path, e)
-        return None
-
-
-
-def _price_quality(doc: dict | None) -> int:
-    """How many of the two price sources came from AWS itself."""
-    ps = (doc or {}).get("price_source") or {}
+def price_quality(doc: dict) -> int:
+    """How many of the two price sources came from AWS itself (a degraded refresh keeps a better cache file)."""
+    ps = doc.get("price_source") or {}
     return int(ps.get("on_demand") == SOURCE_AWS_PRICING) + int(ps.get("spot") == SOURCE_AWS_SPOT)
 
 
-def clear_memory_cache() -> None:
-    with _memory_lock:
-        _memory.clear()
+def live_catalog(region: str, *, session_kwargs: dict | None = None, endpoint_url: str | None = None,
+                 pricing_endpoint_url: str | None = None,
+                 prices: Callable[[], Catalog] = embedded) -> LiveCatalog:
+    """How to read `region`'s catalog from EC2 and the Pricing API (the policy, `core/catalog/refresh.py`, decides
+    when). `prices`: the catalog whose prices patch a failed price source."""
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+    # A catalog built against another endpoint (moto, a proxy) must never be mistaken for the real one.
+    suffix = "-" + hashlib.sha256(endpoint.encode()).hexdigest()[:8] if endpoint else ""
 
+    def fetch_now() -> LiveFetch:
+        from ray_nodeless.providers.aws.clients import catalog_clients   # boto3 only when the cloud is read
 
-def refresh(region: str, *, session_kwargs: dict | None = None, endpoint_url: str | None = None,
-            pricing_endpoint_url: str | None = None, cache_dir: str | Path | None = None,
-            ttl_s: float = CATALOG_TTL_S, fallback: Callable[[], Catalog] = embedded,
-            force: bool = False) -> RefreshResult:
-    """The catalog for `region` with its provenance (see the module docstring for the policy)."""
-    path = _cache_path(cache_dir, region, endpoint_url)
-    key = (region, endpoint_url or "", str(path))
-    if not force and ttl_s > 0:
-        with _memory_lock:
-            hit = _memory.get(key)
-        if hit is not None and time.time() - hit[1] < ttl_s:
-            return RefreshResult(hit[0], "memory", region, doc=hit[2], path=path)
-        try:
-            age = time.time() - path.stat().st_mtime
-        except OSError:
-            age = math.inf
-        if age < ttl_s:
-            cached = _read_cache(path)
-            if cached is not None:
-                with _memory_lock:
-                    _memory[key] = (cached[1], path.stat().st_mtime, cached[0])
-                return RefreshResult(cached[1], "cache", region, doc=cached[0], path=path)
-
-    try:
         ec2, pricing = catalog_clients(region, session_kwargs, endpoint_url, pricing_endpoint_url)
-        fetched = fetch(region, ec2, pricing, fallback)
-        doc = build_document(region, fetched)
-        raw = dump_bytes(doc)
-        catalog = _catalog_of(doc, raw, f"aws-live:{region}")
-        catalog.region("aws", region)   # proves the document loads
-    except Exception as e:  # noqa: BLE001 - see the failure policy
-        what = f"AWS catalog refresh for {region} failed: {_short(e)}"
-        stale = _read_cache(path)
-        if stale is not None:
-            logger.warning("%s; keeping the last good catalog %s (%s)", what, stale[1].catalog_id, path)
-            return RefreshResult(stale[1], "stale-cache", region, doc=stale[0], errors=[what], path=path)
-        cat = fallback()
-        logger.warning("%s; no cached catalog at %s; using %s", what, path, cat.catalog_id)
-        return RefreshResult(cat, "fallback", region, errors=[what], path=path)
+        fetched = fetch(region, ec2, pricing, prices)
+        return LiveFetch(build_document(region, fetched), tuple(fetched.errors))
 
-    if fetched.errors:
-        previous = _read_cache(path)
-        if previous is not None and _price_quality(previous[0]) > _price_quality(doc):
-            logger.warning("AWS catalog refresh for %s degraded (%s); keeping the last good catalog %s",
-                           region, "; ".join(fetched.errors), previous[1].catalog_id)
-            return RefreshResult(previous[1], "stale-cache", region, doc=previous[0], errors=fetched.errors,
-                                 path=path)
-        logger.warning("AWS catalog refresh for %s: %s", region, "; ".join(fetched.errors))
-    try:
-        write_atomic(path, raw)
-    except OSError as e:
-        logger.warning("cannot write the AWS catalog cache %s: %s", path, e)
-    with _memory_lock:
-        _memory[key] = (catalog, time.time(), doc)
-    logger.info("AWS catalog %s: %d types, %d offerings (%s)", catalog.catalog_id,
-                len(doc["clouds"]["aws"]["types"]), len(doc["clouds"]["aws"]["regions"][region]["type"]),
-                doc["price_source"])
-    return RefreshResult(catalog, "live", region, doc=doc, errors=fetched.errors, path=path)
+    return LiveCatalog(cloud="aws", region=region, cache_name=f"aws-{region}{suffix}", fetch=fetch_now,
+                       quality=price_quality,
+                       describe=f"EC2 + Pricing APIs{' at ' + endpoint if endpoint else ''}")
 
 
-def refresh_aws_catalog(region: str, *, session_kwargs: dict | None = None, endpoint_url: str | None = None,
-                        pricing_endpoint_url: str | None = None, cache_dir: str | Path | None = None,
-                        ttl_s: float = CATALOG_TTL_S, fallback: Callable[[], Catalog] = embedded) -> Catalog:
-    """The live AWS catalog of `region` (cached for `ttl_s`); never raises for an AWS failure (see module doc)."""
-    return refresh(region, session_kwargs=session_kwargs, endpoint_url=endpoint_url,
-                   pricing_endpoint_url=pricing_endpoint_url, cache_dir=cache_dir, ttl_s=ttl_s,
-                   fallback=fallback).catalog
-
-
-def summarize(result: RefreshResult) -> dict[str, Any]:
-    entry = None
-    if result.doc is not None:
-        entry = result.doc["clouds"]["aws"]["regions"].get(result.region)
-    out: dict[str, Any] = {
-        "region": result.region, "source": result.source, "catalog_id": result.catalog.catalog_id,
-        "errors": list(result.errors),
-        "price_source": dict((result.doc or {}).get("price_source") or {}),
-    }
-    if entry is not None:
-        caps = entry["capacity"]
-        prices = entry["price"]
-        out.update(
-            types=len(set(entry["type"])),
-            offerings=len(prices),
-            priced=sum(p is not None for p in prices),
-            unknown_price=sum(p is None for p in prices),
-            on_demand_offerings=sum(c == CAPACITY_TYPES.index("on-demand") for c in caps),
-            spot_offerings=sum(c == CAPACITY_TYPES.index("spot") for c in caps),
-            zones=list(entry["zones"]),
-        )
-    return out
-
-
-def refresh_cli(region: str, out_path: str | Path, *, session_kwargs: dict | None = None,
-                endpoint_url: str | None = None, pricing_endpoint_url: str | None = None,
-                cache_dir: str | Path | None = None, fallback: Callable[[], Catalog] = embedded) -> dict[str, Any]:
-    """`ray-nodeless catalog refresh --cloud aws --region R`: refresh now and write the catalog to `out_path`.
-
-    Writes gzip if `out_path` ends in .gz, else JSON. Nothing is written when AWS could not be read and no cached
-    live catalog exists (summary `written: False`, `source: fallback`): the caller decides the exit status.
-    """
-    result = refresh(region, session_kwargs=session_kwargs, endpoint_url=endpoint_url,
-                     pricing_endpoint_url=pricing_endpoint_url, cache_dir=cache_dir, ttl_s=0, fallback=fallback,
-                     force=True)
-    summary = summarize(result)
-    out = Path(out_path).expanduser()
-    summary["out_path"] = str(out)
-    summary["written"] = False
-    if result.doc is not None:
-        raw = dump_bytes(result.doc)
-        if out.suffix != ".gz":
-            raw = json.dumps(result.doc, separators=(",", ":"), sort_keys=True).encode()
-        write_atomic(out, raw)
-        summary["written"] = True
-    return summary
+def live_catalog_for(provider: Mapping[str, Any], region: str) -> LiveCatalog:
+    """`AwsConfig.live_catalog`: the provider block's credentials and endpoint."""
+    return live_catalog(region, session_kwargs=provider.get("aws_credentials"),
+                        endpoint_url=provider.get("endpoint_url"))
 
 
 def _short(e: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ray_nodeless.core.catalog.refresh import LiveCatalog
 from ray_nodeless.core.node_resources import FillRule
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.providers.aws import metadata
@@ -74,3 +75,9 @@ class AwsConfig(BackendConfig):
         which = ref.get("LaunchTemplateName") or ref.get("LaunchTemplateId") or "?"
         return [f"note: LaunchTemplate {which} is read by `ray up`: an InstanceType or spot InstanceMarketOptions "
                 "it sets pins this node type then (this preview makes no API call and cannot read it)"]
+
+    @classmethod
+    def live_catalog(cls, provider: Mapping[str, Any], region: str) -> LiveCatalog:
+        from ray_nodeless.providers.aws.catalog import live_catalog_for   # reads the cloud only when fetched
+
+        return live_catalog_for(provider, region)

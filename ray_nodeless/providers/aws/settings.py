@@ -307,4 +307,3 @@ def requirement_overrides(settings: AwsSettings, node_config: Mapping[str, Any])
     if zones is not None:
         out["zones"] = zones
     return out
-

@@ -1,4 +1,4 @@
-"""Live refresh of the GCP part of the catalog: which machine shapes each zone of a region offers, from the
+"""A live GCP catalog for one region (`GcpConfig.live_catalog`'s hook): which machine shapes each zone of a region offers, from the
 Compute API (`zones.list`, `machineTypes.list`, `acceleratorTypes.list`).
 
 What is refreshed and what is not (also written into the catalog document, so a decision can say so):
@@ -13,17 +13,16 @@ What is refreshed and what is not (also written into the catalog document, so a 
 - N1 + GPU combinations follow the embedded catalog's list (the GPU-count and vCPU limits GCE documents); live
   data only decides in which zones each combination exists.
 
-On any error the refresher falls back to the last good cached file, then to the embedded catalog, with a
-warning. A fresh cache (younger than `ttl_s`) is used without calling the API at all.
+When it is read, and what is used when it cannot be (memory -> disk cache -> live -> stale disk cache ->
+embedded, `catalog_ttl_s`), is the one policy of `core/catalog/refresh.py`; this module only reads the cloud.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 from ray_nodeless.core.catalog import (
     CAPACITY_TYPES,
@@ -32,71 +31,25 @@ from ray_nodeless.core.catalog import (
     InstanceType,
     RegionCatalog,
     embedded,
-    load_file,
     region_entry,
     type_row,
 )
-from ray_nodeless.errors import CatalogError
-from ray_nodeless.core.gpus import canonical_gpu
-from ray_nodeless.providers.gcp.clients import compute_client_kwargs
-
-from ray_nodeless.core.catalog import dump_bytes as _encode  # noqa: E402  one encoding for every catalog file
-from ray_nodeless.core.catalog import write_atomic as _write_atomic  # noqa: E402
+from ray_nodeless.core.catalog.refresh import LiveCatalog, LiveFetch
+from ray_nodeless.core.cloud_facts import GCP_BURSTABLE_TYPES, gcp_family
+from ray_nodeless.core.gpus import GPU_MEMORY_GIB, canonical_gpu
+from ray_nodeless.errors import CatalogError, ConfigError
 
 logger = logging.getLogger(__name__)
 
-# Memory per GPU (GiB) for built-in GPUs of machine types the embedded catalog does not know.
-GPU_MEMORY_GIB: dict[str, float] = {
-    "K80": 12, "P4": 8, "P100": 16, "T4": 16, "V100": 16, "L4": 24, "A100": 40, "A100-80GB": 80, "H100": 80,
-    "H200": 141, "B200": 180,
-}
-# Shared-core types GCE bills as burstable (same list as the embedded catalog builder).
-BURSTABLE_TYPES = frozenset({"e2-micro", "e2-small", "e2-medium", "f1-micro", "g1-small"})
 # One list call of the refresh. Not retried: a failed refresh falls back to the cache or the embedded catalog, and
 # a live catalog is an optimisation that must not hold up `ray up` for long.
 FETCH_TIMEOUT_S = 60.0
-# A cached live catalog younger than this is used without calling the API: GCE adds machine types a few times a
-# year, so one refresh a day is plenty.
-CACHE_TTL_S = 86400.0
 # Deprecation states after which a machine type can no longer be used for new instances.
 _UNUSABLE_STATES = frozenset({"OBSOLETE", "DELETED"})
 
 
-@dataclass
-class RefreshSummary:
-    """What a refresh produced; `source` is "live", "cache" or "embedded" (the last two after a failure or TTL)."""
-
-    source: str
-    catalog_id: str
-    region: str
-    zones: list[str] = field(default_factory=list)
-    types: int = 0
-    offerings: int = 0
-    priced: int = 0
-    unknown: int = 0
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _clean(x: float) -> float | int:
     return int(x) if float(x).is_integer() else round(float(x), 3)
-
-
-def _catalog_from_doc(doc: dict, source: str) -> tuple[Catalog, bytes]:
-    raw = _encode(doc)
-    return Catalog(doc, hashlib.sha256(raw).hexdigest(), source), raw
-
-
-def _count(cat: Catalog, region: str) -> tuple[int, int, int, int]:
-    """(types, offerings, priced, unknown) of a catalog's GCP region, zeros if it lacks the region."""
-    try:
-        r: RegionCatalog = cat.region("gcp", region)
-    except CatalogError:
-        return 0, 0, 0, 0
-    priced = sum(1 for o in r.offerings() if o.hourly_price is not None)
-    return len(cat.types("gcp")), len(r), priced, len(r) - priced
 
 
 # ----------------------------------------------------------------------------------------- live fetch
@@ -110,6 +63,8 @@ class _ZoneData:
 
 def _clients(api_endpoint: str | None, credentials: Any) -> tuple[Any, Any, Any]:
     from google.cloud import compute_v1
+
+    from ray_nodeless.providers.gcp.clients import compute_client_kwargs
 
     kw = compute_client_kwargs(api_endpoint, credentials)
     return (compute_v1.ZonesClient(**kw), compute_v1.MachineTypesClient(**kw),
@@ -148,7 +103,7 @@ def fetch_region(region: str, project_id: str, *, api_endpoint: str | None = Non
 
 def _live_type(mt: Any, known: InstanceType | None) -> InstanceType:
     name = mt.name
-    family = name.split("-")[0]
+    family = gcp_family(name)
     model, count = "", 0
     if mt.accelerators:
         acc = mt.accelerators[0]
@@ -160,7 +115,7 @@ def _live_type(mt: Any, known: InstanceType | None) -> InstanceType:
     return InstanceType(
         cloud="gcp", name=name, family=family, vcpus=_clean(mt.guest_cpus), memory_gib=_clean(mt.memory_mb / 1024),
         gpu_model=model, gpu_count=count, gpu_memory_gib=_clean(gpu_mem), arch=arch,
-        burstable=bool(mt.is_shared_cpu) or name in BURSTABLE_TYPES, machine_type=name)
+        burstable=bool(mt.is_shared_cpu) or name in GCP_BURSTABLE_TYPES, machine_type=name)
 
 
 def build_doc(region: str, data: dict[str, _ZoneData], prices: Catalog | None, project_id: str = "") -> dict:
@@ -228,86 +183,53 @@ def build_doc(region: str, data: dict[str, _ZoneData], prices: Catalog | None, p
     }
 
 
-# ----------------------------------------------------------------------------------------- entry point
+# ----------------------------------------------------------------------------------------- the hook
 
 
-def refresh_gcp_catalog(region: str, project_id: str, *, api_endpoint: str | None = None, credentials: Any = None,
-                        cache_dir: str | Path | None = None, ttl_s: float = CACHE_TTL_S,
-                        fallback: Callable[[], Catalog] = embedded,
-                        price_catalog: Catalog | None = None) -> Catalog:
-    """The live GCP catalog of `region` (what `NodelessProvider._load_catalog` uses).
+def live_catalog(region: str, project_id: str, *, api_endpoint: str | None = None, credentials: Any = None,
+                 prices: Callable[[], Catalog | None] | None = None) -> LiveCatalog:
+    """How to read `region`'s catalog from the Compute API (the policy, `core/catalog/refresh.py`, decides when).
 
-    The summary dict of `refresh_gcp_catalog_with_summary` is attached as `catalog.refresh_summary`.
+    `credentials`: None = google.auth default, "anonymous" (tests), a google.auth Credentials object, or a
+    callable returning one of these (called when the cloud is read, so building the hook does no I/O).
+    `prices`: the catalog prices are copied from (default: the embedded catalog).
     """
-    cat, summary = refresh_gcp_catalog_with_summary(
-        region, project_id, api_endpoint=api_endpoint, credentials=credentials, cache_dir=cache_dir, ttl_s=ttl_s,
-        fallback=fallback, price_catalog=price_catalog)
-    cat.refresh_summary = summary  # type: ignore[attr-defined]
-    return cat
+    def fetch_now() -> LiveFetch:
+        price_catalog = prices() if prices is not None else _embedded_or_none()
+        creds = credentials() if callable(credentials) else credentials
+        data = fetch_region(region, project_id, api_endpoint=api_endpoint, credentials=creds)
+        warnings = () if price_catalog is not None else ("no price catalog: every price is unknown",)
+        return LiveFetch(build_doc(region, data, price_catalog, project_id), warnings)
+
+    # The cache file names the project and endpoint: machine types offered differ by project (quotas, previews),
+    # and a fake server's catalog must never be mistaken for the real one.
+    ident = f"{project_id}|{api_endpoint or ''}"
+    return LiveCatalog(cloud="gcp", region=region,
+                       cache_name=f"gcp-{region}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}",
+                       fetch=fetch_now,
+                       describe=f"Compute API{' at ' + api_endpoint if api_endpoint else ''}, project {project_id}")
 
 
-def refresh_gcp_catalog_with_summary(
-        region: str, project_id: str, *, api_endpoint: str | None = None, credentials: Any = None,
-        cache_dir: str | Path | None = None, ttl_s: float = CACHE_TTL_S, fallback: Callable[[], Catalog] = embedded,
-        price_catalog: Catalog | None = None) -> tuple[Catalog, dict[str, Any]]:
-    """Build (or reuse) the live GCP catalog of `region`. Returns (catalog, summary dict).
+def live_catalog_for(provider: Mapping[str, Any], region: str) -> LiveCatalog:
+    """`GcpConfig.live_catalog`: the provider block's project, endpoint and credentials."""
+    from ray_nodeless.core.schema import parse_section
+    from ray_nodeless.providers.gcp.settings import GcpSettings
 
-    `credentials`: None = google.auth default, "anonymous" (tests), or a google.auth Credentials object.
-    `price_catalog`: where prices come from (default: the embedded catalog).
-    Never raises for API or cache problems: it falls back to the cached file, then to `fallback()`.
-    """
-    cache = Path(cache_dir) / f"gcp-live-{region}.json.gz" if cache_dir is not None else None
-    if cache is not None and cache.exists() and time.time() - cache.stat().st_mtime < ttl_s:
-        try:
-            cat = load_file(cache)
-            return cat, _summary("cache", cat, region).to_dict()
-        except CatalogError as e:
-            logger.warning("cached catalog %s is unreadable (%s); refreshing", cache, e)
+    project_id = provider.get("project_id")
+    if not isinstance(project_id, str) or not project_id:
+        raise ConfigError("provider.project_id", "required for a live gcp catalog (the project whose machine "
+                                                 "types are read)")
+    if "credentials" in provider or "gcp_credentials" in provider:
+        def credentials() -> Any:
+            return parse_section(GcpSettings, provider, "provider").client_credentials()
+    else:
+        credentials = None    # type: ignore[assignment]  # Application Default Credentials
+    return live_catalog(region, project_id, api_endpoint=provider.get("api_endpoint"), credentials=credentials)
+
+
+def _embedded_or_none() -> Catalog | None:
     try:
-        prices = price_catalog
-        if prices is None:
-            try:
-                prices = embedded()
-            except Exception as e:  # noqa: BLE001 - a refresh without prices is still a refresh
-                logger.warning("embedded catalog unavailable (%s): every live price will be unknown", e)
-        data = fetch_region(region, project_id, api_endpoint=api_endpoint, credentials=credentials)
-        doc = build_doc(region, data, prices, project_id)
-        cat, raw = _catalog_from_doc(doc, f"live:gcp:{region}")
-        if cache is not None:
-            try:
-                _write_atomic(cache, raw)
-            except OSError as e:
-                logger.warning("could not write catalog cache %s: %s", cache, e)
-        summary = _summary("live", cat, region)
-        summary.zones = sorted(data)
-        logger.info("refreshed gcp catalog %s: %d types, %d offerings (%d priced, %d unknown)", cat.catalog_id,
-                    summary.types, summary.offerings, summary.priced, summary.unknown)
-        return cat, summary.to_dict()
-    except Exception as e:  # noqa: BLE001 - any failure falls back, loudly
-        err = f"{type(e).__name__}: {e}"
-        if cache is not None and cache.exists():
-            try:
-                cat = load_file(cache)
-                logger.warning("gcp catalog refresh for %s failed (%s); using the last good cache %s (%s)", region,
-                               err, cache, cat.catalog_id)
-                s = _summary("cache", cat, region)
-                s.error = err
-                return cat, s.to_dict()
-            except CatalogError as ce:
-                logger.warning("cached catalog %s is unreadable too: %s", cache, ce)
-        cat = fallback()
-        logger.warning("gcp catalog refresh for %s failed (%s); using %s", region, err, cat.catalog_id)
-        s = _summary("embedded", cat, region)
-        s.error = err
-        return cat, s.to_dict()
-
-
-def _summary(source: str, cat: Catalog, region: str) -> RefreshSummary:
-    types, offerings, priced, unknown = _count(cat, region)
-    zones: list[str] = []
-    try:
-        zones = list(cat.region("gcp", region).zones)
-    except CatalogError:
-        pass
-    return RefreshSummary(source=source, catalog_id=cat.catalog_id, region=region, zones=zones, types=types,
-                          offerings=offerings, priced=priced, unknown=unknown)
+        return embedded()
+    except Exception as e:  # noqa: BLE001 - a refresh without prices is still a refresh
+        logger.warning("embedded catalog unavailable (%s): every live price will be unknown", e)
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ray_nodeless.core.catalog.refresh import LiveCatalog
 from ray_nodeless.core.node_resources import FillRule
 from ray_nodeless.providers.base import BackendConfig
 from ray_nodeless.providers.gcp import metadata
@@ -51,3 +52,9 @@ class GcpConfig(BackendConfig):
         from ray_nodeless.providers.gcp.swapin import GcpSwapIn      # only `ray-nodeless convert` needs it
 
         return GcpSwapIn()
+
+    @classmethod
+    def live_catalog(cls, provider: Mapping[str, Any], region: str) -> LiveCatalog:
+        from ray_nodeless.providers.gcp.catalog import live_catalog_for   # reads the cloud only when fetched
+
+        return live_catalog_for(provider, region)

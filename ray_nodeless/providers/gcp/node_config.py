@@ -331,4 +331,3 @@ def _check_scheduling(sched: Mapping[str, Any], key: str) -> None:
     if capacity == "spot" and sched.get("onHostMaintenance") == "MIGRATE":
         raise ConfigError(f"{key}.onHostMaintenance", "MIGRATE cannot be honoured for spot / preemptible VMs "
                                                       "(GCE terminates them on maintenance); remove it")
-
