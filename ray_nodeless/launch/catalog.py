@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.catalog.refresh import (
-    SOURCE_EMBEDDED, SOURCE_FILE, CatalogResult, resolve_live,
+    MEMORY, SOURCE_EMBEDDED, SOURCE_FILE, CatalogResult, MemoryCache, resolve_live,
 )
 from ray_nodeless.core.cluster_plan import load_catalog, planner_for
 from ray_nodeless.core.planner import Planner
@@ -42,7 +42,8 @@ def _check_region(catalog: catalog_mod.Catalog, settings: ProviderSettings) -> N
 
 
 def catalog_result(settings: ProviderSettings, provider: Mapping[str, Any], *, cache_dir: str | Path | None = None,
-                   clock: Callable[[], float] = time.time, force: bool = False) -> CatalogResult:
+                   clock: Callable[[], float] = time.time, force: bool = False,
+                   memory: MemoryCache = MEMORY) -> CatalogResult:
     """The catalog that prices decisions and where it came from. `live` never fails for the cloud's sake (a live
     catalog is an optimisation); a file that cannot be read, or a region no catalog covers, is a ConfigError."""
     if settings.catalog != "live":
@@ -53,7 +54,7 @@ def catalog_result(settings: ProviderSettings, provider: Mapping[str, Any], *, c
                              Path(settings.catalog))
     live = backend_config(settings.cloud).live_catalog(provider, settings.region)
     result = resolve_live(live, ttl_s=settings.catalog_ttl_s, cache_dir=cache_dir, clock=clock, force=force,
-                          no_live_reason=f"the {settings.cloud} backend has no live catalog")
+                          memory=memory, no_live_reason=f"the {settings.cloud} backend has no live catalog")
     _check_region(result.catalog, settings)
     return result
 

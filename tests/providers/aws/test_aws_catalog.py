@@ -14,10 +14,10 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from ray_nodeless.core.catalog import Catalog, InstanceType, embedded, load_file, region_entry, type_row
+from ray_nodeless.core.catalog.refresh import CatalogResult, MemoryCache, resolve_live
 from ray_nodeless.providers.aws import catalog as aws_catalog
 from ray_nodeless.providers.aws.catalog import (SOURCE_AWS_PRICING, SOURCE_AWS_SPOT, instance_type_from_api,
-                                                on_demand_price_from_product, plausible_spot, refresh,
-                                                refresh_aws_catalog, refresh_cli)
+                                                on_demand_price_from_product, plausible_spot, price_quality)
 
 from ray_nodeless.testing.moto_server import REGION, MotoServer, _Raw, ec2_error, forward, query_params
 
@@ -89,8 +89,15 @@ class Fakes:
 
 @pytest.fixture
 def fakes() -> Fakes:
-    aws_catalog.clear_memory_cache()
     return Fakes()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def tiny_catalog() -> Catalog:
@@ -100,9 +107,12 @@ def tiny_catalog() -> Catalog:
     return Catalog(doc, "0" * 64, "tiny")
 
 
-def run(moto: MotoServer, fakes: Fakes, tmp_path: Path, **kw: Any):
+def run(moto: MotoServer, fakes: Fakes, cache_dir: Path, **kw: Any) -> CatalogResult:
+    """The policy over the AWS hook (a fresh memory unless one is given: each call is a new process)."""
     kw.setdefault("ttl_s", 3600)
-    return refresh(REGION, session_kwargs=fakes.kwargs, endpoint_url=moto.url, cache_dir=tmp_path, **kw)
+    kw.setdefault("memory", MemoryCache())
+    live = aws_catalog.live_catalog(REGION, session_kwargs=fakes.kwargs, endpoint_url=moto.url)
+    return resolve_live(live, cache_dir=cache_dir, **kw)
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -147,9 +157,10 @@ def test_price_parsing_and_spot_plausibility() -> None:
 
 def test_live_refresh_with_prices(moto: MotoServer, fakes: Fakes, tmp_path: Path) -> None:
     r = run(moto, fakes, tmp_path)
-    assert r.source == "live" and r.errors[-1].endswith("implausible spot prices discarded")
-    assert r.doc["name"] == "aws-live-us-east-1" and r.doc["format"] == 1
-    assert r.doc["price_source"] == {"on_demand": SOURCE_AWS_PRICING, "spot": SOURCE_AWS_SPOT}
+    assert r.source == "live" and r.warnings[-1].endswith("implausible spot prices discarded")
+    doc = r.catalog.doc
+    assert doc["name"] == "aws-live-us-east-1" and doc["format"] == 1
+    assert doc["price_source"] == {"on_demand": SOURCE_AWS_PRICING, "spot": SOURCE_AWS_SPOT}
     cat = r.catalog
     assert cat.catalog_id.startswith("aws-live-us-east-1@")
     types = cat.types("aws")
@@ -175,7 +186,8 @@ def test_moto_as_is_falls_back_to_embedded_prices(moto: MotoServer, fakes: Fakes
         r = run(moto, fakes, tmp_path)
     emb = embedded()
     assert r.source == "live"
-    assert r.doc["price_source"] == {"on_demand": f"fallback:{emb.catalog_id}", "spot": f"fallback:{emb.catalog_id}"}
+    assert r.catalog.doc["price_source"] == {"on_demand": f"fallback:{emb.catalog_id}",
+                                             "spot": f"fallback:{emb.catalog_id}"}
     rc, erc = r.catalog.region("aws", REGION), emb.region("aws", REGION)
     for name, zone in (("m5.large", "us-east-1a"), ("g4dn.xlarge", "us-east-1b")):
         for cap in ("on-demand", "spot"):
@@ -185,19 +197,22 @@ def test_moto_as_is_falls_back_to_embedded_prices(moto: MotoServer, fakes: Fakes
 
 
 def test_ttl_memory_and_disk_cache(moto: MotoServer, fakes: Fakes, tmp_path: Path) -> None:
-    first = run(moto, fakes, tmp_path)
+    memory, clock = MemoryCache(), Clock()
+    first = run(moto, fakes, tmp_path, memory=memory, clock=clock)
     n = len(fakes.calls)
     assert {"DescribeInstanceTypes", "DescribeInstanceTypeOfferings", "DescribeSpotPriceHistory",
             "GetProducts"} <= set(fakes.calls)
-    again = refresh_aws_catalog(REGION, session_kwargs=fakes.kwargs, endpoint_url=moto.url, cache_dir=tmp_path)
-    assert again is first.catalog and len(fakes.calls) == n            # memory hit: no API call
-    aws_catalog.clear_memory_cache()
-    disk = run(moto, fakes, tmp_path)
-    assert disk.source == "cache" and disk.catalog.catalog_id == first.catalog.catalog_id and len(fakes.calls) == n
-    forced = run(moto, fakes, tmp_path, ttl_s=0)
-    assert forced.source == "live" and len(fakes.calls) > n
+    clock.now += 600
+    again = run(moto, fakes, tmp_path, memory=memory, clock=clock)
+    assert again.source == "memory" and again.catalog is first.catalog and len(fakes.calls) == n
+    disk = run(moto, fakes, tmp_path, clock=clock)                      # a new process: the disk cache
+    assert disk.source == "disk" and disk.catalog.catalog_id == first.catalog.catalog_id and len(fakes.calls) == n
+    clock.now += 3600
+    stale = run(moto, fakes, tmp_path, memory=memory, clock=clock)     # older than ttl_s: read again
+    assert stale.source == "live" and len(fakes.calls) > n
     # A catalog built against another endpoint never shares the cache file of the real one.
     assert first.path.name.startswith("aws-us-east-1-") and first.path.parent == tmp_path
+    assert aws_catalog.live_catalog(REGION).cache_name == "aws-us-east-1"
 
 
 def test_failure_keeps_last_good_cache_then_falls_back(moto: MotoServer, fakes: Fakes, tmp_path: Path,
@@ -206,43 +221,63 @@ def test_failure_keeps_last_good_cache_then_falls_back(moto: MotoServer, fakes: 
     fakes.fail = {"DescribeInstanceTypes"}
     with caplog.at_level(logging.WARNING, logger="ray_nodeless"):
         stale = run(moto, fakes, tmp_path, ttl_s=0)
-    assert stale.source == "stale-cache" and stale.catalog.catalog_id == good.catalog.catalog_id
-    assert "UnauthorizedOperation" in caplog.text and "keeping the last good catalog" in caplog.text
+    assert stale.source == "stale-disk" and stale.catalog.catalog_id == good.catalog.catalog_id
+    assert "UnauthorizedOperation" in caplog.text and "using the last good cache file" in caplog.text
 
-    empty = tmp_path / "empty"
-    fb = refresh(REGION, session_kwargs=fakes.kwargs, endpoint_url=moto.url, cache_dir=empty, ttl_s=0,
-                 fallback=tiny_catalog)
-    assert fb.source == "fallback" and fb.catalog.name == "tiny" and "DescribeInstanceTypes" in fb.errors[0]
+    fb = run(moto, fakes, tmp_path / "empty", ttl_s=0, fallback=tiny_catalog)
+    assert fb.source == "embedded" and fb.catalog.name == "tiny" and "DescribeInstanceTypes" in fb.warnings[0]
 
 
 def test_degraded_refresh_does_not_replace_a_better_cache(moto: MotoServer, fakes: Fakes, tmp_path: Path) -> None:
     good = run(moto, fakes, tmp_path)
     fakes.pricing_ok = False
     again = run(moto, fakes, tmp_path, ttl_s=0)
-    assert again.source == "stale-cache" and again.catalog.catalog_id == good.catalog.catalog_id
-    assert any("pricing:GetProducts failed" in e for e in again.errors)
+    assert again.source == "stale-disk" and again.catalog.catalog_id == good.catalog.catalog_id
+    assert any("pricing:GetProducts failed" in e for e in again.warnings)
+    assert price_quality(good.catalog.doc) == 2
 
 
 def test_unreachable_endpoint_without_cache_uses_fallback(tmp_path: Path) -> None:
-    aws_catalog.clear_memory_cache()
-    cat = refresh_aws_catalog(REGION, endpoint_url="http://127.0.0.1:9", cache_dir=tmp_path, fallback=tiny_catalog,
-                              session_kwargs={"aws_access_key_id": "x", "aws_secret_access_key": "y"})
-    assert cat.name == "tiny"
+    live = aws_catalog.live_catalog(REGION, endpoint_url="http://127.0.0.1:9",
+                                    session_kwargs={"aws_access_key_id": "x", "aws_secret_access_key": "y"})
+    r = resolve_live(live, cache_dir=tmp_path, fallback=tiny_catalog, memory=MemoryCache())
+    assert r.source == "embedded" and r.catalog.name == "tiny"
 
 
-def test_refresh_cli(moto: MotoServer, fakes: Fakes, tmp_path: Path) -> None:
+def cli_json(stdout: str) -> dict:
+    """The command's JSON document (moto's in-process server prints its own complaints to stdout first)."""
+    return json.loads(stdout[stdout.index("{\n"):])
+
+
+def test_refresh_cli(moto: MotoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ray-nodeless catalog refresh` goes through the same hook and policy: the cache `catalog: live` reads, and
+    --out. moto as it is: no Pricing API, placeholder spot prices (patched from the embedded catalog)."""
+    from click.testing import CliRunner
+
+    from ray_nodeless.cli.main import main
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     out = tmp_path / "out" / "aws-us-east-1.json.gz"
-    s = refresh_cli(REGION, out, session_kwargs=fakes.kwargs, endpoint_url=moto.url, cache_dir=tmp_path)
-    assert s["written"] and s["source"] == "live" and out.exists()
+    args = ["catalog", "refresh", "--cloud", "aws", "--region", REGION, "--endpoint-url", moto.url,
+            "--cache-dir", str(tmp_path / "cache"), "--json"]
+    r = CliRunner().invoke(main, args + ["--out", str(out)])
+    assert r.exit_code == 0, r.output + r.stderr
+    s = cli_json(r.stdout)
+    assert s["written"] == str(out) and s["source"] == "live" and out.exists()
     assert s["offerings"] == s["priced"] + s["unknown_price"] == s["on_demand_offerings"] + s["spot_offerings"]
     assert s["types"] > 1300 and s["priced"] > 0 and s["unknown_price"] > 0
-    assert s["price_source"]["on_demand"] == SOURCE_AWS_PRICING
+    assert s["price_source"]["on_demand"].startswith("fallback:") and s["warnings"]
     loaded = load_file(out)
     assert loaded.name == "aws-live-us-east-1" and len(loaded.region("aws", REGION)) == s["offerings"]
     assert json.loads(gzip.decompress(out.read_bytes()))["format"] == 1
+    cached = Path(s["cache_path"])
+    assert cached.parent == tmp_path / "cache" and load_file(cached).catalog_id == loaded.catalog_id
 
-    fakes.fail = {"DescribeInstanceTypeOfferings"}
     out2 = tmp_path / "x.json"
-    s2 = refresh_cli(REGION, out2, session_kwargs=fakes.kwargs, endpoint_url=moto.url, cache_dir=tmp_path / "none",
-                     fallback=tiny_catalog)
-    assert s2["source"] == "fallback" and not s2["written"] and not out2.exists() and s2["errors"]
+    r2 = CliRunner().invoke(main, ["catalog", "refresh", "--cloud", "aws", "--region", REGION,
+                                                   "--endpoint-url", "http://127.0.0.1:9", "--cache-dir",
+                                                   str(tmp_path / "none"), "--out", str(out2), "--json"])
+    s2 = cli_json(r2.stdout)
+    assert r2.exit_code == 1 and s2["source"] == "embedded" and s2["written"] is None and not out2.exists()
+    assert r2.stderr.startswith("ray-nodeless: error: aws catalog refresh for us-east-1 failed")

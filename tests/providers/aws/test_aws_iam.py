@@ -29,7 +29,8 @@ import requests
 
 from ray_nodeless.errors import BackendError, ForeignMachineError
 from ray_nodeless.providers.aws.backend import AwsBackend
-from ray_nodeless.providers.aws.catalog import refresh
+from ray_nodeless.core.catalog.refresh import MemoryCache, resolve_live
+from ray_nodeless.providers.aws.catalog import live_catalog
 
 from ray_nodeless.testing.moto_server import REGION, MotoServer
 from tests.providers.aws.helpers import CLUSTER, make_spec, offering
@@ -144,7 +145,8 @@ def test_head_policy_suffices_and_nothing_else_is_allowed(moto: MotoServer, enfo
             "ec2:TerminateInstances"} <= used
 
     # The catalog refresh reads specs, offerings and spot history with the same permissions.
-    r = refresh(REGION, session_kwargs=head.creds, endpoint_url=moto.url, cache_dir=tmp_path, ttl_s=0, force=True)
+    r = resolve_live(live_catalog(REGION, session_kwargs=head.creds, endpoint_url=moto.url), cache_dir=tmp_path,
+                     ttl_s=0, memory=MemoryCache())
     assert r.source == "live" and len(r.catalog.types("aws")) > 1300
 
     # Outside the policy: refused, and the error names the action.

@@ -1,5 +1,5 @@
 """Live GCP catalog refresh against the fake Compute server (ray_nodeless.testing.fake_gce), priced from a small
-hand-made catalog."""
+hand-made catalog, through the one refresh policy (core/catalog/refresh.py): cached on disk like AWS."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +10,11 @@ from typing import Iterator
 import pytest
 
 from ray_nodeless.core.catalog import Catalog, InstanceType, embedded, region_entry, type_row
-from ray_nodeless.providers.gcp.catalog import refresh_gcp_catalog, refresh_gcp_catalog_with_summary
+from ray_nodeless.core.catalog.refresh import MemoryCache, resolve_live, summarize
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.launch.catalog import catalog_result
+from ray_nodeless.launch.config import load_provider_config
+from ray_nodeless.providers.gcp import catalog as gcp_catalog
 from ray_nodeless.testing.fake_gce import FakeGce
 
 PROJECT = "test-project"
@@ -54,10 +58,23 @@ def fake() -> Iterator[FakeGce]:
         yield f
 
 
-def refresh(fake: FakeGce, tmp_path: Path, **kw):  # type: ignore[no-untyped-def]
-    kw.setdefault("price_catalog", price_catalog())
-    return refresh_gcp_catalog_with_summary(REGION, PROJECT, api_endpoint=fake.url, credentials="anonymous",
-                                            cache_dir=tmp_path, **kw)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def refresh(fake: FakeGce, tmp_path: Path, region: str = REGION, prices: Catalog | None = None,
+            **kw) -> tuple[Catalog, dict]:  # type: ignore[no-untyped-def]
+    """The policy over the GCP hook (a fresh memory unless one is given: each call is a new process)."""
+    prices = prices or price_catalog()
+    kw.setdefault("memory", MemoryCache())
+    live = gcp_catalog.live_catalog(region, PROJECT, api_endpoint=fake.url, credentials="anonymous",
+                                    prices=lambda: prices)
+    result = resolve_live(live, cache_dir=tmp_path, **kw)
+    return result.catalog, summarize(result, "gcp", region)
 
 
 def test_live_refresh_builds_region_from_the_api(fake: FakeGce, tmp_path: Path) -> None:
@@ -90,9 +107,9 @@ def test_live_refresh_builds_region_from_the_api(fake: FakeGce, tmp_path: Path) 
     assert r.find("n1-standard-8+1xT4", "us-central1-c", "on-demand") is None
     assert r.find("n1-standard-8+8xV100", "us-central1-c", "spot") is not None
 
-    assert summary["source"] == "live" and summary["error"] is None
+    assert summary["source"] == "live" and summary["warnings"] == []
     assert summary["types"] == len(names)
-    assert summary["offerings"] == len(r) == summary["priced"] + summary["unknown"]
+    assert summary["offerings"] == len(r) == summary["priced"] + summary["unknown_price"]
     assert summary["priced"] == sum(1 for o in r.offerings() if o.hourly_price is not None) > 0
     # every zone's machineTypes and acceleratorTypes list was read, with pagination
     assert fake.count("zones.list") >= 1
@@ -102,24 +119,29 @@ def test_live_refresh_builds_region_from_the_api(fake: FakeGce, tmp_path: Path) 
 
 
 def test_fresh_cache_is_used_without_calling_the_api(fake: FakeGce, tmp_path: Path) -> None:
-    cat1, _ = refresh(fake, tmp_path)
-    assert (tmp_path / "gcp-live-us-central1.json.gz").exists()
+    clock = Clock()
+    cat1, s1 = refresh(fake, tmp_path, clock=clock)
+    assert s1["cache_path"].startswith(str(tmp_path / "gcp-us-central1-")) and Path(s1["cache_path"]).exists()
     n = len(fake.requests)
-    cat2, summary = refresh(fake, tmp_path)
+    clock.now += 3599
+    cat2, summary = refresh(fake, tmp_path, clock=clock, ttl_s=3600)   # a new process, the disk copy is fresh
     assert len(fake.requests) == n
-    assert summary["source"] == "cache" and cat2.catalog_id == cat1.catalog_id
+    assert (summary["source"], summary["age_s"]) == ("disk", 3599) and cat2.catalog_id == cat1.catalog_id
     assert cat2.region("gcp", REGION).find("e2-standard-4", "us-central1-a", "spot").hourly_price == 0.067
+    clock.now += 2
+    _, again = refresh(fake, tmp_path, clock=clock, ttl_s=3600)          # older than the TTL: read again
+    assert again["source"] == "live" and len(fake.requests) > n
 
 
 def test_failure_falls_back_to_last_good_cache(fake: FakeGce, tmp_path: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     cat1, _ = refresh(fake, tmp_path)
     fake.fail_method("machineTypes.list", status=500, times=None)
-    with caplog.at_level(logging.WARNING, logger="ray_nodeless.providers.gcp.catalog"):
-        cat2, summary = refresh(fake, tmp_path, ttl_s=0)          # stale cache: refresh is attempted
-    assert summary["source"] == "cache" and "InternalServerError" in summary["error"]
+    with caplog.at_level(logging.WARNING, logger="ray_nodeless.core.catalog.refresh"):
+        cat2, summary = refresh(fake, tmp_path, ttl_s=0)          # refresh is attempted, fails
+    assert summary["source"] == "stale-disk" and "InternalServerError" in summary["warnings"][0]
     assert cat2.catalog_id == cat1.catalog_id
-    assert any("last good cache" in r.getMessage() for r in caplog.records)
+    assert any("last good cache file" in r.getMessage() for r in caplog.records)
 
 
 def test_failure_without_cache_falls_back_to_embedded(fake: FakeGce, tmp_path: Path,
@@ -127,34 +149,56 @@ def test_failure_without_cache_falls_back_to_embedded(fake: FakeGce, tmp_path: P
     fallback = price_catalog()
     fake.fail_method("zones.list", status=403, times=None, message="Required 'compute.zones.list' permission",
                      reason="forbidden")
-    with caplog.at_level(logging.WARNING, logger="ray_nodeless.providers.gcp.catalog"):
+    with caplog.at_level(logging.WARNING, logger="ray_nodeless.core.catalog.refresh"):
         cat, summary = refresh(fake, tmp_path, fallback=lambda: fallback)
     assert cat is fallback
-    assert summary["source"] == "embedded" and "Forbidden" in summary["error"]
+    assert summary["source"] == "embedded" and "Forbidden" in summary["warnings"][0]
     assert summary["offerings"] == len(fallback.region("gcp", REGION))
     assert any("refresh for us-central1 failed" in r.getMessage() for r in caplog.records)
-    assert not (tmp_path / "gcp-live-us-central1.json.gz").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_region_falls_back(fake: FakeGce, tmp_path: Path) -> None:
     fallback = price_catalog()
-    cat, summary = refresh_gcp_catalog_with_summary(
-        "asia-south9", PROJECT, api_endpoint=fake.url, credentials="anonymous", cache_dir=tmp_path,
-        price_catalog=fallback, fallback=lambda: fallback)
-    assert cat is fallback and "no UP zone" in summary["error"]
+    cat, summary = refresh(fake, tmp_path, region="asia-south9", prices=fallback, fallback=lambda: fallback)
+    assert cat is fallback and "no UP zone" in summary["reason"]
 
 
-def test_refresh_gcp_catalog_returns_catalog_priced_from_embedded(fake: FakeGce, tmp_path: Path) -> None:
-    """The entry point the provider calls: a Catalog, priced from the real embedded catalog by default."""
-    cat = refresh_gcp_catalog(REGION, PROJECT, api_endpoint=fake.url, credentials="anonymous", cache_dir=tmp_path)
-    assert isinstance(cat, Catalog)
-    assert cat.refresh_summary["source"] == "live"  # type: ignore[attr-defined]
-    emb = embedded().region("gcp", REGION)
-    live = cat.region("gcp", REGION)
+def provider_block(fake: FakeGce, **kw: object) -> dict:
+    return {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "gcp", "region": REGION,
+            "project_id": PROJECT, "api_endpoint": fake.url, "credentials": "anonymous", "catalog": "live", **kw}
+
+
+def test_provider_catalog_live_goes_through_the_hook_and_honours_catalog_ttl_s(fake: FakeGce,
+                                                                               tmp_path: Path) -> None:
+    """`provider.catalog: live` on gcp (what NodelessProvider loads at its first launch): the GcpConfig hook, the
+    disk cache, `catalog_ttl_s`; priced from the real embedded catalog by default."""
+    provider = provider_block(fake, catalog_ttl_s=600)
+    settings, _ = load_provider_config(provider)
+    assert settings.catalog_ttl_s == 600
+    clock, memory = Clock(), MemoryCache()
+    r = catalog_result(settings, provider, cache_dir=tmp_path, clock=clock, memory=memory)
+    assert r.source == "live" and r.path is not None and r.path.exists()
+    cat = r.catalog
+    assert cat.doc["price_catalog"] == embedded().catalog_id
+    emb, live = embedded().region("gcp", REGION), cat.region("gcp", REGION)
     for name in ("n1-standard-8+1xT4", "e2-standard-4", "a2-highgpu-1g"):
         for cap in ("on-demand", "spot"):
-            want = emb.find(name, "us-central1-a", cap)
-            got = live.find(name, "us-central1-a", cap)
-            assert want is not None and got is not None
-            assert got.hourly_price == want.hourly_price
-    assert cat.doc["price_catalog"] == embedded().catalog_id
+            want, got = emb.find(name, "us-central1-a", cap), live.find(name, "us-central1-a", cap)
+            assert want is not None and got is not None and got.hourly_price == want.hourly_price
+    n = len(fake.requests)
+    clock.now += 599
+    assert catalog_result(settings, provider, cache_dir=tmp_path, clock=clock, memory=memory).source == "memory"
+    assert catalog_result(settings, provider, cache_dir=tmp_path, clock=clock).source == "disk"
+    assert len(fake.requests) == n
+    clock.now += 2                                         # past catalog_ttl_s
+    assert catalog_result(settings, provider, cache_dir=tmp_path, clock=clock, memory=memory).source == "live"
+    assert len(fake.requests) > n
+    # Another project or endpoint never shares the cache file.
+    other = gcp_catalog.live_catalog(REGION, "other-project", api_endpoint=fake.url)
+    assert other.cache_name != gcp_catalog.live_catalog_for(provider, REGION).cache_name
+
+
+def test_live_hook_needs_a_project() -> None:
+    with pytest.raises(ConfigError, match=r"^provider.project_id: required for a live gcp catalog"):
+        gcp_catalog.live_catalog_for({"region": REGION}, REGION)
