@@ -315,7 +315,7 @@ def live_catalog(region: str, *, session_kwargs: dict | None = None, endpoint_ur
     suffix = "-" + hashlib.sha256(endpoint.encode()).hexdigest()[:8] if endpoint else ""
 
     def fetch_now() -> LiveFetch:
-        from ray_nodeless.providers.aws.clients import catalog_clients   # boto3 only when the cloud is read
+        from ray_nodeless.providers.aws.sessions import catalog_clients   # boto3 only when the cloud is read
 
         ec2, pricing = catalog_clients(region, session_kwargs, endpoint_url, pricing_endpoint_url)
         fetched = fetch(region, ec2, pricing, prices)

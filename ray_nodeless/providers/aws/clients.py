@@ -1,4 +1,5 @@
-"""The boto3 session and the botocore clients: the backend's two EC2 clients and the live catalog's clients.
+"""The boto3 session and the botocore clients: the backend's two EC2 clients (the session and the live
+catalog's clients: sessions.py).
 
 Retries are botocore's own (`Config(retries=...)`), except for RunInstances: its client has retries switched off
 and the backend re-issues it itself, after looking the request token up (see backend.py), because a botocore retry
@@ -6,59 +7,18 @@ after a lost response would create a second set of machines wherever ClientToken
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
-import botocore.exceptions
-import botocore.loaders
-import botocore.session
 from botocore.client import BaseClient
 from botocore.config import Config
 
-from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.aws.settings import AwsSettings
-
-# The Pricing API is served from us-east-1 (and ap-south-1, eu-central-1), whatever region is priced.
-PRICING_REGION = "us-east-1"
-# Live catalog calls: a few attempts and generous timeouts (large paginated reads); a failure falls back anyway.
-CATALOG_MAX_ATTEMPTS = 4
-CATALOG_CONNECT_TIMEOUT_S = 10
-CATALOG_READ_TIMEOUT_S = 60
-
-
-_loader: botocore.loaders.Loader | None = None
-_loader_lock = threading.Lock()
-
-
-def _shared_loader() -> botocore.loaders.Loader:
-    """One botocore data loader per process. Each session would otherwise parse the EC2 service model (megabytes
-    of JSON) again: about 0.3 s per client, paid by every provider object (a monitor restart, each CLI call)."""
-    global _loader
-    with _loader_lock:
-        if _loader is None:
-            _loader = botocore.loaders.create_loader()
-        return _loader
-
-
-def session(session_kwargs: dict[str, Any] | None = None) -> boto3.session.Session:
-    """A boto3 session with these `boto3.session.Session` arguments (provider.aws_credentials)."""
-    kwargs = dict(session_kwargs or {})
-    shared = kwargs.get("botocore_session") is None     # a session given by the caller is used as it is
-    if shared:
-        kwargs["botocore_session"] = botocore.session.Session()
-        kwargs["botocore_session"].register_component("data_loader", _shared_loader())
-    try:
-        s = boto3.session.Session(**kwargs)
-        if shared:
-            kwargs["botocore_session"].get_scoped_config()     # an unknown profile fails here, as without the loader
-            loader = _shared_loader()
-            with _loader_lock:      # boto3 appends its data path to the loader of every session: keep it once
-                loader.search_paths[:] = list(dict.fromkeys(loader.search_paths))
-        return s
-    except botocore.exceptions.ProfileNotFound as e:
-        raise ConfigError("provider.aws_credentials.profile_name", str(e)) from None
+# The session and the live catalog's clients are in sessions.py (no AwsSettings there: AwsConfig's catalog hook
+# reaches them without an import cycle); re-exported for this module's callers.
+from ray_nodeless.providers.aws.sessions import (  # noqa: F401
+    CATALOG_CONNECT_TIMEOUT_S, CATALOG_MAX_ATTEMPTS, CATALOG_READ_TIMEOUT_S, PRICING_REGION, catalog_clients, session,
+)
 
 
 @dataclass
@@ -86,18 +46,3 @@ def ec2_clients(settings: AwsSettings) -> Ec2Clients:
         return s.client("ec2", config=Config(retries=retries), **common)
 
     return Ec2Clients(ec2=client(settings.aws_max_attempts), launch=client(1))
-
-
-def catalog_clients(region: str, session_kwargs: dict[str, Any] | None, endpoint_url: str | None,
-                    pricing_endpoint_url: str | None) -> tuple[BaseClient, BaseClient]:
-    """(EC2 client of `region`, Pricing client) for the live catalog refresh."""
-    s = session(session_kwargs)
-    cfg = Config(retries={"mode": "standard", "total_max_attempts": CATALOG_MAX_ATTEMPTS},
-                 connect_timeout=CATALOG_CONNECT_TIMEOUT_S, read_timeout=CATALOG_READ_TIMEOUT_S)
-    ec2_kw: dict[str, Any] = {"region_name": region, "config": cfg}
-    if endpoint_url:
-        ec2_kw["endpoint_url"] = endpoint_url
-    pricing_kw: dict[str, Any] = {"region_name": PRICING_REGION, "config": cfg}
-    if pricing_endpoint_url or endpoint_url:
-        pricing_kw["endpoint_url"] = pricing_endpoint_url or endpoint_url
-    return s.client("ec2", **ec2_kw), s.client("pricing", **pricing_kw)
