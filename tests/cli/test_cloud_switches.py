@@ -26,8 +26,6 @@ EXEMPT_DIRS = ("providers", "testing")       # where backends, and the fakes of 
 ALLOWED: dict[str, str] = {
     "ray_adapter/ray_defaults.py": "compat: RAY_DEFAULT_CLOUDS (which clouds Ray has a defaults.yaml for)",
     "swapin/ray_defaults.py": "compat: RAY_CLOUDS (Ray's defaults.yaml lookup, moving into the compat package)",
-    "launch/config.py": "catalog: provider_catalog's live refresh per cloud becomes a live-catalog hook",
-    "cli/catalog.py": "catalog: `catalog refresh --cloud` per cloud becomes the live-catalog hook",
     "registrations/kubernetes/registration.py": "players: providers.local imports (local player as a decorator)",
     "registrations/kubernetes/settings.py": "players: providers.local imports (local player as a decorator)",
     "registrations/local_player.py": "players: providers.local imports (local player as a decorator)",

@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import TAG_CATALOG, TAG_CLUSTER
 from ray_nodeless.ray_adapter.provider import NodelessProvider
-from tests.launch.test_reliability import GPU, RAY_KEYS, tags
+from tests.helpers import cluster_config, write_cluster_yaml
+from tests.launch.test_reliability import GPU, tags
 from tests.ray_adapter.test_provider import PROVIDER, cloud  # noqa: F401 (fixture)
 
 
@@ -46,18 +46,15 @@ def test_ray_down_ends_every_machine_when_the_catalog_file_is_gone(gone_catalog,
     lists and terminates); `ray up` with the same YAML is refused naming the key."""
     from ray.autoscaler._private.commands import teardown_cluster
 
-    config = {"cluster_name": "c1", "max_workers": 4, "head_node_type": "head", "provider": gone_catalog,
-              **RAY_KEYS,
-              # Ray caches a bootstrapped config by its hash in /tmp: make this one new, or our bootstrap is skipped.
-              "initialization_commands": [f"echo {tmp_path.name}"],
-              "available_node_types": {
-                  "head": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
-                  "gpu_worker": {"resources": dict(GPU), "node_config": {}, "max_workers": 4}}}
+    config = cluster_config(gone_catalog, max_workers=4, ray_keys=True,
+                            workers={"gpu_worker": {"resources": dict(GPU), "node_config": {}, "max_workers": 4}},
+                            # Ray caches a bootstrapped config by its hash in /tmp: make this one new, or our
+                            # bootstrap is skipped.
+                            initialization_commands=[f"echo {tmp_path.name}"])
     with pytest.raises(ConfigError, match=r"^provider.catalog: cannot read catalog"):
         NodelessProvider.bootstrap_config(config)
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(config))
-    teardown_cluster(str(path), yes=True, workers_only=False, override_cluster_name=None, keep_min_workers=False)
+    path = write_cluster_yaml(tmp_path / "cluster.yaml", config)
+    teardown_cluster(path, yes=True, workers_only=False, override_cluster_name=None, keep_min_workers=False)
     assert [m for m in cloud.machines.values() if m.tags.get(TAG_CLUSTER) == "c1"] == []
     assert cloud.calls.get("terminate", 0) >= 1
 
