@@ -13,7 +13,7 @@ from ray_nodeless.core.catalog import Catalog, InstanceType, embedded, region_en
 from ray_nodeless.core.catalog.refresh import MemoryCache, resolve_live, summarize
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.catalog import catalog_result
-from ray_nodeless.launch.config import load_provider_config
+from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.gcp import catalog as gcp_catalog
 from ray_nodeless.testing.fake_gce import FakeGce
 
@@ -174,7 +174,7 @@ def test_provider_catalog_live_goes_through_the_hook_and_honours_catalog_ttl_s(f
     """`provider.catalog: live` on gcp (what NodelessProvider loads at its first launch): the GcpConfig hook, the
     disk cache, `catalog_ttl_s`; priced from the real embedded catalog by default."""
     provider = provider_block(fake, catalog_ttl_s=600)
-    settings, _ = load_provider_config(provider)
+    settings = load_provider(provider).core
     assert settings.catalog_ttl_s == 600
     clock, memory = Clock(), MemoryCache()
     r = catalog_result(settings, provider, cache_dir=tmp_path, clock=clock, memory=memory)
