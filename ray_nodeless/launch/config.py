@@ -20,7 +20,7 @@ from ray_nodeless.core.schema import Section, declared_keys, parse_section
 from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_types_of, parse_provider
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.catalog import catalog_for, provider_catalog  # noqa: F401 (callers import them from here)
-from ray_nodeless.providers import backend_class, backend_config, backend_names
+from ray_nodeless.providers import backend_class, backend_config, backend_names, played, player_settings_model
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.registrations import registration_class
 from ray_nodeless.registrations.base import Registration
@@ -43,13 +43,19 @@ class ProviderBundle:
     registration_settings: Section             # an instance of registration_class.settings_model
     backend_config: BackendChecks              # the backend's config-time half: no cloud SDK, no Ray
     registration_class: type[Registration]
+    # Played machines (`registration: local-player`, `kubernetes.played: true`): the player's parsed section;
+    # make_backend then wraps the backend in the decorator that plays them (providers/local/played.py).
+    player_settings: Section | None = None
 
     def backend_class(self) -> type[MachineBackend]:
         """The backend itself (imports its cloud SDK)."""
         return backend_class(self.core.cloud)
 
     def make_backend(self, cluster_name: str) -> MachineBackend:
-        return self.backend_class()(self.backend_settings, cluster_name)
+        backend = self.backend_class()(self.backend_settings, cluster_name)
+        if self.player_settings is None:
+            return backend
+        return played(backend, self.player_settings, self.registration_settings, cluster_name)
 
     def make_registration(self, cluster_name: str) -> Registration:
         return self.registration_class(self.registration_settings, cluster_name, self.core)
@@ -75,15 +81,17 @@ def load_provider(provider: Any) -> ProviderBundle:
         raise ConfigError("provider.cloud", f"{cloud!r} is not one of {backend_names()}")
     cls = backend_config(cloud)
     reg = registration_class(provider.get("registration", "vm"))
-    known = declared_keys(cls.settings_model, reg.settings_model)
-    core = parse_provider(provider, clouds=backend_names(), known_keys=known)
+    player = player_settings_model(provider)      # played machines: the player's keys (providers/local/played.py)
+    models = (cls.settings_model, reg.settings_model) + ((player,) if player is not None else ())
+    core = parse_provider(provider, clouds=backend_names(), known_keys=declared_keys(*models))
     if core.interruption_queue_url is not None and not cls.supports_interruption_queue:
         raise ConfigError("provider.interruption_queue_url", f"backend {core.cloud!r} polls no queue of "
                                                              "interruption warnings (the aws backend polls an SQS "
                                                              "queue of EC2 spot interruption warnings)")
     return ProviderBundle(core=core, backend_settings=parse_section(cls.settings_model, provider, "provider"),
                           registration_settings=parse_section(reg.settings_model, provider, "provider"),
-                          backend_config=cls, registration_class=reg)
+                          backend_config=cls, registration_class=reg,
+                          player_settings=None if player is None else parse_section(player, provider, "provider"))
 
 
 def check_node_types(cluster_config: Mapping[str, Any], bundle: ProviderBundle) -> None:

@@ -8,6 +8,7 @@ the checks of `bootstrap_config`) loads only that.
 from __future__ import annotations
 
 import importlib
+from typing import Any, Mapping
 from ray_nodeless.core.schema import Section
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
@@ -62,3 +63,32 @@ def backend_config(cloud: str) -> type[BackendConfig] | type[MachineBackend]:
 def make_backend(cloud: str, settings: Section, cluster_name: str) -> MachineBackend:
     """`cloud`'s backend on its parsed settings (an instance of its `settings_model`; see base.py)."""
     return backend_class(cloud)(settings, cluster_name)
+
+
+# Played machines (providers/local/played.py), registered like the backends: loaded by name, when used. The
+# config half (which player a block asks for, its keys) imports no Ray; the players themselves do.
+_PLAYER_CONFIG = ("ray_nodeless.providers.local.settings", "player_of", "PLAYER_SETTINGS")
+_PLAYED_BACKEND = ("ray_nodeless.providers.local.players", "played_backend")
+
+
+def player_settings_model(provider: Mapping[str, Any]) -> type[Section] | None:
+    """The provider-block keys of the local player that plays this block's machines (`registration: local-player`,
+    or `kubernetes.played: true`; see providers/local/played.py), None when the machines are real. No Ray import."""
+    module, player_of, models = _PLAYER_CONFIG
+    config = importlib.import_module(module)
+    player = getattr(config, player_of)(provider)
+    return getattr(config, models)[player] if player is not None else None
+
+
+def played(backend: MachineBackend, player_settings: Section, registration_settings: Section,
+           cluster_name: str) -> MachineBackend:
+    """`backend` wrapped in the decorator that plays its machines on this host (providers/local/played.py), with
+    the player `player_settings` (an instance of `player_settings_model(...)`) is the section of. Closes `backend`
+    if the player cannot be built."""
+    module, name = _PLAYED_BACKEND
+    try:
+        return getattr(importlib.import_module(module), name)(backend, player_settings, registration_settings,
+                                                               cluster_name)
+    except BaseException:
+        backend.close()
+        raise

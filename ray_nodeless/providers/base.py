@@ -277,6 +277,11 @@ class MachineBackend(BackendConfig, abc.ABC):
         call) or "interrupted" (reclaimed by the cloud). Ids it cannot tell about are left out (the default)."""
         return {}
 
+    def forget(self, machine_ids: list[str]) -> None:
+        """These machines left the listing without a terminate call of this object (interrupted, or ended by
+        another process of the cluster): release what the backend keeps for them beside the machine itself (a
+        decorator's local player, see providers/local/played.py). Default: nothing."""
+
     @abc.abstractmethod
     def set_tags(self, machine_id: str, tags: dict[str, str]) -> bool:
         """Merge `tags` into an ours machine's tags: True when written, False when the machine is gone;

@@ -86,7 +86,8 @@ class NodelessProvider(NodeProvider):
 
     def _on_interrupted(self, machine: Machine) -> None:
         self.launcher.on_interrupted(machine.tags, machine.id)
-        try:   # whatever the registration keeps for it (a local player process) goes with it
+        try:   # whatever the backend (a played machine's local process) and the registration keep for it goes
+            self.backend.forget([machine.id])
             self.registration.after_terminate([machine.id])
         except Exception as e:  # never let clean-up of a vanished machine break the listing
             logger.warning("clean-up after vanished machine %s failed: %s", machine.id, e)

@@ -14,7 +14,8 @@ class Registration(abc.ABC):
 
     `vm` (BareVM): the machine runs Ray itself. `kubernetes`: the machine joins a Kubernetes cluster as a node.
     `local-player`: every machine a backend launches is *played* by a local `ray start` process carrying its id,
-    so the real cloud control-plane code (EC2 under moto, GCE under a fake server) drives a real Ray cluster.
+    so the real cloud control-plane code (EC2 under moto, GCE under a fake server) drives a real Ray cluster; the
+    playing is a backend decorator (providers/local/played.py), not the registration's.
 
     Constructor contract: `Registration(settings, cluster_name, core)`: `settings` its own provider keys as the
     loader (`launch.config.load_provider`) parsed them (an instance of `settings_model`), `core` the core's
@@ -75,8 +76,8 @@ class Registration(abc.ABC):
         return {}
 
     def leftovers(self) -> list[dict[str, str]]:
-        """What the registration keeps for this cluster outside the machines (Kubernetes Nodes and Ray pods, local
-        players), for `ray-nodeless sweep`: dicts with `kind`, `name`, `machine_id`, `node_kind`, `state`. Listed
+        """What the registration keeps for this cluster outside the machines (Kubernetes Nodes and Ray pods), for
+        `ray-nodeless sweep`: dicts with `kind`, `name`, `machine_id`, `node_kind`, `state`. Listed
         afresh from the source of truth, not a cache. Default: nothing."""
         return []
 

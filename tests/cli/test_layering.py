@@ -158,9 +158,7 @@ def test_core_imports_nothing_above_it():
 
 
 # Product code never depends on the test fakes.
-TESTING_ALLOWED = frozenset({
-    (P + "registrations.kubernetes.registration", P + "testing.kubelet_player"),    # removed by helper players
-})
+TESTING_ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
 
 def test_no_product_module_imports_testing():
@@ -199,20 +197,7 @@ def test_compat_is_a_leaf():
 
 # registrations/ (how a machine joins Ray) sees backends only through the contract: providers/base, and the registry
 # (providers/__init__) for a backend's config hooks by cloud name (the boot scripts' instance-id snippet).
-REGISTRATIONS_ALLOWED = frozenset({(P + m, P + d) for m, d in [
-    # removed by helper players (the played machines become a backend decorator under providers/local/):
-    ("registrations.kubernetes.registration", "providers.local.processes"),
-    ("registrations.kubernetes.registration", "providers.local.runner"),
-    ("registrations.kubernetes.registration", "providers.local.settings"),
-    ("registrations.kubernetes.registration", "providers.local.slots"),
-    ("registrations.kubernetes.registration", "testing.kubelet_player"),
-    ("registrations.kubernetes.settings", "providers.local.settings"),
-    ("registrations.local_player", "providers.local.processes"),
-    ("registrations.local_player", "providers.local.ray_start"),
-    ("registrations.local_player", "providers.local.runner"),
-    ("registrations.local_player", "providers.local.settings"),
-    ("registrations.local_player", "providers.local.slots"),
-]})
+REGISTRATIONS_ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
 
 def test_registrations_import_only_the_contract_core_and_compat():

@@ -141,8 +141,8 @@ def test_autoscaler_launches_replaces_and_terminates_on_moto(moto: MotoServer, t
     assert expected.capacity == "spot"
 
     provider = NodelessProvider(boot["provider"], cluster)
-    marker = provider.registration.runner_marker
-    player_nodes = provider.registration.nodes
+    marker = provider.backend.runner_marker        # the played machines' decorator (providers/local/played.py)
+    player_nodes = provider.backend.player.nodes
     head_tags = {"ray-node-type": "head", "ray-user-node-type": "head", "ray-node-name": f"ray-{cluster}-head",
                  "ray-node-status": "up-to-date", "ray-launch-config": "e2e"}
     provider.create_node({}, head_tags, 1)

@@ -25,7 +25,7 @@ from ray_nodeless.testing.fake_gce import DEFAULT_MACHINE_TYPES, FakeGce
 from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.providers.gcp.labels import cluster_label_value
-from ray_nodeless.registrations.local_player import LocalPlayer
+from ray_nodeless.providers.local.players import RayNodePlayer
 from ray_nodeless.providers.local.ray_start import READY_MARKER, ray_executable
 from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
 
@@ -201,7 +201,7 @@ def test_gpu_task_launches_cheapest_spot_t4_falls_back_a_zone_and_scales_down() 
             t0 = time.monotonic()
             wait_for(lambda: not workers(fake), 75, "idle worker deleted from the fake GCE")
             timings["scale_down"] = time.monotonic() - t0
-            player = LocalPlayer.from_provider(boot["provider"], CLUSTER)
+            player = RayNodePlayer.from_provider(boot["provider"], CLUSTER)
             wait_for(lambda: not player.nodes.list(), 30, "player stopped")
         finally:
             # ---- teardown: every instance, every player, the head's process group
@@ -212,7 +212,7 @@ def test_gpu_task_launches_cheapest_spot_t4_falls_back_a_zone_and_scales_down() 
             stop_marked_processes(head_marker, timeout=5)
             with contextlib.suppress(Exception):
                 provider.terminate_nodes(provider.non_terminated_nodes({}))
-            player = LocalPlayer.from_provider(boot["provider"], CLUSTER)
+            player = RayNodePlayer.from_provider(boot["provider"], CLUSTER)
             player_ids = [r.id for r in player.nodes._all_records()]
             stop_everything(player.nodes)
             for mid in player_ids:

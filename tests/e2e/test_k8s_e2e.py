@@ -22,7 +22,6 @@ from ray_nodeless.providers.local.runner import runner_marker
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
 from ray_nodeless.providers.local.settings import default_state_dir
 from ray_nodeless.registrations.kubernetes import labels as L
-from ray_nodeless.registrations.kubernetes.registration import default_home
 from ray_nodeless.testing.moto_server import MotoServer
 from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, on_moto, processes_of, write_config
 from tests.registrations.kubernetes.conftest import cp, wait_for  # noqa: F401  (module-scoped control plane)
@@ -42,7 +41,7 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
     ec2 = moto.client()
     core = client.CoreV1Api(cp.api_client())
     sel = L.cluster_selector(cluster)
-    marker = runner_marker(Path(default_home(cluster)))
+    marker = runner_marker(default_state_dir(cluster, "-kubelet") / "home")   # the played head's runner
 
     def instances() -> dict[str, str]:
         r = ec2.describe_instances(Filters=[{"Name": "tag:ray-cluster-name", "Values": [cluster]}])

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ray_nodeless.providers.local.players import RayNodePlayer
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
-from ray_nodeless.registrations.local_player import LocalPlayer
 from ray_nodeless.testing.moto_server import MotoServer
 from tests import REPO_ROOT
 from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, on_moto, write_config
@@ -42,7 +42,7 @@ def test_smoke_script_against_moto(moto: MotoServer, tmp_path: Path) -> None:
                SMOKE_UP_TIMEOUT="300", SMOKE_TASK_TIMEOUT="240", SMOKE_DOWN_TIMEOUT="180",
                SMOKE_RAY_ADDRESS=cfg["provider"]["gcs_address"], AWS_ACCESS_KEY_ID="testing",
                AWS_SECRET_ACCESS_KEY="testing")
-    player = LocalPlayer.from_provider(dict(cfg["provider"]), cluster)
+    player = RayNodePlayer.from_provider(dict(cfg["provider"]), cluster)
     ec2 = moto.client()
 
     def instances() -> list[dict]:

@@ -1,12 +1,12 @@
-"""The provider-block keys of the local backend and of the local-player registration, declared once (see
-core/schema.py).
+"""The provider-block keys of the local backend and of played machines (played.py), declared once (see
+core/schema.py), and which player a provider block asks for (`player_of`).
 
     provider:
       cloud: local
       gcs_address: 127.0.0.1:6379        # the head's GCS: every node started here joins it
       head_ip: 192.168.1.5               # the address the head's raylet reports (default: Ray's own resolution)
       state_dir: /tmp/ray_nodeless/<cluster>                   # local backend: records, logs, faults.json
-      player_state_dir: /tmp/ray_nodeless/<cluster>-player     # local-player registration: the same, its own
+      player_state_dir: /tmp/ray_nodeless/<cluster>-player     # registration: local-player: the same, its own
       local_faults:                      # injected launch errors (also read from <state_dir>/faults.json)
         - {instance_type: p3.2xlarge, zone: us-west-2a, capacity: spot, node_type: gpu,
            code: InsufficientInstanceCapacity, message: "...", times: 1}
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
@@ -98,9 +98,38 @@ class LocalSettings(NodeProcessSettings):
 
 
 class LocalPlayerSettings(NodeProcessSettings):
-    """The local-player registration's provider-block keys."""
+    """The keys of machines played by Ray nodes (`registration: local-player`, PLAYER_RAY_NODE)."""
 
     player_state_dir: str | None = Field(None, min_length=1)  # None: default_state_dir(cluster_name, "-player")
+
+
+class KubeletPlayerSettings(NodeProcessSettings):
+    """The keys of machines whose kubelet is played (`registration: kubernetes` + `kubernetes.played: true`,
+    PLAYER_KUBELET): the Ray processes of their pods. Records live in default_state_dir(cluster_name, "-kubelet");
+    without `gcs_address` they join `<head_ip>:6379`, the head the registration points the pods at."""
+
+
+# Which local player stands in for what would run on each machine (played.py).
+PLAYER_RAY_NODE = "ray-node"     # the VM's own Ray node: `ray start` with the machine's id
+PLAYER_KUBELET = "kubelet"       # the VM's kubelet: registers the Node from the join user data, runs its Ray pods
+PLAYER_SETTINGS: dict[str, type[NodeProcessSettings]] = {
+    PLAYER_RAY_NODE: LocalPlayerSettings,
+    PLAYER_KUBELET: KubeletPlayerSettings,
+}
+
+
+def player_of(provider: Mapping[str, Any]) -> str | None:
+    """The player that plays this provider block's machines, None when they are real. Said by the keys the
+    cluster YAMLs have always used: `registration: local-player` (a cloud backend's machines, each played by a
+    local Ray node), `registration: kubernetes` with `kubernetes.played: true` (each machine's kubelet played).
+    A malformed `kubernetes` block plays nothing here: the registration's own checks name the key."""
+    registration = provider.get("registration", "vm")
+    if registration == "local-player":
+        return PLAYER_RAY_NODE
+    block = provider.get("kubernetes")
+    if registration == "kubernetes" and isinstance(block, Mapping) and block.get("played") is True:
+        return PLAYER_KUBELET
+    return None
 
 
 class LocalConfig(BackendConfig):

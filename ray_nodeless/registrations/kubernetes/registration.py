@@ -12,8 +12,10 @@
 - Orphans: a Node of this cluster whose machine is not listed any more (for `orphan_grace_s`) is deleted; a machine
   whose Node is not Ready within `join_timeout_s` is reported by `overdue_machines()`; a pod failed for good by
   `machines_to_end()`. State is rebuilt after a restart from the listing (describe) and Node / pod labels.
-- `kubernetes.played: true` (tests): a `KubeletPlayer` (testing/kubelet_player.py) plays the kubelet of every
-  machine, in this process, from the user data written here.
+- `kubernetes.played: true`: the backend is wrapped in `PlayedBackend` (providers/local/played.py), whose played
+  kubelet registers each machine's Node from the user data written here and runs its Ray pods locally, and which
+  gives the head its local address and command runner. Nothing here depends on it: the registration sees Nodes
+  and pods as it would with real machines.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from kubernetes import client, watch
@@ -115,9 +116,6 @@ class KubernetesRegistration(Housekeeping, Registration):
         self._watches: list[watch.Watch] = []
         self._threads: list[threading.Thread] = []
         self.synced = {"nodes": threading.Event(), "pods": threading.Event()}
-        self.player = None
-        if self.k.played:
-            self.player = self._make_player()
         if start:
             self.start()
 
@@ -143,21 +141,6 @@ class KubernetesRegistration(Housekeeping, Registration):
             w.stop()
         for t in self._threads:
             t.join(timeout=2.0)    # a watch blocked in a read ends at its server timeout (daemon thread)
-        if self.player is not None:
-            self.player.close(stop_processes=False)
-
-    def _make_player(self):
-        import os
-
-        from ray_nodeless.providers.local.processes import LocalNodeProcesses
-        from ray_nodeless.providers.local.settings import default_state_dir
-        from ray_nodeless.testing.kubelet_player import KubeletPlayer
-        kubeconfig = os.environ.get("RAY_NODELESS_PLAYER_KUBECONFIG")   # the kubelet's identity, not ours
-        api = api_client(self.k, kubeconfig) if kubeconfig else self.api
-        s = self.settings
-        procs = LocalNodeProcesses(Path(default_state_dir(self.cluster_name, "-kubelet")), s.gcs_address or
-                                   f"{self._head_ip()}:{DEFAULT_GCS_PORT}", **_local_kwargs(s))
-        return KubeletPlayer(api, self.namespace, procs)
 
     # ------------------------------------------------------------------------------------------------ hooks
 
@@ -178,10 +161,6 @@ class KubernetesRegistration(Housekeeping, Registration):
                 t.tags, t.resources, t.labels = dict(spec.tags), dict(spec.resources), dict(spec.labels)
                 t.last_seen = now
             ready = [mid for mid in machine_ids if self.machines[mid].node_ready]
-        if self.player is not None:
-            for mid in machine_ids:
-                if self.player.node_name(mid) is None:
-                    self.player.play(mid, spec.boot_script, spec.offering)
         for mid in ready:    # a retried hook for a machine that already joined
             self._ensure_pod(mid)
 
@@ -199,8 +178,6 @@ class KubernetesRegistration(Housekeeping, Registration):
             t.last_seen = now
             is_head, ip, phase = t.is_head, t.pod_ip, t.pod_phase
         if is_head:
-            if self.player is not None:   # played: the head's Ray runs on this host via the command runner
-                machine = dataclasses.replace(machine, internal_ip=self._head_ip(), external_ip=self._head_ip())
             return machine
         if ip:
             machine = dataclasses.replace(machine, internal_ip=ip, external_ip=ip)
@@ -223,10 +200,6 @@ class KubernetesRegistration(Housekeeping, Registration):
             # interpreter joins it at exit: at most pod_grace_s + REAP_SLACK_S, close() cuts it short).
             threading.Thread(target=self._reap, args=(mid, pods, nodes), name=f"k8s-reap-{mid}",
                              daemon=False).start()
-            if self.player is not None:
-                # The machine is gone: its kubelet stops heartbeating (its pod's Ray process stops when the pod
-                # is deleted; stop it here too in case the pod never got there).
-                threading.Thread(target=self.player.forget, args=(mid,), daemon=True).start()
             logger.info("kubernetes: machine %s terminated: deleting pod(s) %s (grace %d s), Node(s) %s", mid,
                         pods, self.k.pod_grace_s, nodes)
 
@@ -251,15 +224,6 @@ class KubernetesRegistration(Housekeeping, Registration):
         for n in nodes:
             self._cordon(n)
         return pods, nodes
-
-    def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
-                       process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):
-        if self.player is None:
-            return None
-        from ray_nodeless.providers.local.runner import LocalCommandRunner
-        home = Path(default_home(cluster_name))
-        home.mkdir(parents=True, exist_ok=True)
-        return LocalCommandRunner(log_prefix, node_id, home, process_runner=process_runner)
 
     # ------------------------------------------------------------------------------------------------ reports
 
@@ -469,25 +433,15 @@ class KubernetesRegistration(Housekeeping, Registration):
     # ------------------------------------------------------------------------------------------------ helpers
 
     def _head_ip(self) -> str:
+        """`provider.head_ip`, else this process's address: the monitor that launches workers runs on the head
+        (as registrations/vm.py; a played head reports the same address, see providers/local/slots.py)."""
         if self.settings.head_ip:
             return self.settings.head_ip
-        from ray_nodeless.providers.local.slots import default_head_ip
-        return default_head_ip()
+        from ray.util import get_node_ip_address     # Ray's public name for it
+        return get_node_ip_address()
 
     def _gcs_address(self) -> str:
         return self.settings.gcs_address or f"{self._head_ip()}:{DEFAULT_GCS_PORT}"
 
 
-def default_home(cluster_name: str) -> str:
-    from ray_nodeless.providers.local.settings import default_state_dir
-    return str(default_state_dir(cluster_name, "-kubelet") / "home")
-
-
-def _local_kwargs(s: KubernetesSettings) -> dict[str, Any]:
-    """The node-process keys KubernetesSettings shares with the local backend (NodeProcessSettings)."""
-    return dict(object_store_memory=s.local_object_store_memory, port_base=s.local_port_base,
-                start_timeout_s=s.local_start_timeout_s, min_free_memory_mb=s.local_min_free_memory_mb,
-                extra_ray_start_args=s.local_ray_start_args, prewarm=False)
-
-
-__all__ = ["KubernetesRegistration", "Tracked", "default_home"]
+__all__ = ["KubernetesRegistration", "Tracked"]

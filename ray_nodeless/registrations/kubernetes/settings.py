@@ -18,8 +18,14 @@
         join_timeout_s: 600            # a machine whose Node is not Ready by then is reported overdue
         pod_grace_s: 30                # terminationGracePeriod of the Ray pod on terminate
         pod_reserve: {cpu: 250m, memory: 256Mi}   # left to DaemonSets when sizing the Ray pod's requests
-        played: false                  # tests: a kubelet player (testing/kubelet_player.py) plays each machine
+        played: false                  # each machine's kubelet is played on this host (providers/local/kubelet.py)
       gcs_address: 10.0.0.5:6379       # the head's GCS, for the Ray pods (default: <head_ip>:6379)
+      head_ip: 10.0.0.5                # the head's address (default: this process's, the monitor's on the head)
+
+With `played: true` the backend is wrapped in `PlayedBackend` (providers/local/played.py), whose kubelet player
+registers each Node from the user data written here and runs its Ray pods as local Ray nodes; the local node-process
+keys (`local_*`, providers/local/settings.py KubeletPlayerSettings) are then accepted too. The registration itself
+works the same either way.
 """
 from __future__ import annotations
 
@@ -29,7 +35,6 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from ray_nodeless.core.schema import Section
-from ray_nodeless.providers.local.settings import NodeProcessSettings
 
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -66,17 +71,18 @@ class KubernetesBlock(_Strict):
     join_timeout_s: float = Field(600.0, gt=0)
     pod_grace_s: int = Field(30, ge=0)
     pod_reserve: PodReserve = Field(default_factory=PodReserve)
+    # Read by the backend registry (providers/local/settings.py player_of), not by the registration.
     played: bool = False
     # How long a Node of this cluster may exist without its machine in the listing before it is collected.
     orphan_grace_s: float = Field(60.0, ge=0)
 
 
-class KubernetesSettings(NodeProcessSettings):
-    """The provider-block keys of `registration: kubernetes`. The local node-process keys (`local_*`) size the Ray
-    processes of played pods (`kubernetes.played: true`)."""
+class KubernetesSettings(Section):
+    """The provider-block keys of `registration: kubernetes`."""
 
     kubernetes: KubernetesBlock
     gcs_address: str | None = Field(None, pattern=r"^[^:\s]*:\d{1,5}$")   # default: <head_ip>:6379
+    head_ip: str | None = Field(None, min_length=1)                        # default: this process's address
 
 
 def default_kubeconfig() -> str | None:

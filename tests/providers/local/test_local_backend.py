@@ -1,4 +1,4 @@
-"""LocalBackend (fault injection, contract), LocalCommandRunner, and LocalPlayer.
+"""LocalBackend (fault injection, contract), LocalCommandRunner, and PlayedBackend (registration: local-player).
 
 Real Ray only where it matters (one worker launch, one player); the head comes from test_local_processes'
 `ray_head` (our own process group, never `ray stop`). Every node started is stopped by a finalizer.
@@ -20,13 +20,16 @@ import pytest
 from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 
 from ray_nodeless.core.catalog import InstanceType, Offering
-from ray_nodeless.errors import CapacityError, ForeignMachineError
+from ray_nodeless.errors import BackendError, CapacityError, ForeignMachineError
+from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.pids import proc_info
+from ray_nodeless.providers.local.played import PlayedBackend
 from ray_nodeless.providers.local.runner import LocalCommandRunner
 from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
-from ray_nodeless.registrations.local_player import LocalPlayer
+from ray_nodeless.testing import fake_backend
+from ray_nodeless.testing.fake_backend import FakeBackend
 from ray_nodeless.testing.ray_processes import (
     alive_nodes_by_instance, free_port, gcs_nodes, ray_head, stop_everything, wait_for,
 )
@@ -153,39 +156,94 @@ def test_config_fault_fires_once_then_a_real_worker_launches(backend_config: dic
         wait_for(lambda: mid not in alive_nodes_by_instance(gcs_address), 20, "worker gone from GCS")
 
 
-# ------------------------------------------------------------------ LocalPlayer
+# ------------------------------------------------------------------ PlayedBackend (registration: local-player)
+
+def played(tmp_path: Path, gcs_address: str, **extra) -> PlayedBackend:
+    """The in-memory cloud's backend, its machines played by local Ray nodes (as the registry builds it)."""
+    provider = {"cloud": "fake", "simulate_cloud": "aws", "region": "us-west-2", "registration": "local-player",
+                "gcs_address": gcs_address, "player_state_dir": str(tmp_path / "player"), "local_prewarm": False,
+                **extra}
+    backend = load_provider(provider).make_backend(CLUSTER)
+    assert isinstance(backend, PlayedBackend) and isinstance(backend.inner, FakeBackend)
+    return backend
+
 
 @pytest.mark.e2e
-def test_player_plays_cloud_machines(tmp_path: Path, gcs_address: str) -> None:
-    player = LocalPlayer.from_provider({"region": "us-west-2", "gcs_address": gcs_address,
-                                        "player_state_dir": str(tmp_path / "player")}, CLUSTER)
+def test_played_backend_plays_cloud_machines(tmp_path: Path, gcs_address: str) -> None:
+    cloud = fake_backend.reset()
+    be = played(tmp_path, gcs_address)
+    player = be.player
     try:
         s = spec(token="p1", node_type="gpu")
         s.resources = {"CPU": 1, "GPU": 1}
-        player.after_launch(s, ["i-0abc000000000001"])
-        player.after_launch(spec(is_head=True), ["i-0abc00000000head"])   # heads get no player
-        cloud = Machine(id="i-0abc000000000001", tags=dict(s.tags), internal_ip="10.0.0.5", external_ip="54.1.2.3")
-        played = player.describe(cloud)
-        assert played.internal_ip == played.external_ip and played.internal_ip.startswith("127.0.0.")
-        assert cloud.internal_ip == "10.0.0.5"   # describe returns a copy
-        head = Machine(id="i-0abc00000000head", tags={"ray-node-type": "head"}, internal_ip="10.0.0.9")
-        assert player.describe(head).internal_ip == player.head_ip
-        unknown = Machine(id="i-unknown", tags={}, internal_ip="10.0.0.7")
-        assert player.describe(unknown) is unknown
-        node = wait_for(lambda: alive_nodes_by_instance(gcs_address).get("i-0abc000000000001"), 30,
+        [mid] = be.launch(s)
+        assert be.launch(s) == [mid] and len(player.nodes.list()) == 1   # a retried launch: no second player
+        [head] = be.launch(spec(is_head=True, token="h1"))                  # heads get no player
+        listed = {m.id: m for m in be.list_machines()}
+        assert listed[mid].internal_ip == listed[mid].external_ip and listed[mid].internal_ip.startswith("127.0.0.")
+        assert cloud.machines[mid].internal_ip.startswith("10.0.0.")       # the cloud's own record is untouched
+        assert listed[head].internal_ip == player.head_ip                   # the head's Ray runs on this host
+        node = wait_for(lambda: alive_nodes_by_instance(gcs_address).get(mid), 30,
                         "player registered under the cloud id")
-        assert node.node_manager_address == played.internal_ip and dict(node.resources_total)["GPU"] == 1
-        # A fresh player (restarted monitor) maps the id to the same IP.
-        again = LocalPlayer.from_provider({"region": "us-west-2", "gcs_address": gcs_address,
-                                           "player_state_dir": str(tmp_path / "player")}, CLUSTER)
-        assert again.describe(cloud).internal_ip == played.internal_ip
-        # The machine vanished from the cloud (preempted out of band): the provider calls after_terminate.
-        player.after_terminate(["i-0abc000000000001"])
-        assert player.nodes.list() == [] and player.describe(cloud).internal_ip == "10.0.0.5"
-        wait_for(lambda: "i-0abc000000000001" not in alive_nodes_by_instance(gcs_address), 20, "player gone")
-        player.after_terminate(["i-0abc000000000001"])   # already gone: no error
+        assert node.node_manager_address == listed[mid].internal_ip and dict(node.resources_total)["GPU"] == 1
+        # A fresh decorator (restarted monitor) maps the id to the same IP.
+        again = played(tmp_path, gcs_address)
+        assert {m.id: m.internal_ip for m in again.list_machines()}[mid] == listed[mid].internal_ip
+        # The machine vanished from the cloud (preempted): the provider tells the backend to forget it.
+        be.inner.reclaim(mid)
+        assert [m.id for m in be.list_machines()] == [head]
+        be.forget([mid])
+        assert player.nodes.list() == []
+        wait_for(lambda: mid not in alive_nodes_by_instance(gcs_address), 20, "player gone")
+        be.forget([mid])                              # already gone: no error
+        be.terminate([head])
+        assert be.list_machines() == []
     finally:
         stop_everything(player.nodes)
+
+
+def test_a_machine_that_cannot_be_played_is_terminated_and_the_launch_raises(tmp_path: Path) -> None:
+    # A host without memory for one more node: the player refuses before starting anything (a real check of
+    # LocalNodeProcesses, no Ray started), and the contract holds: no machine of the failed launch is left.
+    cloud = fake_backend.reset()
+    be = played(tmp_path, "127.0.0.1:1", local_min_free_memory_mb=10**9)
+    with pytest.raises(BackendError) as ei:
+        be.launch(spec(token="p2", count=2))
+    assert ei.value.category == "LocalPlayerStartFailed" and "min_free_memory_mb" in str(ei.value)
+    assert be.list_machines() == [] and sorted(cloud.gone.values()) == ["terminated", "terminated"]
+    assert be.player.nodes.list() == []
+
+
+def test_played_backend_keeps_the_inner_contract_and_runs_the_head_locally(tmp_path: Path) -> None:
+    fake_backend.reset()
+    be = played(tmp_path, "127.0.0.1:1")
+    [head] = be.launch(spec(is_head=True, token="h2"))
+    be.set_tags(head, {"ray-node-status": "up-to-date"})
+    assert be.list_machines()[0].tags["ray-node-status"] == "up-to-date"
+    be.terminate([head])
+    assert be.vanished_reasons([head]) == {head: "terminated"}
+    # The cloud's machines are this host: `ray up` runs the head's commands with a local runner, whose processes
+    # are the decorator's leftovers until ended.
+    runner = be.command_runner("x", head, {}, CLUSTER, subprocess, False)
+    assert isinstance(runner, LocalCommandRunner)
+    try:
+        out = runner.run("nohup sleep 300 >/dev/null 2>&1 & echo $!", with_output=True)
+        daemon = out.decode().split()[-1]
+        left = be.leftovers()
+        assert [(d["kind"], d["name"], d["node_kind"]) for d in left] == [("process", daemon, "head")]
+        be.end_leftovers(left)
+        assert marked_pids(be.runner_marker) == [] and be.leftovers() == []
+    finally:
+        stop_marked_processes(be.runner_marker, timeout=5)
+
+
+def test_only_played_provider_blocks_are_wrapped(tmp_path: Path) -> None:
+    base = {"cloud": "fake", "simulate_cloud": "aws", "region": "us-west-2"}
+    assert type(load_provider({**base, "registration": "vm"}).make_backend(CLUSTER)) is FakeBackend
+    join = {"method": "kubeadm", "endpoint": "https://127.0.0.1:6443", "token": "abcdef.0123456789abcdef",
+            "ca_cert_hash": "sha256:" + "0" * 64}
+    k8s = load_provider({**base, "registration": "kubernetes", "kubernetes": {"join": join, "played": False}})
+    assert k8s.player_settings is None and type(k8s.make_backend(CLUSTER)) is FakeBackend
 
 
 # ------------------------------------------------------------------ LocalCommandRunner

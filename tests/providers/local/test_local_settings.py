@@ -8,11 +8,11 @@ import pytest
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.local.backend import LocalBackend
+from ray_nodeless.providers.local.players import RayNodePlayer
 from ray_nodeless.providers.local.settings import (
     DEFAULT_GCS_ADDRESS, DEFAULT_OBJECT_STORE_MEMORY, LocalPlayerSettings, LocalSettings,
 )
 from ray_nodeless.core.schema import parse_section
-from ray_nodeless.registrations.local_player import LocalPlayer
 
 
 def parse(**provider) -> LocalSettings:
@@ -52,7 +52,7 @@ def test_backend_and_player_parse_once_at_construction(tmp_path: Path) -> None:
         LocalBackend.from_provider({"state_dir": str(tmp_path / "s"), "gcs_address": "localhost"}, "c")
     assert ei.value.key == "provider.gcs_address"
     with pytest.raises(ConfigError) as ei:
-        LocalPlayer.from_provider({"player_state_dir": str(tmp_path / "p"), "local_port_base": "20000"}, "c")
+        RayNodePlayer.from_provider({"player_state_dir": str(tmp_path / "p"), "local_port_base": "20000"}, "c")
     assert ei.value.key == "provider.local_port_base"
     be = LocalBackend.from_provider({"state_dir": str(tmp_path / "s"), "head_ip": "10.1.2.3", "local_port_base": 30000,
                        "local_prewarm": False}, "c")
@@ -73,3 +73,16 @@ def test_declared_keys_reach_the_provider_key_check() -> None:
         load_provider({**base, "cloud": "local", "player_state_dir": "/tmp/p"})
     assert ei.value.key == "provider.player_state_dir"
     assert set(LocalPlayerSettings.model_fields) - set(LocalSettings.model_fields) == {"player_state_dir"}
+
+
+def test_played_kubelets_take_the_node_process_keys_only_when_played() -> None:
+    join = {"method": "kubeadm", "endpoint": "https://127.0.0.1:6443", "token": "abcdef.0123456789abcdef",
+            "ca_cert_hash": "sha256:" + "0" * 64}
+    base = {"cloud": "aws", "region": "us-west-2", "registration": "kubernetes"}   # cloud: local has local_* keys itself
+    load_provider({**base, "kubernetes": {"join": join, "played": True}, "local_port_base": 30000})
+    with pytest.raises(ConfigError) as ei:      # real machines: no local Ray process to size
+        load_provider({**base, "kubernetes": {"join": join}, "local_port_base": 30000})
+    assert ei.value.key == "provider.local_port_base"
+    with pytest.raises(ConfigError) as ei:      # the player's own checks, naming the key
+        load_provider({**base, "kubernetes": {"join": join, "played": True}, "local_start_timeout_s": 0})
+    assert ei.value.key == "provider.local_start_timeout_s"

@@ -19,7 +19,8 @@ from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import LaunchSpec, Machine
 from ray_nodeless.registrations.kubernetes import KubernetesRegistration, check
 from ray_nodeless.registrations.kubernetes import labels as L
-from ray_nodeless.testing.kubelet_player import KubeletPlayer
+from ray_nodeless.registrations.kubernetes.housekeeping import REAP_SLACK_S
+from ray_nodeless.providers.local.kubelet import KubeletPlayer
 from tests.registrations.kubernetes.conftest import RBAC, StubProcesses, wait_for
 
 JOINS = {
@@ -184,6 +185,27 @@ def test_terminate_deletes_the_pod_then_the_node(cp, h_factory):
     assert mid not in h.procs.recs                  # the played kubelet stopped its Ray process
     with pytest.raises(ApiException):
         h.core.read_node(node_name)
+
+
+def test_a_terminated_played_machine_stops_its_kubelet_and_its_pod_goes_without_waiting_out_the_grace(cp, h_factory):
+    # The played-machines decorator (providers/local/played.py) ends the kubelet when the backend terminated the
+    # machine, before the registration deletes the pod: the forgotten kubelet stops its Ray process at once and
+    # still confirms its pod's deletion, so the Node goes before pod_grace_s (5 s) + the reaper's slack (10 s)
+    # would have let the reaper force it.
+    h = h_factory()
+    s, mid = h.launch()
+    h.player.play(mid, s.boot_script, s.offering)
+    wait_for(lambda: (p := h.pod_of(mid)) and p.status.phase == "Running", 60, "the pod to run")
+    assert h.player.node_name(mid) is not None
+    t0 = time.time()
+    h.player.forget(mid)
+    assert mid not in h.procs.recs and h.player.node_name(mid) is None
+    h.reg.after_terminate([mid])
+    wait_for(lambda: h.pod_of(mid) is None, 20, "the pod to go")
+    gone_s = time.time() - t0
+    wait_for(lambda: h.node_of(mid) is None, 30, "the Node to go")
+    # Unconfirmed, the pod would stay Terminating until the reaper forced it at pod_grace_s + REAP_SLACK_S.
+    assert gone_s < REAP_SLACK_S, f"pod gone {gone_s:.1f} s after terminate"
 
 
 def test_orphan_node_of_a_gone_machine_is_collected(cp, h_factory):

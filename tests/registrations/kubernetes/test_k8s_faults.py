@@ -25,7 +25,7 @@ from kubernetes import client
 
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.registrations.kubernetes import labels as L
-from ray_nodeless.testing.kubelet_player import KubeletPlayer
+from ray_nodeless.providers.local.kubelet import KubeletPlayer
 from tests import REPO_ROOT
 from tests.registrations.kubernetes.conftest import StubProcesses, wait_for
 

@@ -1,8 +1,9 @@
 """A played kubelet: registers each machine's Node exactly as its join user data says, keeps it Ready, and runs the
 Ray pods the real scheduler binds to it as local `ray start --block` processes.
 
-No machine boots in the tests (local processes, EC2 under moto), so this plays the part of the kubelet that the
-machine's user data would have started:
+No machine boots when machines are played (local processes, EC2 under moto; `kubernetes.played: true`), so this
+plays the part of the kubelet that the machine's user data would have started. `PlayedBackend` (played.py) calls
+it after its inner backend launched or terminated a machine; the Kubernetes registration never sees it:
 - `play(machine_id, user_data, ...)` parses the user data (`join.parse_user_data`: eks NodeConfig, kubeadm
   JoinConfiguration, k3s agent flags) and registers the Node with those labels and taints (the API server adds
   `node.kubernetes.io/not-ready`; the controller-manager's node lifecycle controller lifts it once the Node is
@@ -14,6 +15,10 @@ machine's user data would have started:
   `LocalNodeProcesses` (RAY_CLOUD_INSTANCE_ID and Ray's resources from the pod's env), and its status is set
   Running with podIP = the process's 127.0.0.N (Failed if Ray does not start). A pod being deleted has its process
   stopped and is then removed (grace 0), as a kubelet confirms a deletion.
+- `forget(machine_id)`: the machine was terminated. Its heartbeats and Ray processes stop at once; deletions of its
+  pods are still confirmed (nothing is left to stop), which stands in for the API server's collection of a gone
+  machine's pods, so the registration's reaper deletes the Node without waiting out the pod's grace. The entry goes
+  when the Node is deleted.
 """
 from __future__ import annotations
 
@@ -23,7 +28,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
@@ -68,6 +72,7 @@ class PlayedNode:
     registered_at: float = 0.0
     ready_at: float = 0.0
     pods: set[str] = field(default_factory=set)
+    gone: bool = False          # the machine was terminated: no heartbeat, no new pod; see forget()
 
 
 class KubeletPlayer:
@@ -174,9 +179,12 @@ class KubeletPlayer:
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             with self._lock:
-                names = [n for n, p in self.nodes.items() if p.ready_at]
-            for name in names:
+                names = [(n, p.gone) for n, p in self.nodes.items() if p.ready_at]
+            for name, gone in names:
                 try:
+                    if gone:
+                        self.core.read_node(name)    # 404 once the registration deleted it: forget the entry
+                        continue
                     self._post_status(name)
                     self._renew_lease(name)
                 except ApiException as e:
@@ -196,16 +204,18 @@ class KubeletPlayer:
             self.processes.stop([played.machine_id])
 
     def forget(self, machine_id: str) -> None:
-        """The machine is gone: stop its heartbeats and its Ray processes (the Node object is the registration's)."""
+        """The machine is gone: stop its heartbeats and its Ray processes (the Node object is the registration's).
+        Its pods' deletions are still confirmed until the Node is deleted (see the module docstring)."""
         with self._lock:
-            names = [n for n, p in self.nodes.items() if p.machine_id == machine_id]
-            for n in names:
-                self.nodes.pop(n, None)
+            for p in self.nodes.values():
+                if p.machine_id == machine_id:
+                    p.gone = True
         self.processes.stop([machine_id])
 
     def node_name(self, machine_id: str) -> str | None:
+        """The Node this player registered for a live machine (None: not played here, or forgotten)."""
         with self._lock:
-            return next((n for n, p in self.nodes.items() if p.machine_id == machine_id), None)
+            return next((n for n, p in self.nodes.items() if p.machine_id == machine_id and not p.gone), None)
 
     # ------------------------------------------------------------------------------------------------- pods
 
@@ -254,7 +264,7 @@ class KubeletPlayer:
             if mid and (played is not None or self.processes.get(mid) is not None):
                 threading.Thread(target=self._delete_pod, args=(pod, mid, kind == "DELETED"), daemon=True).start()
             return
-        if played is None or not mid:
+        if played is None or played.gone or not mid:
             return
         phase = pod.status.phase if pod.status else None
         with self._lock:
@@ -331,7 +341,9 @@ class KubeletPlayer:
     def _check_processes(self) -> None:
         """A Ray process that died: its pod fails (restartPolicy Never), as a kubelet reports a dead container."""
         with self._lock:
-            running = {pod: p.machine_id for p in self.nodes.values() for pod in p.pods if pod in self.pod_ips}
+            # A forgotten machine's processes were stopped on purpose: its pods are being deleted, not failed.
+            running = {pod: p.machine_id for p in self.nodes.values() if not p.gone for pod in p.pods
+                       if pod in self.pod_ips}
         if not running:
             return
         alive = {r.id for r in self.processes.list()}
@@ -358,7 +370,3 @@ class KubeletPlayer:
             if ids:
                 self.processes.stop(ids)
         self.processes.close()
-
-
-def player_processes(state_dir: Path | str, gcs_address: str, **kw: Any) -> LocalNodeProcesses:
-    return LocalNodeProcesses(state_dir, gcs_address, **kw)

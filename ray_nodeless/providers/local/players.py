@@ -1,0 +1,161 @@
+"""The two players of played machines (played.py), and `played_backend`, which wraps a backend in the one the
+provider block asks for (settings.player_of; the loader parses its section, `ProviderBundle.make_backend` wraps).
+
+- `RayNodePlayer` (`registration: local-player`): for each worker machine the inner backend creates, a local
+  `ray start --block` node with the machine's Ray resources and labels and `RAY_CLOUD_INSTANCE_ID=<the cloud
+  machine id>` (how autoscaler v2 matches a Ray node to its instance); the player's 127.0.0.N is reported as the
+  machine's IP (how v1 matches them).
+- `KubeletPlay` (`registration: kubernetes` + `kubernetes.played: true`): each machine's kubelet, played from the
+  join user data the registration wrote (kubelet.py): the Node registers and stays Ready, and the Ray pods the real
+  scheduler binds to it run as local Ray nodes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from ray_nodeless.core.schema import Section, parse_section
+from ray_nodeless.errors import BackendError
+from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, MachineBackend
+from ray_nodeless.providers.local.played import PlayedBackend, Player
+from ray_nodeless.providers.local.processes import LocalNodeProcesses
+from ray_nodeless.providers.local.ray_start import instance_env
+from ray_nodeless.providers.local.settings import KubeletPlayerSettings, LocalPlayerSettings, default_state_dir
+from ray_nodeless.providers.local.slots import default_head_ip
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GCS_PORT = 6379     # Ray's default head port: where played pods' Ray nodes join without `gcs_address`
+# A player's environment variable: the kubeconfig the played kubelets act with (a kubelet's own identity may
+# create Nodes and Leases; the provider's ServiceAccount may not). Unset: the `kubernetes` block's kubeconfig.
+PLAYER_KUBECONFIG_ENV = "RAY_NODELESS_PLAYER_KUBECONFIG"
+
+
+class RayNodePlayer(Player):
+    """Plays every worker machine with a local Ray node; its provider-block keys are `LocalPlayerSettings`."""
+
+    def __init__(self, settings: LocalPlayerSettings, cluster_name: str):
+        self.cluster_name = cluster_name
+        self.state_dir = Path(settings.player_state_dir or default_state_dir(cluster_name, "-player"))
+        self.nodes = LocalNodeProcesses.from_settings(settings, self.state_dir)
+        super().__init__(self.state_dir / "home", settings.head_ip or default_head_ip())
+        # machine id -> player IP. A player's IP never changes while it lives, so a hit never goes stale; entries go
+        # when the player is stopped. Misses read one record file (cheap enough for every listing).
+        self._ips: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_provider(cls, provider_config: dict[str, Any], cluster_name: str) -> "RayNodePlayer":
+        """The player of this provider block's machines (its keys checked, errors naming them)."""
+        return cls(parse_section(LocalPlayerSettings, provider_config, "provider"), cluster_name)
+
+    def play(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
+        """One player per machine, one at a time; the machines that got none are named in the BackendError."""
+        failed: dict[str, str] = {}
+        for mid in machine_ids:
+            if self.nodes.get(mid) is not None:
+                continue   # a retried launch: that machine already has its player
+            try:
+                rec = self.nodes.start(mid, spec.node_type, spec.resources, spec.labels, extra_env=instance_env(spec),
+                                       tags=dict(spec.tags), request_token=spec.request_token)
+            except BackendError as e:      # a host short of memory too: the next candidate would not fare better
+                logger.error("local player for %s failed: %s", mid, e)
+                failed[mid] = str(e)
+                continue
+            with self._lock:
+                self._ips[mid] = rec.ip
+        if failed:
+            raise BackendError(f"local player could not start Ray for {sorted(failed)}: "
+                               + "; ".join(f"{k}: {v.splitlines()[0]}" for k, v in sorted(failed.items())),
+                               category="LocalPlayerStartFailed")
+
+    def ip(self, machine_id: str) -> str | None:
+        with self._lock:
+            ip = self._ips.get(machine_id)
+        if ip is None:
+            rec = self.nodes.get(machine_id)
+            if rec is None:
+                return None
+            ip = rec.ip
+            with self._lock:
+                self._ips[machine_id] = ip
+        return ip
+
+    def stop(self, machine_ids: list[str]) -> None:
+        """Stop the players of these machines (waits for them). Unknown ids, and another cluster's players (a
+        shared `player_state_dir`), are left alone."""
+        mine = [mid for mid in machine_ids
+                if (rec := self.nodes.get(mid)) is not None and rec.tags.get(TAG_CLUSTER) == self.cluster_name]
+        if mine:
+            self.nodes.stop(mine)
+        with self._lock:
+            for mid in machine_ids:
+                self._ips.pop(mid, None)
+
+    def leftovers(self) -> list[dict[str, str]]:
+        return [{"kind": self.kind, "name": r.id, "machine_id": r.id, "node_kind": "worker",
+                 "state": "running" if r.ready else "starting"}
+                for r in self.nodes.list() if r.tags.get(TAG_CLUSTER) == self.cluster_name]
+
+    def close(self) -> None:
+        self.nodes.close()
+
+
+class KubeletPlay(Player):
+    """Plays the kubelet of every worker machine (kubelet.py) from its join user data (`spec.boot_script`)."""
+
+    def __init__(self, settings: KubeletPlayerSettings, block: Any, cluster_name: str):
+        # The played kubelet reads what a booted machine would: the API server and namespace of the `kubernetes`
+        # block (`block`: the registration's parsed KubernetesBlock) and the user data it was given. Imported here:
+        # the Kubernetes client is loaded only when kubelets are played.
+        from ray_nodeless.providers.local.kubelet import KubeletPlayer
+        from ray_nodeless.registrations.kubernetes.client import api_client
+        state_dir = default_state_dir(cluster_name, "-kubelet")
+        head_ip = settings.head_ip or default_head_ip()
+        super().__init__(state_dir / "home", head_ip)
+        gcs = (settings.gcs_address if "gcs_address" in settings.model_fields_set
+               else f"{head_ip}:{DEFAULT_GCS_PORT}")
+        processes = LocalNodeProcesses(
+            state_dir, gcs, object_store_memory=settings.local_object_store_memory,
+            port_base=settings.local_port_base, start_timeout_s=settings.local_start_timeout_s,
+            min_free_memory_mb=settings.local_min_free_memory_mb,
+            extra_ray_start_args=settings.local_ray_start_args, prewarm=False)
+        self.kubelet = KubeletPlayer(api_client(block, os.environ.get(PLAYER_KUBECONFIG_ENV) or ""),
+                                     block.namespace, processes)
+
+    def play(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
+        """Register each machine's Node (in a thread each: a launch never waits for a join)."""
+        for mid in machine_ids:
+            if self.kubelet.node_name(mid) is not None:
+                continue   # a retried launch: that machine's kubelet already runs
+            try:
+                self.kubelet.play(mid, spec.boot_script, spec.offering)
+            except ValueError as e:      # the user data is no join: a real machine would never become a Node
+                raise BackendError(f"machine {mid} cannot be played as a Kubernetes node: {e}",
+                                   category="KubeletPlayerFailed") from e
+
+    def stop(self, machine_ids: list[str]) -> None:
+        # The machine is gone, so is its kubelet; stopping its Ray processes waits for them: not on the caller's
+        # thread (the autoscaler's update loop).
+        for mid in machine_ids:
+            threading.Thread(target=self.kubelet.forget, args=(mid,), name=f"kubelet-player-forget-{mid}",
+                             daemon=True).start()
+
+    def close(self) -> None:
+        self.kubelet.close(stop_processes=False)
+
+
+def played_backend(inner: MachineBackend, player_settings: Section, registration_settings: Section,
+                   cluster_name: str) -> PlayedBackend:
+    """`inner`, wrapped in the player `player_settings` is the section of (settings.PLAYER_SETTINGS): the Ray-node
+    player for LocalPlayerSettings, the kubelet player for KubeletPlayerSettings (which plays the Nodes of the
+    registration's parsed `kubernetes` block)."""
+    if isinstance(player_settings, LocalPlayerSettings):
+        return PlayedBackend(inner, RayNodePlayer(player_settings, cluster_name))
+    if isinstance(player_settings, KubeletPlayerSettings):
+        return PlayedBackend(inner, KubeletPlay(player_settings, getattr(registration_settings, "kubernetes"),
+                                                cluster_name))
+    raise TypeError(f"no player has the settings {type(player_settings).__name__}")
