@@ -26,9 +26,6 @@ EXEMPT_DIRS = ("providers", "testing")       # where backends, and the fakes of 
 ALLOWED: dict[str, str] = {
     "ray_adapter/ray_defaults.py": "compat: RAY_DEFAULT_CLOUDS (which clouds Ray has a defaults.yaml for)",
     "swapin/ray_defaults.py": "compat: RAY_CLOUDS (Ray's defaults.yaml lookup, moving into the compat package)",
-    "registrations/kubernetes/registration.py": "players: providers.local imports (local player as a decorator)",
-    "registrations/kubernetes/settings.py": "players: providers.local imports (local player as a decorator)",
-    "registrations/local_player.py": "players: providers.local imports (local player as a decorator)",
     "core/settings.py": "bundle: PRICE_CLOUDS and simulate_cloud's Literal (the clouds the catalog prices)",
 }
 
