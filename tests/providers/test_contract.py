@@ -18,7 +18,8 @@ import pytest
 
 from ray_nodeless.core.catalog import InstanceType, Offering
 from ray_nodeless.errors import BackendError, ForeignMachineError, TransientBackendError
-from ray_nodeless.providers import make_backend
+from ray_nodeless.core.schema import parse_section
+from ray_nodeless.providers import backend_class, make_backend
 from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine, MachineBackend
 
 CLUSTER = "contract"
@@ -30,8 +31,9 @@ GCP_E2 = InstanceType(cloud="gcp", name="e2-standard-4", family="e2", vcpus=4, m
 
 
 def build(cloud: str, provider: dict[str, Any], cluster: str) -> MachineBackend:
-    """The one place this suite constructs a backend."""
-    return make_backend(cloud, provider, cluster)
+    """The one place this suite constructs a backend: on its own section of `provider`, parsed (the constructor
+    contract of base.py)."""
+    return make_backend(cloud, parse_section(backend_class(cloud).settings_model, provider, "provider"), cluster)
 
 
 @dataclass
