@@ -107,7 +107,7 @@ def test_fills_what_rays_own_bootstrap_fills(fresh: MotoServer) -> None:
     assert {p["PolicyName"] for p in policies} == {"AmazonEC2FullAccess", "AmazonS3FullAccess"}
 
 
-def test_top_level_keys_ray_reads_after_the_head_launches_get_rays_defaults(aws: MotoServer) -> None:
+def test_top_level_keys_ray_reads_after_the_head_launches_get_rays_defaults(aws: MotoServer, tmp_path) -> None:
     from ray.autoscaler._private.providers import _get_default_config
 
     got = bootstrap_config(ours(aws))
@@ -116,9 +116,10 @@ def test_top_level_keys_ray_reads_after_the_head_launches_get_rays_defaults(aws:
         if key not in ("setup_commands", "head_setup_commands", "worker_setup_commands"):
             assert got[key] == defaults[key], key
     kept = ours(aws)
-    kept.update(file_mounts={"/a": "/b"}, head_start_ray_commands=["echo mine"])
+    # A mount whose source exists (bootstrap_config refuses a missing one before anything launches).
+    kept.update(file_mounts={"/a": str(tmp_path)}, head_start_ray_commands=["echo mine"])
     got = bootstrap_config(kept)
-    assert got["file_mounts"] == {"/a": "/b"} and got["head_start_ray_commands"] == ["echo mine"]
+    assert got["file_mounts"] == {"/a": str(tmp_path)} and got["head_start_ray_commands"] == ["echo mine"]
 
 
 def test_subnets_are_limited_to_the_zones_the_rules_allow(aws: MotoServer) -> None:
