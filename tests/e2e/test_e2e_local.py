@@ -78,18 +78,28 @@ def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp
         [head] = _machines(cfg).values()
         assert head["ray-node-type"] == "head"
 
+        # CPU first, while no worker exists: Ray must launch a node for it. (Once a GPU node with free CPUs exists,
+        # Ray may place CPU tasks there; what ray_nodeless controls is which instance a launch gets.) Its machine is
+        # read as soon as the task returns: idle workers go after 12 s here, and the GPU launch below (after an
+        # injected capacity error) can take longer than that on a loaded machine.
+        got = _driver(cfg, """
+            @ray.remote(num_cpus=1)
+            def cpu_task():
+                return node_of()
+            print("RESULT", json.dumps({"cpu": ray.get(cpu_task.remote())}))
+        """)
+        # The CPU-only task ran on a machine without GPUs (the cpu_worker type, planned without GPU instances).
+        cpu_type = _machines(cfg)[got["cpu"]]["nodeless-instance-type"]
+        assert plan_cluster(cfg).plans["cpu_worker"].chosen.instance_type.name == cpu_type
+        from ray_nodeless.core.catalog import embedded
+        assert embedded().instance_type("aws", cpu_type).gpu_count == 0
+
         # A {GPU: 1} task brings up the cheapest allowed GPU instance, in the next zone after the injected error.
         got = _driver(cfg, """
             @ray.remote(num_gpus=1, num_cpus=1)
             def gpu_task():
                 return node_of()
-            @ray.remote(num_cpus=1)
-            def cpu_task():
-                return node_of()
-            # CPU first, while no worker exists: Ray must launch a node for it. (Once a GPU node with free CPUs
-            # exists, Ray may place CPU tasks there; what ray_nodeless controls is which instance a launch gets.)
-            cpu = ray.get(cpu_task.remote())
-            print("RESULT", json.dumps({"cpu": cpu, "gpu": ray.get(gpu_task.remote())}))
+            print("RESULT", json.dumps({"gpu": ray.get(gpu_task.remote())}))
         """)
         machines = _machines(cfg)
         gpu = machines[got["gpu"]]
@@ -97,11 +107,6 @@ def test_ray_up_v2_cheapest_fit_fallback_exclusion_replacement_idle_and_down(tmp
         assert (gpu["nodeless-zone"], gpu["nodeless-capacity"]) == (second.zone, second.capacity)
         assert gpu["nodeless-rule"] == "gpu-workers-spot-first"
         assert not gpu["nodeless-instance-type"].startswith("g6.")
-        # The CPU-only task ran on a machine without GPUs (the cpu_worker type, planned without GPU instances).
-        cpu_type = machines[got["cpu"]]["nodeless-instance-type"]
-        assert plan_cluster(cfg).plans["cpu_worker"].chosen.instance_type.name == cpu_type
-        from ray_nodeless.core.catalog import embedded
-        assert embedded().instance_type("aws", cpu_type).gpu_count == 0
 
         # A node killed from outside (like a spot reclaim) while work remains is replaced.
         status = tmp_path / "running"

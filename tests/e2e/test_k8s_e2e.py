@@ -75,7 +75,7 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
         print(f"\nFIGURES e2e: pending GPU task -> result {task_s:.1f} s")
         # idle scale-down: pod, Node, instance and Ray process all go
         wait_for(lambda: not core.list_namespaced_pod("ray", label_selector=sel).items
-                 and not core.list_node(label_selector=sel).items, 180, "idle worker's pod and Node gone", poll=1)
+                 and not core.list_node(label_selector=sel).items, 180, "idle worker's pod and Node gone", interval=1)
         wait_for(lambda: instances()[worker] in ("terminated", "shutting-down"), 60, "instance terminated", interval=1)
         wait_for(lambda: not processes_of(worker), 30, "worker Ray process gone", interval=1)
 

@@ -245,7 +245,7 @@ def test_ray_up_local_k8s_gpu_task_runs_in_a_bound_pod_idle_removal_and_ray_down
 
         # Idle scale-down: pod, Node, machine and Ray process all go.
         wait_for(lambda: not core.list_namespaced_pod("ray", label_selector=sel).items
-                 and not core.list_node(label_selector=sel).items, 180, "idle worker's pod and Node gone", poll=1)
+                 and not core.list_node(label_selector=sel).items, 180, "idle worker's pod and Node gone", interval=1)
         wait_for(lambda: worker not in machines(), 60, "the idle machine terminated", interval=1)
         wait_for(lambda: not processes_of(worker), 30, "worker Ray processes gone", interval=1)
 
@@ -291,7 +291,7 @@ def test_a_killed_ray_pod_ends_its_machine_and_the_task_finishes_on_a_replacemen
             print("RESULT", ray.get(long_task.remote()))
         """)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         victim = wait_for(lambda: status.exists() and status.read_text().split(), 180, "the task to start",
-                          poll=0.5)[0]
+                          interval=0.5)[0]
         seen.append(victim)
         [raylet] = processes_of(victim, "raylet")
         os.killpg(os.getpgid(raylet), 9)            # the pod's Ray node dies
