@@ -35,7 +35,7 @@ import logging
 import random
 import re
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from botocore.client import BaseClient
 
@@ -234,15 +234,19 @@ class AwsBackend(AwsConfig, MachineBackend):
                 out.extend(r.get("Instances", []))
         return out
 
-    def list_machines(self) -> list[Machine]:
+    def _describe_cluster(self, states: Iterable[str]) -> list[dict[str, Any]]:
+        """This cluster's instances in `states` (tag and state filtered by EC2), errors typed."""
         filters = [
             {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_name]},
-            {"Name": "instance-state-name", "Values": list(LISTED_STATES)},
+            {"Name": "instance-state-name", "Values": list(states)},
         ]
         try:
-            instances = self._describe(filters)
+            return self._describe(filters)
         except CALL_ERRORS as e:
             raise api_error("DescribeInstances", e) from e
+
+    def list_machines(self) -> list[Machine]:
+        instances = self._describe_cluster(LISTED_STATES)
         machines: list[Machine] = []
         known: dict[str, dict[str, str]] = {}
         born: dict[str, float] = {}
@@ -429,14 +433,7 @@ class AwsBackend(AwsConfig, MachineBackend):
     def leftovers(self) -> list[dict[str, str]]:
         """Stopping and stopped instances tagged with this cluster: not Ray nodes (not listed), but they keep
         costing EBS storage, so `ray-nodeless sweep` ends them. Listed afresh, by one filtered describe."""
-        filters = [
-            {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_name]},
-            {"Name": "instance-state-name", "Values": list(STOPPED_STATES)},
-        ]
-        try:
-            instances = self._describe(filters)
-        except CALL_ERRORS as e:
-            raise api_error("DescribeInstances", e) from e
+        instances = self._describe_cluster(STOPPED_STATES)
         out = []
         for inst in sorted(instances, key=lambda i: i["InstanceId"]):
             tags = tags_of(inst)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_nodeless.core.schema import parse_section
-from ray_nodeless.errors import BackendError, ForeignMachineError
+from ray_nodeless.errors import ForeignMachineError
 from ray_nodeless.providers.base import (
     MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update,
 )
@@ -22,7 +22,7 @@ from ray_nodeless.providers.local.processes import LocalNodeProcesses
 from ray_nodeless.providers.local.ray_start import instance_env
 from ray_nodeless.providers.local.records import NodeRecord
 from ray_nodeless.providers.local.runner import LocalCommandRunner, runner_marker
-from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
+from ray_nodeless.providers.local.scoped_stop import end_marked_processes, marked_pids
 from ray_nodeless.providers.local.settings import LocalConfig, LocalSettings, default_state_dir
 from ray_nodeless.providers.local.slots import default_head_ip
 
@@ -126,11 +126,7 @@ class LocalBackend(LocalConfig, MachineBackend):
 
     def end_leftovers(self, leftovers: list[dict[str, str]]) -> None:
         if any(d["kind"] == "process" for d in leftovers):
-            stop_marked_processes(self.runner_marker)    # SIGTERM, then SIGKILL what is left after the grace
-            left = marked_pids(self.runner_marker)
-            if left:
-                raise BackendError(f"processes {left} of cluster {self.cluster_name} survived SIGKILL",
-                                   category="ProcessesSurvived")
+            end_marked_processes(self.runner_marker, self.cluster_name)
 
     def close(self) -> None:
         self.nodes.close()

@@ -22,10 +22,9 @@ from typing import Any, ClassVar
 
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
-from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.base import LaunchSpec, Machine, MachineBackend
 from ray_nodeless.providers.local.runner import LocalCommandRunner, runner_marker
-from ray_nodeless.providers.local.scoped_stop import marked_pids, stop_marked_processes
+from ray_nodeless.providers.local.scoped_stop import end_marked_processes, marked_pids
 
 logger = logging.getLogger(__name__)
 
@@ -161,11 +160,7 @@ class PlayedBackend(MachineBackend):
         if players:
             self.player.stop(sorted(d["machine_id"] for d in players))
         if heads:
-            stop_marked_processes(self.runner_marker)    # SIGTERM, then SIGKILL what is left after the grace
-            left = marked_pids(self.runner_marker)
-            if left:
-                raise BackendError(f"processes {left} of cluster {self.cluster_name} survived SIGKILL",
-                                   category="ProcessesSurvived")
+            end_marked_processes(self.runner_marker, self.cluster_name)
 
     def close(self) -> None:
         try:

@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 
+from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.local.pids import (
     ancestors, has_env, live_processes, proc_info, same_start, signal_pid,
 )
@@ -61,6 +62,15 @@ def stop_marked_processes(marker: str, timeout: float = SCOPED_STOP_GRACE_S, for
     for pid in remaining():
         signal_pid(pid, signal.SIGKILL)
     return len(pids)
+
+
+def end_marked_processes(marker: str, cluster_name: str) -> None:
+    """`stop_marked_processes` for a sweep: SIGTERM, then SIGKILL what is left after the grace; a BackendError
+    naming the processes that survived even SIGKILL (the sweep reports them as not ended)."""
+    stop_marked_processes(marker)
+    left = marked_pids(marker)
+    if left:
+        raise BackendError(f"processes {left} of cluster {cluster_name} survived SIGKILL", category="ProcessesSurvived")
 
 
 def main(argv: list[str]) -> int:
