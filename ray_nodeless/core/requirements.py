@@ -23,8 +23,11 @@ GIB = 1024 ** 3
 
 LIST_KEYS = ("instance_types", "exclude_instance_types", "families", "exclude_families", "gpus", "exclude_gpus",
              "zones")
+# `open_shape` is written by ray_nodeless itself on the node types it generates for demands (core/open_plan.py):
+# the demand a type was opened for, whose rule the launch must follow. Never a backend launch key.
+OPEN_SHAPE_KEY = "open_shape"
 REQUIREMENT_KEYS = frozenset(LIST_KEYS + ("arch", "min_vcpus", "min_memory_gib", "capacity", "max_hourly_price",
-                                          "allow_gpu_instances"))
+                                          "allow_gpu_instances", OPEN_SHAPE_KEY))
 ARCHES = ("x86_64", "arm64")
 DEFAULT_CAPACITY = ("on-demand",)
 DEFAULT_ARCH = ("x86_64",)

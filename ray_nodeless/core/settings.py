@@ -25,6 +25,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog.refresh import DEFAULT_TTL_S as CATALOG_TTL_S
 from ray_nodeless.core.requirements import (
+    OPEN_SHAPE_KEY,
     Request, Requirements, Shape, parse_exclude, parse_requirements, split_node_config,
 )
 from ray_nodeless.core.rules import DEFAULT_RULE, Rule, RuleSet, parse_rules
@@ -75,6 +76,16 @@ class CoreSettings(Section):
     # `exclude` is declared before `rules`: the rules' validator folds the parsed exclusions into the RuleSet.
     exclude: Requirements = Field(default_factory=Requirements)   # requirements.parse_exclude (names nested keys)
     rules: RuleSet = Field(None, validate_default=True)            # rules.parse_rules, plus `exclude`
+    # Shape-open provisioning (core/open_plan.py, launch/open_types.py): every pending demand that no declared
+    # worker type serves gets its cheapest-fit machine, as a node type generated into the config the monitor
+    # re-reads. None = on exactly when the cluster declares no worker node type (a head, limits and rules).
+    open_shapes: bool | None = None
+    # Launch keys (and requirement keys that narrow the search) of every generated node type, e.g. ImageId.
+    open_node_config: dict[str, Any] = Field(default_factory=dict)
+    # Generated node types kept at once (each is a node type Ray's scheduler scores every demand against).
+    max_open_node_types: int = Field(32, ge=1, le=256)
+    # A placement group's new machines in one zone (cross-zone traffic costs money); false: each its cheapest.
+    single_zone_gangs: bool = True
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
     node_type_resources: dict[str, Any] = Field(default_factory=dict)
     worker_boot: dict[str, Any] = Field(default_factory=dict)
@@ -151,7 +162,12 @@ class Resolver:
         if not isinstance(node_config, Mapping):
             raise ConfigError(f"{key}.node_config", "must be a mapping")
         ours, theirs = split_node_config(node_config)
-        rule: Rule | None = self.settings.rules.first_match(node_type, resources or {}, is_head)
+        # A generated node type follows the rule of the demand it was opened for (core/open_plan.py), not the rule
+        # its whole machine would match: the choice and the launch then agree.
+        match_on = ours.pop(OPEN_SHAPE_KEY, None)
+        if match_on is not None and not isinstance(match_on, Mapping):
+            raise ConfigError(f"{key}.node_config.{OPEN_SHAPE_KEY}", "must be a mapping of resources")
+        rule: Rule | None = self.settings.rules.first_match(node_type, match_on or resources or {}, is_head)
         base = rule.requirements if rule else Requirements()
         req = base.narrowed_by(parse_requirements(ours, f"{key}.node_config"), f"{key}.node_config")
         if self.backend_overrides is not None:

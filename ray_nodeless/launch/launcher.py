@@ -20,6 +20,7 @@ from cachetools import TTLCache
 from ray_nodeless.core import ttls
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog, Offering
+from ray_nodeless.core.demand import offering_labels
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.planner import Plan, Planner
 from ray_nodeless.core.requirements import split_node_config
@@ -135,7 +136,10 @@ class Launcher:
                 cluster_name=self.cluster_name, node_type=node_type, offering=offering, count=count, tags=tags,
                 node_config=copy.deepcopy(backend_config),
                 request_token=request_token(self.cluster_name, launch_request, node_type, batch, offering, count),
-                resources=instance_resources(offering.instance_type, resources), labels=dict(labels or {}),
+                resources=instance_resources(offering.instance_type, resources),
+                # Ray's default labels say what the machine really is (market type, zone, region, GPU model),
+                # whatever the node type declared: a label we report is true.
+                labels={**dict(labels or {}), **offering_labels(offering)},
                 is_head=is_head,
             )
             spec = self.registration.prepare(spec)

@@ -33,7 +33,10 @@ from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, Machine
 from ray_nodeless.ray_adapter import bootstrap
-from ray_nodeless.ray_adapter.compat import monitor_gcs_address
+from ray_nodeless.core.open_plan import OpenFitter, Packer
+from ray_nodeless.launch.open_types import OpenTypes
+from ray_nodeless.ray_adapter.compat import monitor_config_path, monitor_gcs_address, monitor_logs_dir
+from ray_nodeless.ray_adapter.open_driver import OpenDriver, YamlFileStore
 
 logger = logging.getLogger(__name__)
 
@@ -69,12 +72,21 @@ class NodelessProvider(NodeProvider):
         self._node_type_resources: dict[str, dict] = dict(self.settings.node_type_resources)
         self.interruptions: InterruptionQueue | None = None
         gcs = monitor_gcs_address()
+        self.open: OpenDriver | None = None
+        config_path = monitor_config_path()
+        if gcs and config_path and self.settings.open_shapes is not False:
+            # Only in the monitor: shape-open node types live in the config file it re-reads (open_driver.py).
+            self.open = OpenDriver(self._open_types(config_path), gcs, monitor_logs_dir())
         if self.settings.interruption_queue_url and gcs:
             # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
             # nor wait on a GCS they may not reach.
             url = self.settings.interruption_queue_url
             sqs = self.backend.interruption_queue_client(url, provider_config)     # the backend's (AWS: SQS)
             self.interruptions = InterruptionQueue(sqs, url, RayDrainer(gcs))
+
+    def _open_types(self, config_path: str) -> OpenTypes:
+        fitter = OpenFitter(self.resolver, lambda: self.planner, self.unavailable, self.settings.open_node_config)
+        return OpenTypes(self.settings, Packer(fitter, self.settings.single_zone_gangs), YamlFileStore(config_path))
 
     @property
     def catalog(self) -> Catalog:
@@ -98,6 +110,8 @@ class NodelessProvider(NodeProvider):
         machines = self.view.refresh()
         if self.interruptions is not None:
             self.interruptions.poll(machines)      # bounded, never raises: see interruptions/queue.py
+        if self.open is not None:
+            self.open.tick(machines)               # at most once a second, never raises: see open_driver.py
         self.registration.observe_listing(set(machines))
         doomed = {mid: why for mid, why in self.registration.machines_to_end().items() if mid in machines}
         if doomed:   # e.g. never joined Kubernetes within join_timeout_s, or its Ray pod failed for good

@@ -12,6 +12,8 @@ Concurrent `ray start`s on one host race on raylet socket and log names, so star
 """
 from __future__ import annotations
 
+import json
+
 import logging
 import signal
 import subprocess
@@ -232,8 +234,14 @@ class LocalNodeProcesses:
             labels=dict(labels), tags=dict(tags), log_path=str(self.records.log_path(machine_id)),
             request_token=request_token,
         )
-        labels_file = self.records.write_labels(machine_id, labels) if labels else None
+        # Ray refuses `ray.io/` keys from --labels (reserved for its default labels); the autoscaler's way to set
+        # them is RAY_OVERRIDE_LABELS, as for a real machine (registrations/vm_boot.py).
+        ray_labels = {k: v for k, v in labels.items() if k.startswith("ray.io/")}
+        user_labels = {k: v for k, v in labels.items() if k not in ray_labels}
+        labels_file = self.records.write_labels(machine_id, user_labels) if user_labels else None
         env = node_env(machine_id, node_type, self._marker(machine_id), extra_env)
+        if ray_labels:
+            env["RAY_OVERRIDE_LABELS"] = json.dumps(ray_labels, sort_keys=True)
         cmd = ray_start_command(gcs_address=self.gcs_address, ip=rec.ip, ports=rec.ports, resources=rec.resources,
                                 object_store_memory=self.object_store_memory, labels_file=labels_file,
                                 extra_args=self.extra_ray_start_args)

@@ -19,13 +19,16 @@ is imported lazily (inside functions) except in `command_runner`, whose callers 
     gcp_bootstrap    Ray's GCP bootstrap helpers (SSH key names, the head's service account)
     command_runner   Ray's command-runner internals (output redirection, environment prefix, errors)
     scheduler        Ray's v1 ResourceDemandScheduler, for `ray-nodeless simulate`
+    demand           Ray's pending demands and nodes as the GCS reports them (ClusterResourceState)
 """
 from __future__ import annotations
 
-from ray_nodeless.ray_adapter.compat.process import in_teardown, monitor_gcs_address
+from ray_nodeless.ray_adapter.compat.process import (
+    in_teardown, monitor_config_path, monitor_gcs_address, monitor_logs_dir,
+)
 
 # The modules that list the Ray names they rely on (tests/ray_adapter/test_compat.py imports each).
 MODULES = ("process", "node_ip", "gcs", "defaults", "aws_amis", "aws_bootstrap", "gcp_bootstrap", "command_runner",
-           "scheduler")
+           "scheduler", "demand")
 
-__all__ = ["MODULES", "in_teardown", "monitor_gcs_address"]
+__all__ = ["MODULES", "in_teardown", "monitor_config_path", "monitor_gcs_address", "monitor_logs_dir"]

@@ -34,3 +34,26 @@ def monitor_gcs_address() -> str | None:
         if arg == "--gcs-address" and i + 1 < len(argv):
             return argv[i + 1] or None
     return None
+
+
+def monitor_config_path() -> str | None:
+    """The cluster config file this Ray monitor re-reads every loop (`--autoscaling-config` on monitor.py's command
+    line, v1 and v2 alike; `ray up` writes it as ~/ray_bootstrap_config.yaml), else None."""
+    argv = sys.argv
+    for i, arg in enumerate(argv):
+        if arg.startswith("--autoscaling-config="):
+            return arg.split("=", 1)[1] or None
+        if arg == "--autoscaling-config" and i + 1 < len(argv):
+            return argv[i + 1] or None
+    return None
+
+
+def monitor_logs_dir() -> str | None:
+    """The session's logs directory of this Ray monitor (`--logs-dir`), where v2 writes its autoscaler events."""
+    argv = sys.argv
+    for i, arg in enumerate(argv):
+        if arg.startswith("--logs-dir="):
+            return arg.split("=", 1)[1] or None
+        if arg == "--logs-dir" and i + 1 < len(argv):
+            return argv[i + 1] or None
+    return None

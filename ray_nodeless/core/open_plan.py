@@ -1,0 +1,367 @@
+"""Shape-open provisioning, the pure part: Ray's pending demands -> the machines to launch, each the cheapest fit.
+
+`OpenFitter.fit(demand, selector)` is the cheapest-fit search for one demand: the planner's candidates for the
+demand's shape under the first rule that matches the demand (exclusions, pins and `max_hourly_price` applied), in
+the documented total order, without offerings recently unavailable, keeping only those whose machine's Ray
+resources really hold the demand (Ray's `memory` resource is 70 % of the RAM: `instance_resources`) and whose
+labels match the selector. The result is an `OpenType`: one offering (instance type, zone, market) as a Ray node
+type whose labels promise exactly what the machine will be, so a launch never breaks a label promise.
+
+`pack(...)` is first-fit-decreasing in the Karpenter way: demands largest first (GPU, CPU, memory) go onto the free
+capacity of nodes that exist or are launching, then onto machines already opened in this pass, and only then open
+a new machine, the demand's own cheapest fit. A placement group (gang) is placed as a whole: bundles of a
+STRICT_SPREAD gang on distinct machines, a STRICT_PACK gang on one, and all of a gang's new machines in one zone
+(`single_zone_gangs`), trying the zones in the order of the gang's cheapest fit. What no allowed offering can serve
+is returned with the reason (the rule or exclusion that removed its last candidate, from the planner's own
+explanation).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from ray_nodeless.core.availability import UnavailableOfferings
+from ray_nodeless.core.catalog import Offering
+from ray_nodeless.core.gpus import canonical_gpu
+from ray_nodeless.core.demand import (
+    ACCELERATOR_RESOURCE, Demand, NodeCapacity, Selector, fits, offering_labels, take,
+)
+from ray_nodeless.core.node_resources import instance_resources
+from ray_nodeless.core.planner import Planner
+from ray_nodeless.core.requirements import GIB, OPEN_SHAPE_KEY, REQUIREMENT_KEYS
+from ray_nodeless.core.settings import Resolver
+from ray_nodeless.core.ttls import TASK_MEMORY_FRACTION
+from ray_nodeless.errors import ConfigError, NoFeasibleOffering
+
+# Resources an instance has. A demand for anything else (a custom resource) is for a declared node type.
+INSTANCE_RESOURCES = ("CPU", "GPU", "memory")
+
+TYPE_PREFIX = "nl-"
+CAPACITY_SUFFIX = {"spot": "spot", "on-demand": "od"}
+
+
+@dataclass(frozen=True)
+class OpenType:
+    """One offering as a generated Ray node type."""
+
+    name: str
+    offering: Offering
+    rule: str
+    resources: tuple[tuple[str, int], ...]      # the machine's Ray resources (integers, as Ray's schema wants)
+    labels: tuple[tuple[str, str], ...]
+    shape: tuple[tuple[str, float], ...]        # the demand it was opened for: its rule is matched at launch
+
+    @property
+    def price(self) -> float:
+        return self.offering.hourly_price or 0.0
+
+    def node_type(self, template: Mapping[str, Any], max_workers: int, priority: int) -> dict[str, Any]:
+        """The `available_node_types` entry: pinned to this offering, labelled with what it is."""
+        o = self.offering
+        node_config = {k: v for k, v in template.get("node_config", {}).items()}
+        node_config.update(instance_types=[o.instance_type.name], zones=[o.zone], capacity=[o.capacity])
+        node_config[OPEN_SHAPE_KEY] = {k: (int(v) if float(v).is_integer() else v) for k, v in self.shape}
+        out: dict[str, Any] = {"min_workers": 0, "max_workers": int(max_workers), "resources": dict(self.resources),
+                               "labels": dict(self.labels), "priority": int(priority), "node_config": node_config}
+        if template.get("idle_timeout_s") is not None:
+            out["idle_timeout_s"] = template["idle_timeout_s"]
+        return out
+
+
+def type_name(o: Offering) -> str:
+    """`nl-<instance type>-<zone>-<spot|od>`: stable, readable, within Ray's and GCE's 63 characters."""
+    return f"{TYPE_PREFIX}{o.instance_type.name}-{o.zone}-{CAPACITY_SUFFIX.get(o.capacity, o.capacity)}"[:63]
+
+
+def ray_int_resources(o: Offering) -> tuple[tuple[str, int], ...]:
+    res = instance_resources(o.instance_type, {})
+    return tuple(sorted((k, int(math.floor(v + 1e-9))) for k, v in res.items()))
+
+
+class OpenFitter:
+    """The cheapest allowed offering for one demand (see the module docstring)."""
+
+    def __init__(self, resolver: Resolver, planner: Planner | Callable[[], Planner],
+                 unavailable: UnavailableOfferings | None = None,
+                 template_node_config: Mapping[str, Any] | None = None):
+        self.resolver = resolver
+        # A callable: the provider loads its catalog at the first plan, not when Ray builds it.
+        self._planner = planner
+        self.unavailable = unavailable
+        # Only the template's requirement keys narrow the search (families, exclusions ...); its launch keys
+        # (images, subnets) go to the generated types as they are.
+        self.narrowing = {k: v for k, v in (template_node_config or {}).items() if k in REQUIREMENT_KEYS}
+
+    @property
+    def planner(self) -> Planner:
+        return self._planner if isinstance(self._planner, Planner) else self._planner()
+
+    def fit(self, demand: Demand, selector: Selector | None = None, zone: str | None = None) -> OpenType:
+        want = demand.res
+        others = sorted(k for k in want if k not in INSTANCE_RESOURCES and not k.startswith(ACCELERATOR_RESOURCE))
+        if others:
+            raise NoFeasibleOffering(
+                f"{demand.describe()}: no instance offers the resource(s) {others}; declare a node type with them")
+        # The planner's Shape: whole GPUs, the accelerator model as a resource; memory as RAM (node memory is
+        # TASK_MEMORY_FRACTION of it).
+        shape: dict[str, Any] = {"CPU": want.get("CPU", 0.0), "GPU": math.ceil(want.get("GPU", 0.0) - 1e-9)}
+        if demand.accelerator:
+            shape[f"{ACCELERATOR_RESOURCE}{demand.accelerator}"] = 1
+            if not shape["GPU"]:
+                shape["GPU"] = 1     # `accelerator_type` without num_gpus: the machine still has that GPU
+        if want.get("memory"):
+            shape["memory"] = want["memory"]
+        node_config = dict(self.narrowing)
+        if want.get("memory"):
+            ram = want["memory"] / GIB / TASK_MEMORY_FRACTION
+            node_config["min_memory_gib"] = max(float(node_config.get("min_memory_gib", 0) or 0), ram)
+        try:
+            request = self.resolver.request("open", shape, node_config, is_head=False)
+            plan = self.planner.plan(request)
+        except ConfigError as e:
+            raise NoFeasibleOffering(f"{demand.describe()}: {e}") from e
+        unavailable = skipped_labels = 0
+        for o in plan.candidates():
+            if zone is not None and o.zone != zone:
+                continue
+            labels = offering_labels(o)
+            if selector is not None and not selector.matches(labels):
+                skipped_labels += 1
+                continue
+            if not fits(instance_resources(o.instance_type, {}), _node_view(want, o)):
+                continue
+            if self.unavailable is not None and self.unavailable.reason(o) is not None:
+                unavailable += 1
+                continue
+            return OpenType(name=type_name(o), offering=o, rule=request.rule, resources=ray_int_resources(o),
+                            labels=tuple(sorted(labels.items())), shape=tuple(sorted(shape.items())))
+        nearest = plan.chosen
+        where = f" in zone {zone}" if zone else ""
+        why = (f"no offering of rule {request.rule!r}{where} has labels {selector.describe()}" if skipped_labels
+               and selector is not None else f"all {unavailable} fitting offerings{where} are recently unavailable"
+               if unavailable else f"no offering of rule {request.rule!r}{where} holds it")
+        raise NoFeasibleOffering(f"{demand.describe()}: {why} (nearest allowed: {nearest.instance_type.name} "
+                                 f"{nearest.zone} {nearest.capacity} ${nearest.hourly_price or 0:.4f}/h)")
+
+
+def _node_view(want: Mapping[str, float], o: Offering) -> dict[str, float]:
+    """The demand as the node's resources hold it (an accelerator demand is a fraction of the node's one unit)."""
+    out = {k: v for k, v in want.items() if not k.startswith(ACCELERATOR_RESOURCE)}
+    for k in want:
+        if k.startswith(ACCELERATOR_RESOURCE):
+            out[f"{ACCELERATOR_RESOURCE}{o.instance_type.gpu_model}"] = min(want[k], 1.0)
+    return out
+
+
+@dataclass
+class Packing:
+    """What one pass decided: machines to open per generated type, and demands nothing allowed can serve."""
+
+    new: Counter = field(default_factory=Counter)               # type name -> machines
+    types: dict[str, OpenType] = field(default_factory=dict)
+    infeasible: dict[Demand, str] = field(default_factory=dict)  # demand -> why (the planner's reason)
+
+    @property
+    def hourly(self) -> float:
+        return sum(self.types[n].price * c for n, c in self.new.items())
+
+
+def _size_key(d: Demand) -> tuple:
+    r = d.res
+    return (-r.get("GPU", 0.0), -r.get("CPU", 0.0), -r.get("memory", 0.0), d.resources, d.selectors)
+
+
+class Packer:
+    """First-fit-decreasing over nodes that exist, are launching, or are opened in this pass."""
+
+    def __init__(self, fitter: OpenFitter, single_zone_gangs: bool = True):
+        self.fitter = fitter
+        self.single_zone_gangs = single_zone_gangs
+
+    def pack(self, demands: Iterable[Demand], nodes: Iterable[NodeCapacity]) -> Packing:
+        out = Packing()
+        bins = [NodeCapacity(n.name, dict(n.free), dict(n.labels), n.node_type, n.zone, set(n.hosts), n.has_gpu)
+                for n in sorted(nodes, key=lambda n: n.name)]
+        gangs: dict[str, list[Demand]] = {}
+        singles: list[Demand] = []
+        for d in demands:
+            (gangs.setdefault(d.gang, []) if d.gang else singles).append(d)
+        for gid in sorted(gangs):
+            self._gang(gid, gangs[gid], bins, out)
+        for d in sorted(singles, key=_size_key):
+            remaining = max(1, d.count)
+            while remaining > 0:
+                placed = self._single(d, bins, out, remaining)
+                if not placed:
+                    break
+                remaining -= placed
+        return out
+
+    # ----- one demand --------------------------------------------------------------------------------------------
+
+    def _single(self, d: Demand, bins: list[NodeCapacity], out: Packing, remaining: int) -> int:
+        """Place one unit of `d` on free capacity, else open the machine that serves `remaining` units of it
+        cheapest per unit (one bigger machine may cost less than several small ones). Returns units placed."""
+        want = d.res
+        needs_gpu = want.get("GPU", 0) > 0 or bool(d.accelerator)
+        for sel in d.selectors or (None,):
+            for b in bins:
+                if b.has_gpu and not needs_gpu:
+                    continue     # as Ray's scheduler: work without GPUs stays off GPU nodes when it can
+                if (sel is None or sel.matches(b.labels)) and fits(b.free, _bin_view(want, b)):
+                    take(b.free, _bin_view(want, b))
+                    return 1
+        t = self._open(d, out)
+        if t is None:
+            return 0
+        best, units = t, 1
+        for m in _group_sizes(remaining):
+            group = Demand(tuple((k, v * m if not k.startswith(ACCELERATOR_RESOURCE) else v) for k, v in d.resources),
+                           d.selectors, 1)
+            try:
+                g = self._open_quiet(group)
+            except NoFeasibleOffering:
+                continue
+            if g.price / m < best.price / units - 1e-12:
+                best, units = g, m
+        b = self._new_bin(best, out, bins)
+        n = 0
+        while n < units and fits(b.free, _bin_view(want, b)):
+            take(b.free, _bin_view(want, b))
+            n += 1
+        return max(n, 1)
+
+    def _open_quiet(self, d: Demand) -> OpenType:
+        for sel in d.selectors or (None,):
+            try:
+                return self.fitter.fit(d, sel)
+            except NoFeasibleOffering:
+                continue
+        raise NoFeasibleOffering(d.describe())
+
+    def _open(self, d: Demand, out: Packing, zone: str | None = None) -> OpenType | None:
+        first_error = ""
+        for sel in d.selectors or (None,):
+            try:
+                return self.fitter.fit(d, sel, zone)
+            except NoFeasibleOffering as e:
+                first_error = first_error or str(e)
+        if zone is None:
+            out.infeasible[_without_count(d)] = first_error
+        return None
+
+    @staticmethod
+    def _new_bin(t: OpenType, out: Packing, bins: list[NodeCapacity]) -> NodeCapacity:
+        out.types[t.name] = t
+        out.new[t.name] += 1
+        b = NodeCapacity(f"new:{t.name}:{out.new[t.name]}", {k: float(v) for k, v in t.resources},
+                         dict(t.labels), t.name, t.offering.zone, has_gpu=t.offering.instance_type.gpu_count > 0)
+        bins.append(b)
+        return b
+
+    # ----- a gang ------------------------------------------------------------------------------------------------
+
+    def _gang(self, gid: str, bundles: list[Demand], bins: list[NodeCapacity], out: Packing) -> None:
+        if any(b.packed for b in bundles):    # STRICT_PACK: one machine holds the sum
+            total: Counter = Counter()
+            for b in bundles:
+                for k, v in b.resources:
+                    total[k] += v * max(1, b.count)
+            units = [Demand(tuple(sorted(total.items())), bundles[0].selectors, 1, gid)]
+        else:
+            units = [Demand(b.resources, b.selectors, 1, gid, b.spread) for b in bundles
+                     for _ in range(max(1, b.count))]
+        units.sort(key=_size_key)
+        spread = any(b.spread for b in bundles)
+        zones: list[str | None] = [None]
+        if self.single_zone_gangs:
+            first = self._open(units[0], out)
+            if first is None:
+                return
+            seen = Counter(b.zone for b in bins if b.zone and b.node_type)
+            zones = sorted({z for z in seen}, key=lambda z: (-seen[z], z != first.offering.zone, z))
+            if first.offering.zone not in zones:
+                zones.append(first.offering.zone)
+            zones += sorted({o.zone for o in self._zones_of(units[0])} - set(zones))
+        for zone in zones:
+            trial = self._place_gang(gid, units, bins, zone, spread, out)
+            if trial is not None:
+                for b, want in trial[0]:
+                    take(b.free, want)
+                    b.hosts.add(gid)
+                for t in trial[1]:
+                    nb = self._new_bin(t, out, bins)
+                    take(nb.free, _bin_view(dict(t.shape), nb))
+                    nb.hosts.add(gid)
+                return
+        out.infeasible[_without_count(units[0])] = (
+            f"placement group {gid}: its {len(units)} bundle(s) fit no single zone"
+            + (" (single_zone_gangs: true)" if self.single_zone_gangs else ""))
+
+    def _zones_of(self, d: Demand) -> list[Offering]:
+        try:
+            req = self.fitter.resolver.request("open", {"CPU": d.res.get("CPU", 0)}, {}, is_head=False)
+            return list(self.fitter.planner.plan(req).top(50))
+        except (ConfigError, NoFeasibleOffering):
+            return []
+
+    def _place_gang(self, gid: str, units: list[Demand], bins: list[NodeCapacity], zone: str | None, spread: bool,
+                    out: Packing) -> tuple[list, list[OpenType]] | None:
+        free = {id(b): dict(b.free) for b in bins}
+        used: set[int] = set()
+        placed: list[tuple[NodeCapacity, dict]] = []
+        opened: list[OpenType] = []
+        for u in units:
+            want = u.res
+            spot = None
+            for b in bins:
+                if zone is not None and b.zone != zone:
+                    continue
+                if spread and (id(b) in used or gid in b.hosts):
+                    continue
+                if not u.accepts(b.labels) or not fits(free[id(b)], _bin_view(want, b)):
+                    continue
+                spot = b
+                break
+            if spot is not None:
+                take(free[id(spot)], _bin_view(want, spot))
+                used.add(id(spot))
+                placed.append((spot, _bin_view(want, spot)))
+                continue
+            t = self._open(u, out, zone) if zone is not None else self._open(u, out)
+            if t is None:
+                return None
+            opened.append(t)
+        return placed, opened
+
+
+def _group_sizes(remaining: int) -> list[int]:
+    """The group sizes tried when a machine is opened for `remaining` equal demands: remaining, then halving."""
+    out, m = [], remaining
+    while m > 1 and len(out) < 8:
+        out.append(m)
+        m //= 2
+    return out
+
+
+def _bin_view(want: Mapping[str, float], b: NodeCapacity) -> dict[str, float]:
+    """A demand as a node's resources hold it: `accelerator_type:<model>` is the node's GPU model resource."""
+    out = {}
+    for k, v in want.items():
+        if k.startswith(ACCELERATOR_RESOURCE):
+            model = b.labels.get("ray.io/accelerator-type")
+            if model and k != f"{ACCELERATOR_RESOURCE}{model}" and f"{k}" not in b.free:
+                k = f"{ACCELERATOR_RESOURCE}{model}" if _same_model(k, model) else k
+        out[k] = v
+    return out
+
+
+def _same_model(resource: str, model: str) -> bool:
+    return canonical_gpu(resource[len(ACCELERATOR_RESOURCE):]) == model
+
+
+def _without_count(d: Demand) -> Demand:
+    return Demand(d.resources, d.selectors, 1, "", d.spread, d.packed)
+

@@ -1,0 +1,203 @@
+"""Shape-open node types at run time: the generated node types kept in the cluster config the monitor re-reads.
+
+Mechanism (README "Shape-open node types"): every autoscaler loop, the provider (in the monitor only) reads Ray's
+pending demands, packs those no declared worker type can serve (`core/open_plan.py`), and writes the result into
+the cluster config as node types `nl-<instance>-<zone>-<spot|od>`: each pinned to one offering, its `resources`
+those of the machine, its `labels` what the machine is (market type, zone, region, GPU model), its `priority`
+higher the cheaper it is, and its `max_workers` the machines it has plus the machines this pass decided to open.
+Ray v1 and v2 re-read the file at the start of their next loop and launch within those quotas; Ray's own
+scheduler, which does not know prices, can therefore only launch what the cheapest-fit packing chose.
+
+Why quotas and not just a menu: a type Ray may launch freely is a type it may pick for a demand it fits worse (a
+1-CPU task on the 16-CPU type generated a minute ago). `max_workers = live + planned` keeps every launch one the
+packing chose, and the number of node types Ray scores stays at what the workload needs (`max_open_node_types`).
+
+A type with no machine and no planned one is dropped after `DROP_AFTER_S`, so a demand that comes back soon finds
+it (and the v2 instance manager never sees a type vanish under a launch in flight).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
+
+from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, fits
+from ray_nodeless.core.open_plan import Packer, Packing
+from ray_nodeless.core.requirements import OPEN_SHAPE_KEY
+from ray_nodeless.core.settings import CoreSettings
+from ray_nodeless.providers.base import Machine
+
+logger = logging.getLogger(__name__)
+
+TAG_NODE_TYPE = "ray-user-node-type"       # Ray's TAG_RAY_USER_NODE_TYPE
+TAG_NODE_KIND = "ray-node-kind"
+DROP_AFTER_S = 120.0
+
+
+class ConfigStore(Protocol):
+    """The cluster config the autoscaler re-reads (the head's ray_bootstrap_config.yaml)."""
+
+    def read(self) -> dict[str, Any]: ...
+
+    def write(self, config: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class RayNode:
+    """A node alive in Ray (GCS), as the autoscaler state reports it."""
+
+    instance_id: str
+    node_type: str
+    total: dict[str, float]
+    available: dict[str, float]
+    labels: dict[str, str]
+
+
+@dataclass
+class Snapshot:
+    demands: list[Demand]
+    nodes: list[RayNode]
+
+
+@dataclass
+class StepResult:
+    packing: Packing
+    quotas: dict[str, int]
+    written: bool
+    reports: list[str] = field(default_factory=list)     # demands reported infeasible for the first time
+
+
+def is_open_type(entry: Mapping[str, Any]) -> bool:
+    return isinstance(entry, Mapping) and OPEN_SHAPE_KEY in (entry.get("node_config") or {})
+
+
+def shape_open(settings: CoreSettings, node_types: Mapping[str, Any], head_type: str) -> bool:
+    """Whether the cluster is shape-open: `provider.open_shapes`, else exactly when it declares no worker type."""
+    if settings.open_shapes is not None:
+        return settings.open_shapes
+    return not [n for n, t in node_types.items() if n != head_type and not is_open_type(t)]
+
+
+class OpenTypes:
+    def __init__(self, settings: CoreSettings, packer: Packer, store: ConfigStore,
+                 clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self.packer = packer
+        self.store = store
+        self.clock = clock
+        self._idle_since: dict[str, float] = {}
+        self._reported: set[Demand] = set()
+        self._prices: dict[str, float] = {}
+
+    def step(self, snapshot: Snapshot, machines: Mapping[str, Machine]) -> StepResult:
+        config = self.store.read()
+        types: dict[str, Any] = dict(config.get("available_node_types") or {})
+        head = str(config.get("head_node_type", ""))
+        if not shape_open(self.settings, types, head):
+            return StepResult(Packing(), {}, False)
+        declared = {n: t for n, t in types.items() if n != head and not is_open_type(t)}
+        generated = {n: t for n, t in types.items() if is_open_type(t)}
+        demands = [d for d in snapshot.demands if not self._declared_serves(d, declared)]
+        live = _live_counts(machines)
+        bins = self._bins(snapshot, machines, types)
+        packing = self.packer.pack(demands, bins)
+        now = self.clock()
+        quotas: dict[str, int] = {}
+        entries: dict[str, dict[str, Any]] = {}
+        for name, t in sorted(generated.items()):
+            quotas[name] = live.get(name, 0) + packing.new.get(name, 0)
+            entries[name] = dict(t)
+        for name in sorted(packing.new):
+            if name in entries:
+                continue
+            if len(entries) >= self.settings.max_open_node_types:
+                logger.error("%s: not added: %d generated node types already (provider.max_open_node_types)",
+                             name, len(entries))
+                continue
+            quotas[name] = live.get(name, 0) + packing.new[name]
+            entries[name] = packing.types[name].node_type({"node_config": self.settings.open_node_config}, 0, 0)
+        for name in sorted(entries):
+            if quotas[name] > 0:
+                self._idle_since.pop(name, None)
+            elif now - self._idle_since.setdefault(name, now) >= DROP_AFTER_S:
+                del entries[name], quotas[name]
+                self._idle_since.pop(name, None)
+        # Cheaper first: Ray breaks ties between types by priority (higher first).
+        by_price = sorted(entries, key=lambda n: (self._price(entries[n], packing, n), n))
+        for rank, name in enumerate(by_price):
+            entries[name]["max_workers"] = quotas[name]
+            entries[name]["priority"] = len(by_price) - rank
+        new_types = {n: t for n, t in types.items() if not is_open_type(t)}
+        new_types.update(entries)
+        written = False
+        if new_types != types:
+            config["available_node_types"] = new_types
+            self.store.write(config)
+            written = True
+            logger.info("shape-open node types: %s", ", ".join(f"{n}={quotas[n]}" for n in sorted(quotas)) or "none")
+        reports = []
+        for d, why in sorted(packing.infeasible.items(), key=lambda kv: kv[0].describe()):
+            if d not in self._reported:
+                self._reported.add(d)
+                reports.append(f"cannot serve {d.describe()}: {why}")
+        return StepResult(packing, quotas, written, reports)
+
+    def _price(self, entry: Mapping[str, Any], packing: Packing, name: str) -> float:
+        if name in packing.types:
+            self._prices[name] = packing.types[name].price
+        if name not in self._prices:
+            try:
+                o = self.packer.fitter.planner.catalog.region(self.settings.price_cloud,
+                                                              self.settings.region).find(*_pinned(entry))
+            except Exception:    # e.g. a type of another region's catalog: ranked last
+                o = None
+            self._prices[name] = (o.hourly_price or 0.0) if o is not None else float("inf")
+        return self._prices[name]
+
+    @staticmethod
+    def _declared_serves(d: Demand, declared: Mapping[str, Any]) -> bool:
+        """Whether a declared worker type's shape and labels hold the demand: Ray scales those itself."""
+        for t in declared.values():
+            res = {k: float(v) for k, v in (t.get("resources") or {}).items()}
+            labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
+            if res and fits(res, d.res) and d.accepts(labels):
+                return True
+        return False
+
+    @staticmethod
+    def _bins(snapshot: Snapshot, machines: Mapping[str, Machine], types: Mapping[str, Any]) -> list[NodeCapacity]:
+        """Free capacity that pending demands will get without a new machine: Ray nodes alive now, and machines
+        launched that have not joined yet (the whole of their type's resources)."""
+        out = []
+        joined = set()
+        for n in snapshot.nodes:
+            joined.add(n.instance_id)
+            out.append(NodeCapacity(f"ray:{n.instance_id}", dict(n.available), dict(n.labels), n.node_type,
+                                    n.labels.get("ray.io/availability-zone", ""),
+                                    has_gpu=n.total.get("GPU", 0) > 0 or ACCELERATOR_TYPE in n.labels))
+        for mid, m in sorted(machines.items()):
+            if mid in joined or m.tags.get(TAG_NODE_KIND) == "head":
+                continue
+            t = types.get(m.tags.get(TAG_NODE_TYPE, "")) or {}
+            res = {k: float(v) for k, v in (t.get("resources") or {}).items()}
+            labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
+            out.append(NodeCapacity(f"machine:{mid}", res, labels, m.tags.get(TAG_NODE_TYPE, ""),
+                                    labels.get("ray.io/availability-zone", ""), has_gpu=res.get("GPU", 0) > 0))
+        return out
+
+
+def _live_counts(machines: Mapping[str, Machine]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in machines.values():
+        if m.tags.get(TAG_NODE_KIND) == "head":
+            continue
+        name = m.tags.get(TAG_NODE_TYPE, "")
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def _pinned(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+    nc = entry.get("node_config") or {}
+    return tuple(str((nc.get(k) or [""])[0]) for k in ("instance_types", "zones", "capacity"))  # type: ignore
+

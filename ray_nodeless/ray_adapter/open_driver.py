@@ -1,0 +1,117 @@
+"""Shape-open provisioning in the monitor: each listing, read Ray's pending demands from the GCS, let
+`launch/open_types.py` pack them into generated node types, and keep those in the config file the monitor re-reads.
+
+Runs only in the Ray monitor of a shape-open cluster (it has the GCS address and `--autoscaling-config`); `ray up`
+and `ray down` build provider objects too and must neither read a GCS nor write a config. Never raises into Ray's
+loop: a GCS that does not answer, or a config file that cannot be written, is logged and tried again next loop.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from ray_nodeless.core.demand import Constraint, Demand, Selector, canonical_resources
+from ray_nodeless.launch.open_types import OpenTypes, RayNode, Snapshot, StepResult
+from ray_nodeless.providers.base import Machine
+from ray_nodeless.ray_adapter.compat import demand as ray_demand
+
+logger = logging.getLogger(__name__)
+
+GCS_TIMEOUT_S = 5.0
+MIN_INTERVAL_S = 1.0     # Ray v1 lists several times per loop: pack at most once a second
+
+
+class YamlFileStore:
+    """The monitor's cluster config file, replaced atomically (the monitor may read it at any moment)."""
+
+    def __init__(self, path: str):
+        self.path = Path(os.path.expanduser(path))
+
+    def read(self) -> dict[str, Any]:
+        return yaml.safe_load(self.path.read_text()) or {}
+
+    def write(self, config: dict[str, Any]) -> None:
+        fd, tmp = tempfile.mkstemp(dir=str(self.path.parent), prefix=".nodeless-", suffix=".yaml")
+        try:
+            with os.fdopen(fd, "w") as f:
+                yaml.safe_dump(config, f, sort_keys=False)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def snapshot_of(state: Mapping[str, Any]) -> Snapshot:
+    """compat's plain reading of ClusterResourceState -> core demands (gang bundles tagged with their group)."""
+
+    def selectors(raw) -> tuple[Selector, ...]:
+        return tuple(Selector(tuple(Constraint(k, op, tuple(v)) for k, op, v in s)) for s in raw)
+
+    demands = [Demand(canonical_resources(r["resources"]), selectors(r["selectors"]), max(1, int(r["count"])))
+               for r in state.get("requests", [])]
+    for g in state.get("gangs", []):
+        for b in g["bundles"]:
+            demands.append(Demand(canonical_resources(b["resources"]), selectors(b["selectors"]), 1, str(g["id"]),
+                                  spread=bool(b["spread"]), packed=bool(b["packed"])))
+    nodes = [RayNode(n["instance_id"], n["node_type"], dict(n["total"]), dict(n["available"]), dict(n["labels"]))
+             for n in state.get("nodes", [])]
+    return Snapshot([d for d in demands if d.resources], nodes)
+
+
+class OpenDriver:
+    def __init__(self, open_types: OpenTypes, gcs_address: str, logs_dir: str | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.open_types = open_types
+        self.gcs_address = gcs_address
+        self._client: Any = None
+        self._sink = None
+        self._logs_dir = logs_dir
+        self._clock = clock
+        self._last = -1e18
+        self._lock = threading.Lock()
+        self.last: StepResult | None = None
+
+    def tick(self, machines: Mapping[str, Machine]) -> StepResult | None:
+        if not self._lock.acquire(blocking=False):
+            return None          # another thread's listing is packing right now
+        try:
+            now = self._clock()
+            if now - self._last < MIN_INTERVAL_S:
+                return None
+            self._last = now
+            try:
+                state = ray_demand.read_state(self._gcs(), GCS_TIMEOUT_S)
+            except Exception as e:     # the GCS is restarting or slow: next loop
+                logger.warning("shape-open: could not read Ray's pending demands (%s); trying next loop", e)
+                self._client = None
+                return None
+            try:
+                result = self.open_types.step(snapshot_of(state), machines)
+            except Exception:
+                logger.exception("shape-open: planning the pending demands failed; trying next loop")
+                return None
+            for line in result.reports:
+                logger.error("%s", line)
+                self._event(line)
+            self.last = result
+            return result
+        finally:
+            self._lock.release()
+
+    def _gcs(self) -> Any:
+        if self._client is None:
+            from ray_nodeless.ray_adapter.compat.gcs import gcs_client
+            self._client = gcs_client(self.gcs_address)
+        return self._client
+
+    def _event(self, line: str) -> None:
+        if self._sink is None:
+            self._sink = ray_demand.autoscaler_event_sink(self._logs_dir)
+        self._sink(f"ray_nodeless: {line}")
