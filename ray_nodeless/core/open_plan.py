@@ -170,7 +170,8 @@ class Packing:
 
 def _size_key(d: Demand) -> tuple:
     r = d.res
-    return (-r.get("GPU", 0.0), -r.get("CPU", 0.0), -r.get("memory", 0.0), d.resources, d.selectors)
+    return (-r.get("GPU", 0.0), -r.get("CPU", 0.0), -r.get("memory", 0.0), d.resources,
+            tuple(s.describe() for s in d.selectors))
 
 
 class Packer:
