@@ -12,9 +12,8 @@ from ray_nodeless.cli.errors import FAILURE, user_errors
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.catalog.refresh import CACHE_DIR_ENV, SOURCE_LIVE, resolve_live, summarize
 from ray_nodeless.core.cluster_plan import load_catalog
-from ray_nodeless.core.settings import PRICE_CLOUDS
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.providers import backend_config
+from ray_nodeless.providers import backend_config, price_clouds
 
 
 @click.group("catalog")
@@ -23,7 +22,7 @@ def catalog_group() -> None:
 
 
 @catalog_group.command("list")
-@click.option("--cloud", type=click.Choice(PRICE_CLOUDS), required=True)
+@click.option("--cloud", type=click.Choice(price_clouds()), required=True)
 @click.option("--region", required=True)
 @click.option("--catalog", "catalog_spec", default="embedded", show_default=True,
               help="'embedded' or a path to a catalog file.")
@@ -53,7 +52,7 @@ REFRESH_OPTIONS = {"endpoint_url": "--endpoint-url", "project_id": "--project-id
 
 
 @catalog_group.command("refresh")
-@click.option("--cloud", type=click.Choice(PRICE_CLOUDS), required=True)
+@click.option("--cloud", type=click.Choice(price_clouds()), required=True)
 @click.option("--region", required=True)
 @click.option("--out", type=click.Path(dir_okay=False),
               help="Also write the catalog there, for `provider.catalog: <path>` (gzip if it ends in .gz).")

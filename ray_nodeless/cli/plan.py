@@ -15,8 +15,8 @@ from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan, load_cluster_yaml, plan_cluster, planner_for
 from ray_nodeless.core.planner import Plan
 from ray_nodeless.core.requirements import GIB, Request, Shape, parse_requirements
-from ray_nodeless.core.settings import PRICE_CLOUDS
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers import price_clouds
 
 
 def _plan_lines(name: str | None, plan: Plan, alternatives: int = 3) -> list[str]:
@@ -37,7 +37,7 @@ def _plan_lines(name: str | None, plan: Plan, alternatives: int = 3) -> list[str
 
 @click.command("plan")
 @click.argument("cluster_yaml", required=False, type=click.Path(dir_okay=False))
-@click.option("--cloud", type=click.Choice(PRICE_CLOUDS), help="Ad-hoc shape: the catalog's cloud.")
+@click.option("--cloud", type=click.Choice(price_clouds()), help="Ad-hoc shape: the catalog's cloud.")
 @click.option("--region", help="Ad-hoc shape: the region.")
 @click.option("--cpu", type=float, default=0, show_default=True, help="Ad-hoc shape: vCPUs.")
 @click.option("--gpu", type=int, default=0, show_default=True, help="Ad-hoc shape: GPUs.")

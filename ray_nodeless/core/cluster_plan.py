@@ -137,7 +137,8 @@ def plan_cluster(cluster_config: Mapping[str, Any],
     """Resolve every node type of `cluster_config`. Raises ConfigError / NoFeasibleOffering naming the key.
 
     Pure: the backend's knowledge comes in as `backend_overrides` and pre-validated `settings`
-    (`launch.config.check_cluster` supplies both); without them only the core keys are checked."""
+    (`launch.config.check_cluster` supplies both); without them only the core keys are checked and the block is
+    priced as `simulate_cloud` (core.settings.parse_provider: the core does not know which backends are clouds)."""
     check_names(cluster_config)
     settings = settings or parse_provider(cluster_config.get("provider") or {})
     catalog = catalog or load_catalog(settings.catalog)

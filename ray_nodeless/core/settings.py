@@ -18,9 +18,9 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog.refresh import DEFAULT_TTL_S as CATALOG_TTL_S
@@ -34,7 +34,10 @@ from ray_nodeless.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-PRICE_CLOUDS = ("aws", "gcp")
+# The catalog cloud that prices a backend that is not a cloud (local, a test backend) when the block sets no
+# `simulate_cloud`. Which backends are clouds, and which catalog clouds exist, is the backend registry's to say
+# (`BackendConfig.catalog_cloud`, `providers.price_clouds()`): the launch layer's loader tells `parse_provider`.
+DEFAULT_PRICE_CLOUD = "aws"
 
 # Keys Ray itself reads from (or writes into) the provider block: Ray's own ray-schema.json provider properties
 # plus the keys its autoscaler reads without declaring them.
@@ -55,7 +58,9 @@ class CoreSettings(Section):
 
     cloud: str = "local"                     # the machine backend (a name of the backend registry)
     region: str = Field(min_length=1)
-    simulate_cloud: Literal["aws", "gcp"] | None = None
+    # A backend that is not a cloud: whose catalog prices it. Checked against the registry's catalog clouds by the
+    # loader (parse_provider's `price_clouds`), so a third-party cloud backend's catalog cloud is one too.
+    simulate_cloud: str | None = Field(None, min_length=1)
     catalog: str = Field("embedded", min_length=1)
     # How long a live catalog (memory, then disk cache) is used before the cloud is read again; 0 = every time.
     catalog_ttl_s: float = Field(CATALOG_TTL_S, ge=0)
@@ -89,6 +94,9 @@ class CoreSettings(Section):
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
     node_type_resources: dict[str, Any] = Field(default_factory=dict)
     worker_boot: dict[str, Any] = Field(default_factory=dict)
+    # The backend's own catalog cloud (`BackendConfig.catalog_cloud`), as the loader passed it to parse_provider;
+    # not a key of the block.
+    _catalog_cloud: str | None = PrivateAttr(None)
 
     @field_validator("exclude", mode="plain")
     @classmethod
@@ -102,9 +110,10 @@ class CoreSettings(Section):
 
     @property
     def price_cloud(self) -> str:
-        """The catalog cloud that prices decisions: `cloud` itself for a priced cloud; a backend that is not one
-        (local, or a registered test backend) is priced as `simulate_cloud` (default aws)."""
-        return self.cloud if self.cloud in PRICE_CLOUDS else (self.simulate_cloud or "aws")
+        """The catalog cloud that prices decisions: the backend's own (`BackendConfig.catalog_cloud`, which the
+        loader hands to parse_provider); a backend that is not a cloud (local, or a registered test backend) is
+        priced as `simulate_cloud` (default DEFAULT_PRICE_CLOUD)."""
+        return self._catalog_cloud or self.simulate_cloud or DEFAULT_PRICE_CLOUD
 
 
 CORE_KEYS = declared_keys(CoreSettings)
@@ -130,10 +139,14 @@ def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
 
 
 def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None = None,
-                   known_keys: Iterable[str] | None = None) -> CoreSettings:
-    """The core's reading of the provider block (one validation of CoreSettings). `clouds` (the backend
-    registry's names) and `known_keys` (the backend's and registration's declared keys) come from the launch
-    layer; without them only the core keys are checked, which is what the pure tools (simulate) need."""
+                   known_keys: Iterable[str] | None = None, catalog_cloud: str | None = None,
+                   price_clouds: Iterable[str] | None = None) -> CoreSettings:
+    """The core's reading of the provider block (one validation of CoreSettings). What only the backend registry
+    knows comes from the launch layer's loader: `clouds` (the registry's names), `known_keys` (the backend's and
+    registration's declared keys), `catalog_cloud` (the backend's own catalog cloud, None for a backend that is
+    not a cloud) and `price_clouds` (every catalog cloud, what `simulate_cloud` may name). Without them only the
+    core keys are checked and the block is priced as `simulate_cloud` (default DEFAULT_PRICE_CLOUD): right for a
+    backend that is not a cloud; a cloud backend's block is read through `launch.config.load_provider`."""
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
     core = parse_section(CoreSettings, provider, "provider")
@@ -141,8 +154,12 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
         check_keys(provider, known_keys)
     if clouds is not None and core.cloud not in set(clouds):
         raise ConfigError("provider.cloud", f"{core.cloud!r} is not one of {sorted(clouds)}")
-    if core.cloud in PRICE_CLOUDS and core.simulate_cloud is not None:
+    if catalog_cloud is not None and core.simulate_cloud is not None:
         raise ConfigError("provider.simulate_cloud", f"only applies to backends that are not a cloud, not {core.cloud!r}")
+    if price_clouds is not None and core.simulate_cloud is not None and core.simulate_cloud not in set(price_clouds):
+        raise ConfigError("provider.simulate_cloud", f"must be one of {sorted(price_clouds)} (the clouds the "
+                                                     f"catalog prices), got {core.simulate_cloud!r}")
+    core._catalog_cloud = catalog_cloud
     return core
 
 

@@ -20,7 +20,9 @@ from ray_nodeless.core.schema import Section, declared_keys, parse_section
 from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_types_of, parse_provider
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.catalog import catalog_for, provider_catalog  # noqa: F401 (callers import them from here)
-from ray_nodeless.providers import backend_class, backend_config, backend_names, played, player_settings_model
+from ray_nodeless.providers import (
+    backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,
+)
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.registrations import registration_class
 from ray_nodeless.registrations.base import Registration
@@ -83,7 +85,8 @@ def load_provider(provider: Any) -> ProviderBundle:
     reg = registration_class(provider.get("registration", "vm"))
     player = player_settings_model(provider)      # played machines: the player's keys (providers/local/played.py)
     models = (cls.settings_model, reg.settings_model) + ((player,) if player is not None else ())
-    core = parse_provider(provider, clouds=backend_names(), known_keys=declared_keys(*models))
+    core = parse_provider(provider, clouds=backend_names(), known_keys=declared_keys(*models),
+                          catalog_cloud=cls.catalog_cloud, price_clouds=price_clouds())
     if core.interruption_queue_url is not None and not cls.supports_interruption_queue:
         raise ConfigError("provider.interruption_queue_url", f"backend {core.cloud!r} polls no queue of "
                                                              "interruption warnings (the aws backend polls an SQS "

@@ -60,6 +60,23 @@ def backend_config(cloud: str) -> type[BackendConfig] | type[MachineBackend]:
     return getattr(importlib.import_module(module), name)
 
 
+def price_clouds() -> list[str]:
+    """The catalog clouds that price the registered backends' machines (their `BackendConfig.catalog_cloud`),
+    sorted: what `provider.simulate_cloud` and the `--cloud` of `plan` / `catalog` may name."""
+    return sorted({c for name in backend_names() if (c := backend_config(name).catalog_cloud) is not None})
+
+
+def ray_provider_types() -> dict[str, str]:
+    """Ray's own provider types the registered backends stand for (`BackendConfig.ray_provider_type`) -> the
+    backend's name (the first by name where two claim one), sorted by type."""
+    out: dict[str, str] = {}
+    for name in backend_names():
+        ray_type = backend_config(name).ray_provider_type
+        if ray_type is not None:
+            out.setdefault(ray_type, name)
+    return dict(sorted(out.items()))
+
+
 def make_backend(cloud: str, settings: Section, cluster_name: str) -> MachineBackend:
     """`cloud`'s backend on its parsed settings (an instance of its `settings_model`; see base.py)."""
     return backend_class(cloud)(settings, cluster_name)

@@ -178,6 +178,18 @@ class BackendConfig:
     # default that is right for a backend that is not a cloud (a third-party or test backend registered with
     # `providers.register_backend`): it opts out of the feature, and the caller says so or does without.
 
+    # The catalog cloud (core/catalog) whose offerings and prices are this backend's machines: a cloud's own name.
+    # Default None: the machines are no cloud's (local processes, a test backend), so decisions are priced as
+    # `provider.simulate_cloud` (default aws); the loader refuses `simulate_cloud` for a backend that has one
+    # (launch/config.py). `providers.price_clouds()` lists them: the `--cloud` choices of `plan` and `catalog`.
+    catalog_cloud: ClassVar[str | None] = None
+
+    # The `provider.type` of Ray's own provider for this backend's cloud: the one whose defaults.yaml `ray up`
+    # merges into a YAML of that type. `bootstrap_config` fills a swapped YAML's missing keys from it
+    # (ray_adapter/ray_defaults.py) and `convert` reads Ray YAMLs of that type (swapin/ray_defaults.py).
+    # Default None: Ray has no provider of this cloud (empty fill-ins, nothing to convert from).
+    ray_provider_type: ClassVar[str | None] = None
+
     # The backend polls a queue of interruption warnings (`provider.interruption_queue_url`; AWS: EventBridge ->
     # SQS). Default False: the key is refused for this backend, naming it (launch/config.py).
     supports_interruption_queue: ClassVar[bool] = False

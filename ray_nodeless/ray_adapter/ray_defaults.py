@@ -19,6 +19,7 @@ import copy
 import logging
 from typing import Any
 
+from ray_nodeless.providers import backend_config, backend_names
 from ray_nodeless.ray_adapter.compat.defaults import default_config
 
 logger = logging.getLogger(__name__)
@@ -27,19 +28,18 @@ logger = logging.getLogger(__name__)
 POST_LAUNCH_KEYS = ("file_mounts", "cluster_synced_files", "initialization_commands", "setup_commands",
                     "head_setup_commands", "worker_setup_commands", "head_start_ray_commands",
                     "worker_start_ray_commands")
-# Ray's defaults files exist for these clouds (the `cloud` of our provider block, or `simulate_cloud` for local).
-RAY_DEFAULT_CLOUDS = ("aws", "gcp")
-
 MISSING_KEY_HINT = ("missing: `ray up` needs this top-level key for `type: external` providers (Ray fills it only "
                     "for its own clouds, before any provider code runs); `ray-nodeless convert` writes a complete "
                     "YAML")
 
 
 def ray_defaults(cloud: str) -> dict[str, Any]:
-    """The installed Ray's defaults.yaml of `cloud` ({} for clouds Ray has none for)."""
-    if cloud not in RAY_DEFAULT_CLOUDS:
+    """The installed Ray's defaults.yaml of the provider Ray has for backend `cloud` (the backend config's
+    `ray_provider_type`); {} for a backend Ray has no provider of (local, a test backend) or an unknown name."""
+    ray_type = backend_config(cloud).ray_provider_type if cloud in backend_names() else None
+    if ray_type is None:
         return {}
-    return default_config({"type": cloud})
+    return default_config({"type": ray_type})
 
 
 def fill_ray_defaults(config: dict[str, Any]) -> list[str]:

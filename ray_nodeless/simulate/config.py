@@ -13,6 +13,7 @@ from ray_nodeless.core.catalog import Catalog
 from ray_nodeless.core.cluster_plan import load_cluster_yaml, plan_cluster
 from ray_nodeless.core.requirements import GIB
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.launch.config import load_provider
 from ray_nodeless.simulate.model import Offer, SimConfig
 from ray_nodeless.trace.model import Trace
 
@@ -42,7 +43,10 @@ def force_on_demand(cfg: dict[str, Any]) -> dict[str, Any]:
 def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Catalog | None = None) -> SimConfig:
     raw = load_cluster_yaml(path)
     cfg = force_on_demand(raw) if on_demand else raw
-    cp = plan_cluster(cfg, catalog=catalog)
+    # The provider block read by the launch layer's loader, as `ray up` reads it: the backend registry says which
+    # catalog cloud prices it (a gcp block is priced from the gcp catalog) and what its node_config keys imply.
+    bundle = load_provider(cfg.get("provider"))
+    cp = plan_cluster(cfg, backend_overrides=bundle.requirement_overrides, catalog=catalog, settings=bundle.core)
     node_types: dict[str, dict[str, Any]] = {}
     offers: dict[str, Offer] = {}
     for name, nt in cp.node_types.items():

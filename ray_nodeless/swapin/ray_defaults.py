@@ -13,22 +13,24 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.providers import ray_provider_types
 from ray_nodeless.ray_adapter.compat import defaults as ray_own
 
 logger = logging.getLogger(__name__)
 
-RAY_CLOUDS = ("aws", "gcp")
 
 
 def ray_version() -> str:
     return ray_own.ray_version()
 
 
-def defaults_path(cloud: str) -> Path:
-    """The installed Ray's defaults.yaml for `cloud`, found the way Ray finds it."""
-    path = ray_own.defaults_file(cloud) if cloud in RAY_CLOUDS else None
+def defaults_path(ray_type: str) -> Path:
+    """The installed Ray's defaults.yaml for its provider `type: <ray_type>`, found the way Ray finds it; only for
+    a type a registered backend stands for (`BackendConfig.ray_provider_type`)."""
+    types = ray_provider_types()
+    path = ray_own.defaults_file(ray_type) if isinstance(ray_type, str) and ray_type in types else None
     if path is None:
-        raise ConfigError("provider.type", f"{cloud!r}: ray_nodeless converts Ray YAMLs for {list(RAY_CLOUDS)}")
+        raise ConfigError("provider.type", f"{ray_type!r}: ray_nodeless converts Ray YAMLs for {sorted(types)}")
     return path
 
 

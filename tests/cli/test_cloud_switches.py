@@ -8,8 +8,8 @@ place where the code itself names a built-in backend: a comparison with the name
 `Literal["aws", "gcp"]`), a dict keyed by it, or a `match` case on it. A name inside a message, and a default value
 (`provider.get("cloud", "local")`, the core's default backend), are not switches.
 
-The modules in ALLOWED still switch and are being moved behind hooks by the helper named there (issue 15): an
-entry must go when its module is clean (the last test says so), so the list only shrinks.
+Issue 15 moved the last switches behind hooks (the price clouds: `BackendConfig.catalog_cloud`; Ray's provider
+type a cloud stands for: `BackendConfig.ray_provider_type`): no module is exempt any more, and a test keeps it so.
 """
 from __future__ import annotations
 
@@ -22,12 +22,8 @@ PACKAGE = Path(ray_nodeless.__file__).parent
 BUILT_IN = frozenset({"aws", "gcp", "local"})
 EXEMPT_DIRS = ("providers", "testing")       # where backends, and the fakes of their clouds, live
 
-# module (relative to ray_nodeless/) -> who removes its switches, and what they are.
-ALLOWED: dict[str, str] = {
-    "ray_adapter/ray_defaults.py": "compat: RAY_DEFAULT_CLOUDS (which clouds Ray has a defaults.yaml for)",
-    "swapin/ray_defaults.py": "compat: RAY_CLOUDS (Ray's defaults.yaml lookup, moving into the compat package)",
-    "core/settings.py": "bundle: PRICE_CLOUDS and simulate_cloud's Literal (the clouds the catalog prices)",
-}
+# module (relative to ray_nodeless/) -> why it may still switch. Empty, and it stays so (the last test).
+ALLOWED: dict[str, str] = {}
 
 
 def _cloud_name(node: ast.AST) -> str | None:
@@ -111,8 +107,14 @@ def test_the_hooks_issue_15_moved_stay_moved() -> None:
     assert not set(cleaned) & set(ALLOWED)
 
 
-def test_every_allowed_module_still_switches() -> None:
-    """An entry whose module is clean must leave ALLOWED, so the list shows what is left to do."""
+def test_the_allow_list_is_empty() -> None:
+    """No module outside providers/ is exempt: a new per-cloud difference is a BackendConfig hook, not an entry."""
+    assert ALLOWED == {}
+
+
+def test_the_last_switches_moved_stay_moved() -> None:
+    """The price clouds (core settings, the `--cloud` choices) and Ray's provider types (the defaults.yaml fill-in of
+    bootstrap_config, convert's defaults lookup) are the registry's answers now."""
     modules = _modules()
-    stale = sorted(m for m in ALLOWED if m not in modules or not switches(modules[m]))
-    assert stale == [], f"clean now: remove {stale} from ALLOWED in tests/cli/test_cloud_switches.py"
+    moved = ["core/settings.py", "ray_adapter/ray_defaults.py", "swapin/ray_defaults.py", "cli/catalog.py"]
+    assert {m: switches(modules[m]) for m in moved if switches(modules[m])} == {}

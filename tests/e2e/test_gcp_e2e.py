@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from ray_nodeless.testing.fake_gce import DEFAULT_MACHINE_TYPES, FakeGce
-from ray_nodeless.core.cluster_plan import plan_cluster
+from ray_nodeless.launch.config import check_cluster
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.providers.gcp.labels import cluster_label_value
 from ray_nodeless.providers.local.players import RayNodePlayer
@@ -116,7 +116,7 @@ def test_gpu_task_launches_cheapest_spot_t4_falls_back_a_zone_and_scales_down() 
     with fake_gce() as fake:
         cfg = cluster_config(fake.url, gcs_port, player_dir)
         boot = NodelessProvider.bootstrap_config(cfg)
-        plan = plan_cluster(cfg).plans["gpu_worker"]
+        plan = check_cluster(cfg).plans["gpu_worker"]   # priced by the gcp catalog (the loader asks the registry)
         chosen = plan.chosen
         assert chosen.capacity == "spot" and chosen.instance_type.gpu_count == 1
         provider = NodelessProvider(boot["provider"], CLUSTER)

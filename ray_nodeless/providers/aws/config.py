@@ -21,6 +21,8 @@ class AwsConfig(BackendConfig):
     """The AWS backend's config-time half: AwsSettings, the checks of settings.py and the AWS hooks."""
 
     cloud = "aws"
+    catalog_cloud = "aws"                  # priced by the catalog's aws offerings
+    ray_provider_type = "aws"              # Ray's own `type: aws` provider (its defaults.yaml)
     settings_model = AwsSettings
     supports_interruption_queue = True          # EventBridge -> SQS spot interruption warnings
 

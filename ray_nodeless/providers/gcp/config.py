@@ -24,6 +24,8 @@ class GcpConfig(BackendConfig):
     """The gcp backend's config-time half: GcpSettings, the checks of node_config.py and the GCP hooks."""
 
     cloud = "gcp"
+    catalog_cloud = "gcp"                  # priced by the catalog's gcp offerings
+    ray_provider_type = "gcp"              # Ray's own `type: gcp` provider (its defaults.yaml)
     settings_model = GcpSettings
 
     @classmethod
