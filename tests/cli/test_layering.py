@@ -205,3 +205,25 @@ def test_registrations_import_only_the_contract_core_and_compat():
                   lambda m, d: d != P + "providers" and not _under(d, P + "registrations", P + "core", P + "errors",
                                                                     P + "providers.base", COMPAT)),
            REGISTRATIONS_ALLOWED)
+
+
+# providers/ (machine backends, and the played-machines decorator around them) never import registrations/: data
+# flows core -> providers -> registrations. What both sides of a join read (the Kubernetes join formats) is in core
+# (core/kube_join.py); what a decorator needs of a registration (the API server its `kubernetes` block names) is
+# handed to it by the loader as the registration's parsed section, not imported.
+PROVIDERS_ALLOWED: frozenset[tuple[str, str]] = frozenset()
+
+
+def test_providers_never_import_registrations():
+    _check(_pairs(_graph(), lambda m: _under(m, P + "providers"), lambda m, d: _under(d, P + "registrations")),
+           PROVIDERS_ALLOWED)
+
+
+def test_the_providers_rule_sees_lazy_imports(tmp_path):
+    # Guards the rule above: the played kubelet's old imports (module level, and one inside a method) would count.
+    src = tmp_path / "m.py"
+    src.write_text("from ray_nodeless.registrations.kubernetes import labels as L\n"
+                   "def f():\n    from ray_nodeless.registrations.kubernetes.join import parse_user_data\n")
+    files = dict(_files(), **{P + "providers.local.m": src})
+    deps = _imports(P + "providers.local.m", src, files)
+    assert {P + "registrations.kubernetes.labels", P + "registrations.kubernetes.join"} <= deps

@@ -4,8 +4,8 @@ Ray pods the real scheduler binds to it as local `ray start --block` processes.
 No machine boots when machines are played (local processes, EC2 under moto; `kubernetes.played: true`), so this
 plays the part of the kubelet that the machine's user data would have started. `PlayedBackend` (played.py) calls
 it after its inner backend launched or terminated a machine; the Kubernetes registration never sees it:
-- `play(machine_id, user_data, ...)` parses the user data (`join.parse_user_data`: eks NodeConfig, kubeadm
-  JoinConfiguration, k3s agent flags) and registers the Node with those labels and taints (the API server adds
+- `play(machine_id, user_data, ...)` parses the user data (`core.kube_join.parse_user_data`, the formats the
+  registration writes: eks NodeConfig, kubeadm JoinConfiguration, k3s agent flags) and registers the Node with those labels and taints (the API server adds
   `node.kubernetes.io/not-ready`; the controller-manager's node lifecycle controller lifts it once the Node is
   Ready), capacity and allocatable from the instance type (cpu, memory, `nvidia.com/gpu`, pods), a Lease in
   `kube-node-lease`, and, for eks, the providerID `aws:///<zone>/<id>` (the Node name is then not the machine id).
@@ -33,11 +33,10 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from ray_nodeless.core import kube_join as L
 from ray_nodeless.core.catalog import Offering
+from ray_nodeless.core.kube_join import JoinedNode, parse_user_data, pod_env
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
-from ray_nodeless.registrations.kubernetes import labels as L
-from ray_nodeless.registrations.kubernetes.join import JoinedNode, parse_user_data
-from ray_nodeless.registrations.kubernetes.pods import pod_env
 
 logger = logging.getLogger(__name__)
 

@@ -109,10 +109,10 @@ class KubeletPlay(Player):
 
     def __init__(self, settings: KubeletPlayerSettings, block: Any, cluster_name: str):
         # The played kubelet reads what a booted machine would: the API server and namespace of the `kubernetes`
-        # block (`block`: the registration's parsed KubernetesBlock) and the user data it was given. Imported here:
-        # the Kubernetes client is loaded only when kubelets are played.
+        # block (`block`: the registration's parsed KubernetesBlock, handed down by the loader; its own
+        # `api_client` reaches the server, so nothing here imports registrations/) and the user data it was given.
+        # Imported here: the Kubernetes client is loaded only when kubelets are played.
         from ray_nodeless.providers.local.kubelet import KubeletPlayer
-        from ray_nodeless.registrations.kubernetes.client import api_client
         state_dir = default_state_dir(cluster_name, "-kubelet")
         head_ip = settings.head_ip or default_head_ip()
         super().__init__(state_dir / "home", head_ip)
@@ -123,7 +123,7 @@ class KubeletPlay(Player):
             port_base=settings.local_port_base, start_timeout_s=settings.local_start_timeout_s,
             min_free_memory_mb=settings.local_min_free_memory_mb,
             extra_ray_start_args=settings.local_ray_start_args, prewarm=False)
-        self.kubelet = KubeletPlayer(api_client(block, os.environ.get(PLAYER_KUBECONFIG_ENV) or ""),
+        self.kubelet = KubeletPlayer(block.api_client(os.environ.get(PLAYER_KUBECONFIG_ENV) or ""),
                                      block.namespace, processes)
 
     def play(self, spec: LaunchSpec, machine_ids: list[str]) -> None:

@@ -71,12 +71,11 @@ def check(provider_config: Mapping[str, Any], cluster_name: str = "check",
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    from ray_nodeless.registrations.kubernetes.client import api_client
     from ray_nodeless.registrations.kubernetes.pods import ray_pod
 
     settings = check_static(provider_config)
     k = settings.kubernetes
-    api = api or api_client(k)          # a kubeconfig file that cannot be read names provider.kubernetes.kubeconfig
+    api = api or k.api_client()          # a kubeconfig file that cannot be read names provider.kubernetes.kubeconfig
     server = api.configuration.host
     try:
         client.VersionApi(api).get_code(_request_timeout=CHECK_TIMEOUT_S)

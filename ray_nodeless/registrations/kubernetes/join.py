@@ -1,6 +1,6 @@
-"""The join configuration a machine boots with (EC2 user data / GCE startup-script), one per join method, and its
-parser (the kubelet player registers the Node exactly as parsed from it, so the labels and taints a test sees are
-the ones the user data carries).
+"""The join configuration a machine boots with (EC2 user data / GCE startup-script), one per join method. The
+formats and their parser are core/kube_join.py (the kubelet player, providers/local/kubelet.py, registers the Node
+exactly as parsed from it, so the labels and taints a test sees are the ones the user data carries).
 
 - eks: a MIME multi-part document with an AL2023 `nodeadm` NodeConfig (`apiVersion: node.eks.aws/v1alpha1`). The
   Node's name is the instance's private DNS name (EKS's node authorizer requires it) and its `spec.providerID`
@@ -15,16 +15,15 @@ instance metadata service (`MACHINE_ID`), and name the Node after it.
 """
 from __future__ import annotations
 
-import email
-import email.policy
 import shlex
-from dataclasses import dataclass, field
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
-from typing import Any
 
 import yaml
 
+from ray_nodeless.core.kube_join import (
+    JOIN_FILE, JOIN_HEREDOC, K3S_INSTALLER, KUBEADM_API, NODECONFIG_API, NODECONFIG_TYPE,
+)
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import LaunchSpec
 from ray_nodeless.registrations.kubernetes import labels as L
@@ -32,11 +31,6 @@ from ray_nodeless.registrations.kubernetes.settings import JoinSettings
 from ray_nodeless.registrations.vm_boot import instance_id_snippet
 
 KEY = "provider.kubernetes.join"
-NODECONFIG_API = "node.eks.aws/v1alpha1"
-NODECONFIG_TYPE = "application/node.eks.aws"
-KUBEADM_API = "kubeadm.k8s.io/v1beta3"
-JOIN_FILE = "/etc/ray-nodeless/kubeadm-join.yaml"
-K3S_INSTALLER = "https://get.k3s.io"
 
 # How a booted machine learns its own id: the backend's `instance_id_snippet` (registrations/vm_boot.py); for a
 # backend without one (the local backend, a test backend) whoever runs the script says (the kubelet player does).
@@ -51,18 +45,6 @@ def check_join(join: JoinSettings) -> None:
     for k in REQUIRED[join.method]:
         if not getattr(join, k):
             raise ConfigError(f"{KEY}.{k}", f"is required for join method {join.method!r}")
-
-
-@dataclass
-class JoinedNode:
-    """What a kubelet started from this user data registers."""
-
-    method: str
-    name: str | None                 # None (eks): the instance's private DNS name, which the cloud decides
-    labels: dict[str, str]
-    taints: list[dict[str, str]]
-    kubelet_flags: list[str] = field(default_factory=list)
-    endpoint: str = ""
 
 
 # ----------------------------------------------------------------------------------------------- generation
@@ -115,9 +97,9 @@ def _kubeadm(join: JoinSettings, labels: dict[str, str], taints: list[dict[str, 
         snippet,
         "export MACHINE_ID",
         f"mkdir -p {shlex.quote(JOIN_FILE.rsplit('/', 1)[0])}",
-        f"cat > {JOIN_FILE} <<RAY_NODELESS_JOIN",
+        f"cat > {JOIN_FILE} <<{JOIN_HEREDOC}",
         body.rstrip("\n"),
-        "RAY_NODELESS_JOIN",
+        JOIN_HEREDOC,
         f"kubeadm join --config {JOIN_FILE}",
     ]) + "\n"
 
@@ -144,72 +126,3 @@ def _k3s(join: JoinSettings, labels: dict[str, str], taints: list[dict[str, str]
         "export MACHINE_ID",
         f"curl -sfL {K3S_INSTALLER} | {' '.join(env)} sh -s - {' '.join(args)}",
     ]) + "\n"
-
-
-# ----------------------------------------------------------------------------------------------- parsing
-
-def parse_user_data(text: str, machine_id: str) -> JoinedNode:
-    """What a kubelet booted from `text` on machine `machine_id` would register. ValueError if it is no join."""
-    if text.startswith("MIME-Version") or "Content-Type: multipart" in text[:500]:
-        return _parse_eks(text)
-    script = text.replace(L.MACHINE_ID_VAR, machine_id).replace("$MACHINE_ID", machine_id)
-    if "kubeadm join" in script:
-        return _parse_kubeadm(script)
-    if K3S_INSTALLER in script:
-        return _parse_k3s(script)
-    raise ValueError("the user data holds no Kubernetes join (eks NodeConfig, kubeadm join or k3s agent)")
-
-
-def _flag(flags: list[str], name: str) -> str:
-    for f in flags:
-        if f.startswith(name + "="):
-            return f.split("=", 1)[1]
-    return ""
-
-
-def _parse_eks(text: str) -> JoinedNode:
-    msg = email.message_from_string(text, policy=email.policy.default)
-    for part in msg.walk():
-        if part.get_content_type() != NODECONFIG_TYPE:
-            continue
-        for doc in yaml.safe_load_all(part.get_content()):
-            if isinstance(doc, dict) and doc.get("kind") == "NodeConfig" and doc.get("apiVersion") == NODECONFIG_API:
-                spec: dict[str, Any] = doc.get("spec") or {}
-                flags = list((spec.get("kubelet") or {}).get("flags") or [])
-                taints = [L.parse_taint_flag(t) for t in _flag(flags, "--register-with-taints").split(",") if t]
-                return JoinedNode("eks", None, L.parse_labels_flag(_flag(flags, "--node-labels")), taints, flags,
-                                  (spec.get("cluster") or {}).get("apiServerEndpoint", ""))
-    raise ValueError("no NodeConfig part in the MIME user data")
-
-
-def _parse_kubeadm(script: str) -> JoinedNode:
-    lines = script.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.endswith("<<RAY_NODELESS_JOIN"))
-    end = lines.index("RAY_NODELESS_JOIN", start + 1)
-    cfg = yaml.safe_load("\n".join(lines[start + 1:end]))
-    reg = cfg["nodeRegistration"]
-    extra = dict(reg.get("kubeletExtraArgs") or {})
-    taints = [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]} for t in reg.get("taints") or []]
-    return JoinedNode("kubeadm", str(reg["name"]), L.parse_labels_flag(extra.pop("node-labels", "")), taints,
-                      [f"--{k}={v}" for k, v in extra.items()],
-                      "https://" + cfg["discovery"]["bootstrapToken"]["apiServerEndpoint"])
-
-
-def _parse_k3s(script: str) -> JoinedNode:
-    line = next(ln for ln in script.splitlines() if K3S_INSTALLER in ln)
-    before, _, after = line.partition(" sh -s - ")
-    env = dict(w.split("=", 1) for w in shlex.split(before.split("|", 1)[1]) if "=" in w)
-    args = shlex.split(after)
-    name, labels, taints, flags = None, {}, [], []
-    for i, a in enumerate(args):
-        nxt = args[i + 1] if i + 1 < len(args) else ""
-        if a == "--node-name":
-            name = nxt
-        elif a == "--node-label":
-            k, _, v = nxt.partition("=")
-            labels[k] = v
-        elif a == "--node-taint":
-            taints.append(L.parse_taint_flag(nxt))
-        elif a == "--kubelet-arg":
-            flags.append("--" + nxt)
-    return JoinedNode("k3s", name, labels, taints, flags, env.get("K3S_URL", ""))

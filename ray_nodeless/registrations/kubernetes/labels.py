@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import re
 
+# The names and flag forms a kubelet reads too live with the join formats in core (the played kubelet reads them);
+# the registration's modules use them as labels.<name>.
+from ray_nodeless.core.kube_join import GPU_RESOURCE, MACHINE_ID_VAR, dns_name, labels_flag, taint_flag  # noqa: F401
 from ray_nodeless.providers.base import LaunchSpec
 
 # Well-known labels (kubelet sets some itself on a real cluster; we set them at registration so that they are there
@@ -11,7 +14,6 @@ INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 ZONE = "topology.kubernetes.io/zone"
 REGION = "topology.kubernetes.io/region"
 ARCH = "kubernetes.io/arch"
-HOSTNAME = "kubernetes.io/hostname"
 
 PREFIX = "ray-nodeless.io"
 CLUSTER = f"{PREFIX}/cluster"
@@ -28,13 +30,11 @@ ROLE = f"{PREFIX}/role"          # head | worker
 
 TAINT_KEY = CLUSTER               # ray-nodeless.io/cluster=<cluster>:NoSchedule
 TAINT_EFFECT = "NoSchedule"
-GPU_RESOURCE = "nvidia.com/gpu"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 
-# Placeholder in the join configuration for the machine id, which only the booted machine knows (several machines
-# share one launch's user data). The kubeadm / k3s scripts set it from the instance metadata service.
-MACHINE_ID_VAR = "${MACHINE_ID}"
+# MACHINE_ID_VAR (core/kube_join.py): the placeholder in the join configuration for the machine id, which only the
+# booted machine knows (several machines share one launch's user data).
 
 _ARCH = {"x86_64": "amd64", "arm64": "arm64", "aarch64": "arm64"}
 _VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")
@@ -44,11 +44,6 @@ def label_value(value: str) -> str:
     """A valid label value: at most 63 of [A-Za-z0-9._-], alphanumeric at both ends (others become '-')."""
     v = _VALUE_BAD.sub("-", str(value))[:63].strip("-._")
     return v
-
-
-def dns_name(value: str) -> str:
-    """A valid object name piece (RFC 1123 label: lowercase alphanumerics and '-')."""
-    return re.sub(r"[^a-z0-9-]", "-", str(value).lower()).strip("-")[:63] or "x"
 
 
 def cluster_selector(cluster: str) -> str:
@@ -88,29 +83,6 @@ def node_annotations(tags: dict[str, str]) -> dict[str, str]:
 
 def cluster_taint(cluster: str) -> dict[str, str]:
     return {"key": TAINT_KEY, "value": label_value(cluster), "effect": TAINT_EFFECT}
-
-
-def taint_flag(t: dict[str, str]) -> str:
-    """kubelet --register-with-taints form: key=value:Effect."""
-    return f"{t['key']}={t.get('value', '')}:{t['effect']}"
-
-
-def parse_taint_flag(text: str) -> dict[str, str]:
-    kv, _, effect = text.rpartition(":")
-    key, _, value = kv.partition("=")
-    return {"key": key, "value": value, "effect": effect}
-
-
-def labels_flag(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-
-
-def parse_labels_flag(text: str) -> dict[str, str]:
-    out = {}
-    for part in filter(None, text.split(",")):
-        k, _, v = part.partition("=")
-        out[k.strip()] = v.strip()
-    return out
 
 
 def machine_id_of_node(node) -> str | None:

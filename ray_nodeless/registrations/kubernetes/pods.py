@@ -94,9 +94,3 @@ def ray_pod(template: Mapping[str, Any], *, cluster: str, namespace: str, machin
     containers[0] = ray
     spec["containers"] = containers
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-
-
-def pod_env(pod) -> dict[str, str]:
-    """The first container's literal env of a V1Pod."""
-    c = (pod.spec.containers or [None])[0]
-    return {e.name: e.value for e in (c.env or []) if e.value is not None} if c is not None else {}

@@ -35,7 +35,6 @@ from ray_nodeless.providers.base import (
 )
 from ray_nodeless.registrations.base import Registration
 from ray_nodeless.registrations.kubernetes import labels as L
-from ray_nodeless.registrations.kubernetes.client import api_client
 from ray_nodeless.registrations.kubernetes.housekeeping import Housekeeping, _created, _label, _node_ready
 from ray_nodeless.registrations.kubernetes.join import check_join, user_data
 from ray_nodeless.registrations.kubernetes.pods import pod_name, ray_pod
@@ -103,7 +102,7 @@ class KubernetesRegistration(Housekeeping, Registration):
         self.node_type_resources = core.node_type_resources     # recorded by bootstrap_config
         self.namespace = self.k.namespace
         self.selector = L.cluster_selector(cluster_name)
-        self.api = api or api_client(self.k)
+        self.api = api or self.k.api_client()
         self.core = client.CoreV1Api(self.api)
         self.machines: dict[str, Tracked] = {}
         self.nodes: dict[str, Any] = {}            # Node name -> V1Node (this cluster's)

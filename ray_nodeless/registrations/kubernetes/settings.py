@@ -35,7 +35,9 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from ray_nodeless.core.schema import Section
+from ray_nodeless.errors import ConfigError
 
+KEY = "provider.kubernetes"
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
@@ -75,6 +77,44 @@ class KubernetesBlock(_Strict):
     played: bool = False
     # How long a Node of this cluster may exist without its machine in the listing before it is collected.
     orphan_grace_s: float = Field(60.0, ge=0)
+
+    def kubeconfig_path(self) -> str | None:
+        """The kubeconfig file to read, or None for in-cluster."""
+        if self.kubeconfig:
+            return os.path.expanduser(self.kubeconfig)
+        return default_kubeconfig()
+
+    def api_client(self, kubeconfig: str | None = "") -> Any:
+        """A kubernetes ApiClient of the API server this block names: its kubeconfig and context (or `kubeconfig`
+        when given; None: in-cluster). ConfigError naming the key when the file cannot be read or the context does
+        not exist. A method of the parsed block, so that whoever is handed the block (the registration, the played
+        kubelet of providers/local, which imports nothing of registrations/) reaches the same server the same way.
+        The Kubernetes client is imported only here."""
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        path = self.kubeconfig_path() if kubeconfig == "" else kubeconfig
+        cfg = client.Configuration()
+        if path is None:
+            try:
+                config.load_incluster_config(client_configuration=cfg)
+            except ConfigException as e:
+                raise ConfigError(f"{KEY}.kubeconfig", f"not set and the in-cluster configuration failed: {e}") from e
+            return client.ApiClient(cfg)
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise ConfigError(f"{KEY}.kubeconfig", f"cannot read {path}: {e.strerror or e}") from e
+        try:
+            config.load_kube_config(config_file=path, context=self.context, client_configuration=cfg,
+                                    persist_config=False)
+        except ConfigException as e:
+            key = f"{KEY}.context" if self.context and "context" in str(e).lower() else f"{KEY}.kubeconfig"
+            raise ConfigError(key, f"{path}: {e}") from e
+        except Exception as e:  # a file that is not YAML, a mapping of the wrong shape
+            raise ConfigError(f"{KEY}.kubeconfig", f"{path} is not a usable kubeconfig: {e}") from e
+        return client.ApiClient(cfg)
 
 
 class KubernetesSettings(Section):

@@ -8,7 +8,6 @@ from typing import Any, Iterable
 from kubernetes import client
 
 from ray_nodeless.registrations.kubernetes import labels as L
-from ray_nodeless.registrations.kubernetes.client import api_client
 from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
 
 
@@ -17,7 +16,7 @@ def machine_status(settings: KubernetesSettings, cluster_name: str,
     """machine id -> {k8s_node, k8s_ready, pod, pod_phase} (None where there is none); `settings` as the loader
     parsed them."""
     k = settings.kubernetes
-    api = api_client(k)
+    api = k.api_client()
     try:
         core = client.CoreV1Api(api)
         selector = L.cluster_selector(cluster_name)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+import yaml
 
 from ray_nodeless.core.catalog import embedded
+from ray_nodeless.core.kube_join import parse_user_data
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import LaunchSpec
 from ray_nodeless.registrations.kubernetes import labels as L
-from ray_nodeless.registrations.kubernetes.join import check_join, parse_user_data, user_data
+from ray_nodeless.registrations.kubernetes.join import check_join, user_data
 from ray_nodeless.registrations.kubernetes.pods import ray_pod, size_resources
 from ray_nodeless.registrations.kubernetes.settings import JoinSettings
 
@@ -135,3 +137,28 @@ def test_ray_pod_binds_to_the_machine_and_sizes_from_allocatable():
 def test_size_resources_never_exceeds_allocatable():
     r = size_resources({"cpu": "100m", "memory": "128Mi"}, "250m", "256Mi")
     assert r["requests"] == {"cpu": "100m", "memory": str(128 * 2**20)}
+
+
+def test_the_parsed_block_reaches_its_api_server_and_names_the_key(tmp_path):
+    """`KubernetesBlock.api_client` is how the registration and the played kubelet (handed the block, importing
+    nothing of registrations/) reach the API server: one reading of kubeconfig / context, errors naming the key."""
+    from kubernetes import client
+
+    from ray_nodeless.registrations.kubernetes.settings import KubernetesBlock
+
+    join = dict(JOINS["kubeadm"])
+    with pytest.raises(ConfigError) as e:
+        KubernetesBlock.model_validate({"kubeconfig": str(tmp_path / "none"), "join": join}).api_client()
+    assert e.value.key == "provider.kubernetes.kubeconfig" and "cannot read" in str(e.value)
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "a",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u"}}]}))
+    block = KubernetesBlock.model_validate({"kubeconfig": str(kubeconfig), "join": join})
+    api = block.api_client()
+    assert isinstance(api, client.ApiClient) and api.configuration.host == "https://127.0.0.1:9"
+    with pytest.raises(ConfigError) as e:
+        KubernetesBlock.model_validate({"kubeconfig": str(kubeconfig), "context": "b", "join": join}).api_client()
+    assert e.value.key == "provider.kubernetes.context"
