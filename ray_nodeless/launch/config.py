@@ -20,6 +20,7 @@ from ray_nodeless.core.schema import Section, declared_keys, parse_section
 from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_types_of, parse_provider
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.catalog import catalog_for, provider_catalog  # noqa: F401 (callers import them from here)
+from ray_nodeless.launch.open_types import check_open
 from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,
 )
@@ -150,6 +151,7 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
     bundle = bundle or load_provider(cluster_config.get("provider"))
     check_node_types(cluster_config, bundle)
     bundle.registration_class.check_config(cluster_config.get("provider"))
+    check_open(cluster_config, bundle.core, bundle.check_node_config)     # shape-open: the generated types' template
     catalog = catalog or catalog_for(bundle.core)
     return plan_cluster(cluster_config, backend_overrides=bundle.requirement_overrides, catalog=catalog,
                         settings=bundle.core)

@@ -24,8 +24,9 @@ from typing import Any, Callable, Mapping, Protocol
 
 from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, fits
 from ray_nodeless.core.open_plan import Packer, Packing
-from ray_nodeless.core.requirements import OPEN_SHAPE_KEY
+from ray_nodeless.core.requirements import OPEN_SHAPE_KEY, parse_requirements, split_node_config
 from ray_nodeless.core.settings import CoreSettings
+from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import Machine
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,23 @@ def shape_open(settings: CoreSettings, node_types: Mapping[str, Any], head_type:
     if settings.open_shapes is not None:
         return settings.open_shapes
     return not [n for n, t in node_types.items() if n != head_type and not is_open_type(t)]
+
+
+def check_open(cluster_config: Mapping[str, Any], settings: CoreSettings,
+               check_launch_keys: Callable[[str, dict[str, Any], str], None]) -> bool:
+    """Config-time checks of a shape-open cluster (`plan` and `ray up` alike), before anything launches: the
+    template's requirement keys parse, and its launch keys pass the backend's own check (`check_launch_keys`,
+    the bundle's `check_node_config`). Returns whether the cluster is shape-open."""
+    types = cluster_config.get("available_node_types") or {}
+    if not shape_open(settings, types, str(cluster_config.get("head_node_type", ""))):
+        return False
+    key = "provider.open_node_config"
+    ours, theirs = split_node_config(settings.open_node_config)
+    if OPEN_SHAPE_KEY in ours:
+        raise ConfigError(f"{key}.{OPEN_SHAPE_KEY}", "is written by ray_nodeless on the node types it generates")
+    parse_requirements(ours, key)
+    check_launch_keys("open", dict(settings.open_node_config), key)
+    return True
 
 
 class OpenTypes:

@@ -179,3 +179,28 @@ def test_snapshot_from_rays_cluster_resource_state_proto():
     assert single.count == 3 and single.selectors[0].matches({"ray.io/availability-zone": "us-west-2b"})
     assert not single.selectors[0].matches({"ray.io/availability-zone": "us-west-2a"})
     assert [(d.gang, d.spread, d.res) for d in gang] == [("abc123", True, {"GPU": 1.0})] * 2
+
+
+@pytest.mark.parametrize(("open_node_config", "key"), [
+    ({"min_vcpus": -1}, "provider.open_node_config.min_vcpus"),
+    ({"open_shape": {"CPU": 1}}, "provider.open_node_config.open_shape"),
+    ({"gpus": ["K9000"]}, "provider.open_node_config.gpus"),
+])
+def test_bad_template_is_refused_at_plan_naming_the_key(open_node_config, key):
+    from ray_nodeless.errors import ConfigError
+    from ray_nodeless.launch.config import check_cluster
+
+    cfg = _config(open_node_config=open_node_config)
+    with pytest.raises(ConfigError) as e:
+        check_cluster(cfg)
+    assert key in str(e.value)
+
+
+def test_aws_template_launch_keys_are_checked_by_the_backend():
+    from ray_nodeless.errors import ConfigError
+    from ray_nodeless.launch.config import check_cluster
+
+    cfg = yaml.safe_load((REPO_ROOT / "cluster-configs" / "aws-nodeless.yaml").read_text())
+    cfg["provider"]["open_node_config"]["InstanceType"] = 5
+    with pytest.raises(ConfigError, match="provider.open_node_config"):
+        check_cluster(cfg)

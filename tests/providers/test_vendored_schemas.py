@@ -12,6 +12,8 @@ import sys
 import pytest
 import yaml
 
+from ray_nodeless.core.requirements import split_node_config
+
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.aws import images, run_instances_keys
 from ray_nodeless.providers.aws import settings as aws_settings
@@ -76,8 +78,11 @@ def _gcp_node_configs() -> list[dict]:
     paths = sorted((REPO_ROOT / "cluster-configs").glob("gcp-*.yaml")) + sorted(
         (REPO_ROOT / "tests" / "data" / "ray-examples").glob("gcp-*.yaml"))
     for p in paths:
-        for nt in (yaml.safe_load(p.read_text()).get("available_node_types") or {}).values():
-            nc = dict(nt.get("node_config") or {})
+        doc = yaml.safe_load(p.read_text())
+        templates = [{"node_config": doc["provider"]["open_node_config"]}] if "open_node_config" in doc["provider"] else []
+        for nt in list((doc.get("available_node_types") or {}).values()) + templates:
+            # The backend sees a node_config without ray_nodeless's requirement keys (min_vcpus, ...).
+            nc = split_node_config(dict(nt.get("node_config") or {}))[1]
             if "scheduling" in nc:
                 nc["scheduling"] = gcp_nc.scheduling_map(nc["scheduling"])
             out.append(nc)
