@@ -181,3 +181,43 @@ def test_ten_demand_kinds_each_get_their_cheapest_fit_on_autoscaler_v2(tmp_path:
         assert {m.id for m in backend.list_machines()} == set()
     finally:
         end_local_cluster(cfg)
+
+
+V1_SHAPES = ("cpu", "cpu16", "gpu2", "l4", "mem64")
+
+
+def test_autoscaler_v1_serves_every_shape_demand(tmp_path: Path):
+    """Under v1 (no RAY_enable_autoscaler_v2) the same cluster serves shape demands; label selectors are a v2
+    feature of Ray's scheduler (README)."""
+    cfg = cluster_copy("local-nodeless.yaml", "nl1", head_env="RAY_enable_autoscaler_v2=0",
+                       state_dir=str(tmp_path / "state"))
+    path = write_config(cfg, tmp_path)
+    try:
+        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=RAY_ENV, capture_output=True, text=True,
+                            timeout=300)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        code = textwrap.dedent(f"""
+            import json, os, time, ray
+            ray.init(address="{cfg['provider']['gcs_address']}", logging_level="ERROR", log_to_driver=False)
+            @ray.remote
+            def probe(name):
+                time.sleep(5)
+                return {{"name": name, "machine": os.environ.get("RAY_CLOUD_INSTANCE_ID")}}
+            refs = {{n: probe.options(**o).remote(n) for n, o in {({n: DEMANDS[n][0] for n in V1_SHAPES})!r}.items()}}
+            print("RESULT", json.dumps({{n: ray.get(r, timeout=150) for n, r in refs.items()}}))
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], env=RAY_ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        got = json.loads(line[len("RESULT "):])
+        backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
+        machines = {m.id: m.tags for m in backend.list_machines()}
+        for name in V1_SHAPES:
+            tags = machines[got[name]["machine"]]
+            assert tags["ray-user-node-type"].startswith("nl-"), (name, tags)
+            t = embedded().instance_type("aws", tags[TAG_INSTANCE_TYPE])
+            want = DEMANDS[name][1]
+            assert fits(instance_resources(t, {}), {k: v for k, v in want.items()
+                                                    if not k.startswith("accelerator_type:")}), (name, t.name)
+    finally:
+        end_local_cluster(cfg)
