@@ -29,6 +29,10 @@ def status_command(cluster_yaml: str, as_json: bool) -> None:
         click.echo(f"  {n['node_id']:24} {n['kind']:6} {n['node_type']:14} {n['instance_type']:18} {n['zone']:14} "
                    f"{n['capacity']:9} {price(n['hourly_price']):>14} up {n['uptime_s']:>8.0f}s "
                    f"${(n['cost'] or 0):.4f}  rule {n['rule']}" + _k8s(n))
+    for n in doc["nodes"]:
+        if n.get("unserved"):
+            # Reported by the autoscaler's provider (shape-open clusters): these demands wait for a change of rules.
+            click.echo(f"unserved demands: {n['unserved']}")
 
 
 def _k8s(n: dict) -> str:

@@ -30,7 +30,8 @@ from ray_nodeless.core.demand import (
 )
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.planner import Planner
-from ray_nodeless.core.requirements import GIB, OPEN_SHAPE_KEY, REQUIREMENT_KEYS
+from ray_nodeless.core.diagnose import explain_no_offering
+from ray_nodeless.core.requirements import GIB, OPEN_SHAPE_KEY, REQUIREMENT_KEYS, Request
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.core.ttls import TASK_MEMORY_FRACTION
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
@@ -93,6 +94,7 @@ class OpenFitter:
         # Only the template's requirement keys narrow the search (families, exclusions ...); its launch keys
         # (images, subnets) go to the generated types as they are.
         self.narrowing = {k: v for k, v in (template_node_config or {}).items() if k in REQUIREMENT_KEYS}
+        self._why: dict[Request, str] = {}
 
     @property
     def planner(self) -> Planner:
@@ -119,9 +121,12 @@ class OpenFitter:
             node_config["min_memory_gib"] = max(float(node_config.get("min_memory_gib", 0) or 0), ram)
         try:
             request = self.resolver.request("open", shape, node_config, is_head=False)
-            plan = self.planner.plan(request)
         except ConfigError as e:
             raise NoFeasibleOffering(f"{demand.describe()}: {e}") from e
+        try:
+            plan = self.planner.plan(request)
+        except NoFeasibleOffering as e:
+            raise NoFeasibleOffering(f"{demand.describe()}: {self._why_none(request, e, shape, node_config)}") from e
         unavailable = skipped_labels = 0
         for o in plan.candidates():
             if zone is not None and o.zone != zone:
@@ -144,6 +149,21 @@ class OpenFitter:
                if unavailable else f"no offering of rule {request.rule!r}{where} holds it")
         raise NoFeasibleOffering(f"{demand.describe()}: {why} (nearest allowed: {nearest.instance_type.name} "
                                  f"{nearest.zone} {nearest.capacity} ${nearest.hourly_price or 0:.4f}/h)")
+
+
+    def _why_none(self, request: Request, error: NoFeasibleOffering, shape: Mapping[str, Any],
+                  node_config: Mapping[str, Any]) -> str:
+        """The key that removed the demand's last candidate and the nearest offering (core/diagnose.py), once
+        per request: an unservable demand stays pending, and is planned again every loop."""
+        if request not in self._why:
+            s = self.resolver.settings
+            rc = self.planner.catalog.region(s.price_cloud, s.region)
+            explained = explain_no_offering(error, self.planner.plan, rc, s, "open",
+                                            {"resources": dict(shape), "node_config": dict(node_config)}, False,
+                                            self.resolver.backend_overrides)
+            self._why[request] = (str(explained).splitlines()[0].replace("node type 'open' ", "the demand ")
+                                  .replace("available_node_types.open.", "the demand's "))
+        return self._why[request]
 
 
 def _node_view(want: Mapping[str, float], o: Offering) -> dict[str, float]:

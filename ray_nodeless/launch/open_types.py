@@ -32,7 +32,7 @@ from ray_nodeless.providers.base import Machine
 logger = logging.getLogger(__name__)
 
 TAG_NODE_TYPE = "ray-user-node-type"       # Ray's TAG_RAY_USER_NODE_TYPE
-TAG_NODE_KIND = "ray-node-kind"
+TAG_NODE_KIND = "ray-node-type"            # Ray's TAG_RAY_NODE_KIND (head | worker)
 DROP_AFTER_S = 120.0
 
 
@@ -59,6 +59,11 @@ class RayNode:
 class Snapshot:
     demands: list[Demand]
     nodes: list[RayNode]
+    # Autoscaler v2's instances requested and not yet launched, per node type, and those launched and not yet
+    # running Ray (node type, cloud instance id): a quota must never fall below them (Ray would try to stop a
+    # REQUESTED instance, which its instance manager refuses, every loop).
+    requested: dict[str, int] = field(default_factory=dict)
+    pending_instances: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -118,13 +123,17 @@ class OpenTypes:
         generated = {n: t for n, t in types.items() if is_open_type(t)}
         demands = [d for d in snapshot.demands if not self._declared_serves(d, declared)]
         live = _live_counts(machines)
+        floor = dict(snapshot.requested)
+        for node_type, instance_id in snapshot.pending_instances:
+            if instance_id not in machines:
+                floor[node_type] = floor.get(node_type, 0) + 1
         bins = self._bins(snapshot, machines, types)
         packing = self.packer.pack(demands, bins)
         now = self.clock()
         quotas: dict[str, int] = {}
         entries: dict[str, dict[str, Any]] = {}
         for name, t in sorted(generated.items()):
-            quotas[name] = live.get(name, 0) + packing.new.get(name, 0)
+            quotas[name] = live.get(name, 0) + max(packing.new.get(name, 0), floor.get(name, 0))
             entries[name] = dict(t)
         for name in sorted(packing.new):
             if name in entries:
@@ -133,7 +142,7 @@ class OpenTypes:
                 logger.error("%s: not added: %d generated node types already (provider.max_open_node_types)",
                              name, len(entries))
                 continue
-            quotas[name] = live.get(name, 0) + packing.new[name]
+            quotas[name] = live.get(name, 0) + max(packing.new[name], floor.get(name, 0))
             entries[name] = packing.types[name].node_type({"node_config": self.settings.open_node_config}, 0, 0)
         for name in sorted(entries):
             if quotas[name] > 0:

@@ -10,7 +10,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ray_nodeless.launch.config import load_provider
-from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE
+from ray_nodeless.providers.base import (
+    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_UNSERVED, TAG_ZONE,
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class NodeStatus:
     uptime_s: float
     cost: float | None
     registration: dict = field(default_factory=dict)    # e.g. k8s_node, k8s_ready, pod, pod_phase
+    unserved: str = ""        # the head of a shape-open cluster: demands nothing allowed can serve, and why
 
 
 def price_of(tags: dict[str, str]) -> float | None:
@@ -56,7 +59,7 @@ def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> 
             instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""), zone=m.tags.get(TAG_ZONE, ""),
             capacity=m.tags.get(TAG_CAPACITY, ""), hourly_price=price, rule=m.tags.get(TAG_RULE, ""),
             uptime_s=round(uptime, 1), cost=None if price is None else round(price * uptime / 3600, 6),
-            registration=extra.get(m.id, {})))
+            registration=extra.get(m.id, {}), unserved=m.tags.get(TAG_UNSERVED, "")))
     return out
 
 

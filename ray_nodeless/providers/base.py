@@ -97,6 +97,10 @@ TAG_CATALOG = "nodeless-catalog"
 # Set just before this cluster terminates a machine: a machine that vanishes with it was ended by us (by any
 # provider object of the cluster), not interrupted.
 TAG_TERMINATING = "nodeless-terminating"
+# On the head only, shape-open clusters: the pending demands no allowed offering can serve, and why (what
+# `ray-nodeless status` shows; at most TAG_UNSERVED_MAX characters, cloud tag values are short).
+TAG_UNSERVED = "nodeless-unserved"
+TAG_UNSERVED_MAX = 250
 
 MACHINE_PENDING = "pending"
 MACHINE_RUNNING = "running"

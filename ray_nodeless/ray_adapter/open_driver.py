@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -19,12 +20,13 @@ import yaml
 
 from ray_nodeless.core.demand import Constraint, Demand, Selector, canonical_resources
 from ray_nodeless.launch.open_types import OpenTypes, RayNode, Snapshot, StepResult
-from ray_nodeless.providers.base import Machine
+from ray_nodeless.providers.base import TAG_UNSERVED_MAX, Machine
 from ray_nodeless.ray_adapter.compat import demand as ray_demand
 
 logger = logging.getLogger(__name__)
 
 GCS_TIMEOUT_S = 5.0
+PG_RESOURCE = re.compile(r"_group_([0-9]+_)?[0-9a-f]{16,}$")
 MIN_INTERVAL_S = 1.0     # Ray v1 lists several times per loop: pack at most once a second
 
 
@@ -62,13 +64,29 @@ def snapshot_of(state: Mapping[str, Any]) -> Snapshot:
                                   spread=bool(b["spread"]), packed=bool(b["packed"])))
     nodes = [RayNode(n["instance_id"], n["node_type"], dict(n["total"]), dict(n["available"]), dict(n["labels"]))
              for n in state.get("nodes", [])]
-    return Snapshot([d for d in demands if d.resources], nodes)
+    requested = state.get("requested") or {}
+    # A task of a placement group asks for the group's resources (`CPU_group_<id>`): the gang request itself
+    # holds that capacity, so such demands are not machines to plan.
+    demands = [d for d in demands if d.resources and not any(PG_RESOURCE.search(k) for k, _ in d.resources)]
+    return Snapshot(demands, nodes, dict(requested.get("types") or {}),
+                    [(str(t), str(i)) for t, i in requested.get("instances") or []])
+
+
+def unserved_summary(result: StepResult) -> str:
+    """The demands nothing allowed can serve, each with its reason, in one short line ('' when none)."""
+    parts = [f"{d.describe()}: {why.removeprefix(d.describe() + ': ')}" for d, why in
+             sorted(result.packing.infeasible.items(), key=lambda kv: kv[0].describe())]
+    text = "; ".join(parts)
+    return text if len(text) <= TAG_UNSERVED_MAX else text[:TAG_UNSERVED_MAX - 3] + "..."
 
 
 class OpenDriver:
     def __init__(self, open_types: OpenTypes, gcs_address: str, logs_dir: str | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 on_unserved: Callable[[str, Mapping[str, Machine]], None] | None = None):
         self.open_types = open_types
+        self._on_unserved = on_unserved      # the provider records the summary on the head (TAG_UNSERVED)
+        self._unserved = ""
         self.gcs_address = gcs_address
         self._client: Any = None
         self._sink = None
@@ -100,10 +118,21 @@ class OpenDriver:
             for line in result.reports:
                 logger.error("%s", line)
                 self._event(line)
+            self._record_unserved(result, machines)
             self.last = result
             return result
         finally:
             self._lock.release()
+
+    def _record_unserved(self, result: StepResult, machines: Mapping[str, Machine]) -> None:
+        summary = unserved_summary(result)
+        if summary == self._unserved or self._on_unserved is None:
+            return
+        try:
+            self._on_unserved(summary, machines)
+            self._unserved = summary
+        except Exception as e:      # a tag write that failed: tried again next loop
+            logger.warning("shape-open: could not record the unserved demands on the head (%s)", e)
 
     def _gcs(self) -> Any:
         if self._client is None:

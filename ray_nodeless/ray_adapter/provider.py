@@ -31,7 +31,7 @@ from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
-from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, Machine
+from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED, Machine
 from ray_nodeless.ray_adapter import bootstrap
 from ray_nodeless.core.open_plan import OpenFitter, Packer
 from ray_nodeless.launch.open_types import OpenTypes
@@ -76,7 +76,8 @@ class NodelessProvider(NodeProvider):
         config_path = monitor_config_path()
         if gcs and config_path and self.settings.open_shapes is not False:
             # Only in the monitor: shape-open node types live in the config file it re-reads (open_driver.py).
-            self.open = OpenDriver(self._open_types(config_path), gcs, monitor_logs_dir())
+            self.open = OpenDriver(self._open_types(config_path), gcs, monitor_logs_dir(),
+                                   on_unserved=self._record_unserved)
         if self.settings.interruption_queue_url and gcs:
             # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
             # nor wait on a GCS they may not reach.
@@ -87,6 +88,14 @@ class NodelessProvider(NodeProvider):
     def _open_types(self, config_path: str) -> OpenTypes:
         fitter = OpenFitter(self.resolver, lambda: self.planner, self.unavailable, self.settings.open_node_config)
         return OpenTypes(self.settings, Packer(fitter, self.settings.single_zone_gangs), YamlFileStore(config_path))
+
+    def _record_unserved(self, summary: str, machines: dict[str, Machine]) -> None:
+        """What no allowed offering can serve, on the head's tags: `ray-nodeless status` shows it from anywhere."""
+        heads = sorted(mid for mid, m in machines.items() if m.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD)
+        if not heads:
+            raise LaunchError("no head machine listed yet to record the unserved demands on")
+        self.view.set_tags(heads[0], {TAG_UNSERVED: summary})
+        logger.info("unserved demands recorded on the head %s: %s", heads[0], summary or "none")
 
     @property
     def catalog(self) -> Catalog:

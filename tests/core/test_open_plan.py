@@ -211,3 +211,11 @@ def test_packing_is_deterministic(fitter):
     a = Packer(fitter).pack(demands, [])
     b = Packer(fitter).pack(list(reversed(demands)), [])
     assert a.new == b.new
+
+
+def test_a_demand_the_exclusion_forbids_names_the_exclusion_and_the_nearest_offering():
+    f = _fitter(exclude={"gpus": ["M60", "K80", "V100"]})
+    with pytest.raises(NoFeasibleOffering) as e:
+        f.fit(parse_demand('{"GPU": 1, "accelerator_type:V100": 0.001}'))
+    text = str(e.value)
+    assert "provider.exclude.gpus" in text and "nearest offering is p3" in text, text

@@ -50,7 +50,7 @@ def _open_types(cfg, clock=None):
 
 
 def _machine(mid, node_type, kind="worker"):
-    return Machine(id=mid, tags={TAG_CLUSTER: "c", "ray-user-node-type": node_type, "ray-node-kind": kind})
+    return Machine(id=mid, tags={TAG_CLUSTER: "c", "ray-user-node-type": node_type, "ray-node-type": kind})
 
 
 def test_one_loop_writes_pinned_labelled_node_types_with_quotas_ray_accepts():
@@ -204,3 +204,40 @@ def test_aws_template_launch_keys_are_checked_by_the_backend():
     cfg["provider"]["open_node_config"]["InstanceType"] = 5
     with pytest.raises(ConfigError, match="provider.open_node_config"):
         check_cluster(cfg)
+
+
+def test_unserved_summary_is_short_and_names_the_reason():
+    from ray_nodeless.providers.base import TAG_UNSERVED_MAX
+    from ray_nodeless.ray_adapter.open_driver import unserved_summary
+
+    ot, *_ = _open_types(_config())
+    one = ot.step(Snapshot([parse_demand('{"GPU": 1, "accelerator_type:K80": 0.001}')], []), {})
+    text = unserved_summary(one)
+    assert "K80" in text and len(text) <= TAG_UNSERVED_MAX
+    many = ot.step(Snapshot([parse_demand(f'{{"CPU": 1, "custom{i}": 1}}') for i in range(40)], []), {})
+    assert len(unserved_summary(many)) <= TAG_UNSERVED_MAX
+    assert unserved_summary(ot.step(Snapshot([], []), {})) == ""
+
+
+def test_quota_never_falls_below_what_autoscaler_v2_has_requested():
+    # Ray v2 stops instances over a type's max_workers, and its instance manager refuses to stop one still
+    # REQUESTED: a quota below Ray's requests would wedge the autoscaler.
+    ot, store, *_ = _open_types(_config())
+    first = ot.step(Snapshot([parse_demand('{"GPU": 1}')], []), {})
+    [name] = first.packing.new
+    later = ot.step(Snapshot([], [], requested={name: 1}), {})
+    assert later.quotas[name] == 1
+    later = ot.step(Snapshot([], [], pending_instances=[(name, "i-not-listed-yet")]), {})
+    assert later.quotas[name] == 1
+    assert ot.step(Snapshot([], []), {}).quotas[name] == 0
+
+
+def test_placement_group_task_resources_are_not_planned():
+    state = {"requests": [{"resources": {"CPU_group_0_b47c8cd0398ccc9bebd24b42575b01000000": 1,
+                                         "CPU_group_b47c8cd0398ccc9bebd24b42575b01000000": 1}, "selectors": [],
+                           "count": 1},
+                          {"resources": {"CPU": 2}, "selectors": [], "count": 1}],
+             "requested": {"types": {"nl-x": 2}, "instances": [("nl-x", "i-1")]}}
+    snap = snapshot_of(state)
+    assert [d.res for d in snap.demands] == [{"CPU": 2.0}]
+    assert snap.requested == {"nl-x": 2} and snap.pending_instances == [("nl-x", "i-1")]

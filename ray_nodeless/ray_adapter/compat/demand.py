@@ -1,8 +1,10 @@
 """Ray's pending demand as the GCS reports it to the autoscaler (`ClusterResourceState`), as plain Python.
 
-Ray 2.60: `GcsClient.get_cluster_resource_state()` returns a serialized `GetClusterResourceStateReply`
-(`ray.autoscaler.v2.sdk.get_cluster_resource_state` does the same). It is the GCS's own view, filled from the
-raylets' resource reports, so it is there under autoscaler v1 as well as v2. Fields read:
+Ray 2.60: `GcsClient.get_cluster_status(timeout_s=...)` returns a serialized `GetClusterStatusReply`
+(`ray.autoscaler.v2.sdk.get_cluster_status` does the same; `ray status` shows it). Its `cluster_resource_state`
+is the GCS's own view, filled from the raylets' resource reports, so it is there under autoscaler v1 as well as
+v2; its `autoscaling_state` is autoscaler v2's last report (`pending_instance_requests`, `pending_instances`).
+Fields read:
 - `node_states[]`: instance_id (RAY_CLOUD_INSTANCE_ID), ray_node_type_name, total/available resources, labels,
   status (DEAD nodes are left out);
 - `pending_resource_requests[]`: ResourceRequestByCount {request: {resources_bundle, label_selectors}, count};
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-RAY_NAMES = (("ray.core.generated.autoscaler_pb2", "GetClusterResourceStateReply"),
+RAY_NAMES = (("ray.core.generated.autoscaler_pb2", "GetClusterStatusReply"),
              ("ray.core.generated.autoscaler_pb2", "NodeStatus"),
              ("ray.core.generated.common_pb2", "LabelSelectorOperator"),
              ("ray._raylet", "GcsClient"), ("ray._private.ray_constants", "LOG_PREFIX_EVENT_SUMMARY"),
@@ -23,16 +25,27 @@ IN, NOT_IN = "in", "!in"
 
 
 def read_state(client: Any, timeout_s: float) -> dict[str, Any]:
-    """{"nodes": [...], "requests": [...], "gangs": [...]} from the GCS of `client` (a GcsClient)."""
+    """{"nodes", "requests", "gangs", "requested"} from the GCS of `client` (a GcsClient): the cluster status
+    (`get_cluster_status`, what `ray status` reads), which holds the resource state and, under v2, the autoscaler's
+    last report (its instances requested and not yet running, per node type)."""
     from ray.core.generated import autoscaler_pb2
 
-    try:
-        raw = client.get_cluster_resource_state(timeout_s)
-    except TypeError:      # an older signature without the timeout
-        raw = client.get_cluster_resource_state()
-    reply = autoscaler_pb2.GetClusterResourceStateReply()
+    raw = client.get_cluster_status(timeout_s=timeout_s)
+    reply = autoscaler_pb2.GetClusterStatusReply()
     reply.ParseFromString(raw)
-    return state_from_proto(reply.cluster_resource_state)
+    out = state_from_proto(reply.cluster_resource_state)
+    out["requested"] = requested_from_proto(reply.autoscaling_state)
+    return out
+
+
+def requested_from_proto(autoscaling_state: Any) -> dict[str, Any]:
+    """What autoscaler v2 has asked for and not yet got running: {"types": {node type: count of requests},
+    "instances": [(node type, cloud instance id)]} (empty under v1)."""
+    types: dict[str, int] = {}
+    for r in autoscaling_state.pending_instance_requests:
+        types[r.ray_node_type_name] = types.get(r.ray_node_type_name, 0) + int(r.count)
+    instances = [(p.ray_node_type_name, p.instance_id) for p in autoscaling_state.pending_instances]
+    return {"types": types, "instances": instances}
 
 
 def state_from_proto(state: Any) -> dict[str, Any]:
