@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
+from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, fits
 from ray_nodeless.core.open_plan import Packer, Packing
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY, parse_requirements, split_node_config
@@ -64,6 +65,8 @@ class Snapshot:
     # REQUESTED instance, which its instance manager refuses, every loop).
     requested: dict[str, int] = field(default_factory=dict)
     pending_instances: list[tuple[str, str]] = field(default_factory=list)
+    # `request_resources()` bundles: the cluster must be able to hold them on its machines' whole resources.
+    constraints: list[Demand] = field(default_factory=list)
 
 
 @dataclass
@@ -111,7 +114,7 @@ class OpenTypes:
         self.clock = clock
         self._idle_since: dict[str, float] = {}
         self._reported: set[Demand] = set()
-        self._prices: dict[str, float] = {}
+        self._offerings: dict[str, Offering | None] = {}
 
     def step(self, snapshot: Snapshot, machines: Mapping[str, Machine]) -> StepResult:
         config = self.store.read()
@@ -129,11 +132,24 @@ class OpenTypes:
                 floor[node_type] = floor.get(node_type, 0) + 1
         bins = self._bins(snapshot, machines, types)
         packing = self.packer.pack(demands, bins)
+        if snapshot.constraints:
+            # Ray's semantics: the bundles must fit the cluster's total resources, busy or not. The machines they
+            # need count beside those the demands need (a type gets the larger of the two).
+            wanted = [d for d in snapshot.constraints if not self._declared_serves(d, declared)]
+            held = self.packer.pack(wanted, self._bins(snapshot, machines, types, whole=True))
+            for name, n in held.new.items():
+                packing.types.setdefault(name, held.types[name])
+                packing.new[name] = max(packing.new.get(name, 0), n)
+            for d, why in held.infeasible.items():
+                packing.infeasible.setdefault(d, why)
         now = self.clock()
         quotas: dict[str, int] = {}
         entries: dict[str, dict[str, Any]] = {}
         for name, t in sorted(generated.items()):
-            quotas[name] = live.get(name, 0) + max(packing.new.get(name, 0), floor.get(name, 0))
+            # Ray's own requests of a type hold its quota, unless the type's offering has just failed: Ray would
+            # then request it again and again, each failing at once, instead of the type the packing chose now.
+            held = 0 if self._unavailable(t, packing, name) else floor.get(name, 0)
+            quotas[name] = live.get(name, 0) + max(packing.new.get(name, 0), held)
             entries[name] = dict(t)
         for name in sorted(packing.new):
             if name in entries:
@@ -170,17 +186,28 @@ class OpenTypes:
                 reports.append(f"cannot serve {d.describe()}: {why}")
         return StepResult(packing, quotas, written, reports)
 
-    def _price(self, entry: Mapping[str, Any], packing: Packing, name: str) -> float:
+    def _offering(self, entry: Mapping[str, Any], name: str, packing: Packing) -> Offering | None:
+        """The one offering a generated type is pinned to (cached: the catalog lookup scans a region)."""
         if name in packing.types:
-            self._prices[name] = packing.types[name].price
-        if name not in self._prices:
+            self._offerings[name] = packing.types[name].offering
+        if name not in self._offerings:
             try:
-                o = self.packer.fitter.planner.catalog.region(self.settings.price_cloud,
-                                                              self.settings.region).find(*_pinned(entry))
-            except Exception:    # e.g. a type of another region's catalog: ranked last
-                o = None
-            self._prices[name] = (o.hourly_price or 0.0) if o is not None else float("inf")
-        return self._prices[name]
+                self._offerings[name] = self.packer.fitter.planner.catalog.region(
+                    self.settings.price_cloud, self.settings.region).find(*_pinned(entry))
+            except Exception:    # e.g. a type of another region's catalog
+                self._offerings[name] = None
+        return self._offerings[name]
+
+    def _price(self, entry: Mapping[str, Any], packing: Packing, name: str) -> float:
+        o = self._offering(entry, name, packing)
+        return (o.hourly_price or 0.0) if o is not None else float("inf")
+
+    def _unavailable(self, entry: Mapping[str, Any], packing: Packing, name: str) -> bool:
+        """A type whose offering just failed (capacity, a machine that never came up): every launch of it would
+        fail at once, so it gets no quota beyond its machines until the offering is available again."""
+        o = self._offering(entry, name, packing)
+        unavailable = self.packer.fitter.unavailable
+        return o is not None and unavailable is not None and unavailable.reason(o) is not None
 
     @staticmethod
     def _declared_serves(d: Demand, declared: Mapping[str, Any]) -> bool:
@@ -193,14 +220,17 @@ class OpenTypes:
         return False
 
     @staticmethod
-    def _bins(snapshot: Snapshot, machines: Mapping[str, Machine], types: Mapping[str, Any]) -> list[NodeCapacity]:
+    def _bins(snapshot: Snapshot, machines: Mapping[str, Machine], types: Mapping[str, Any],
+              whole: bool = False) -> list[NodeCapacity]:
         """Free capacity that pending demands will get without a new machine: Ray nodes alive now, and machines
-        launched that have not joined yet (the whole of their type's resources)."""
+        launched that have not joined yet (the whole of their type's resources). `whole`: a node's total
+        resources rather than what is free on it (for `request_resources` bundles)."""
         out = []
         joined = set()
         for n in snapshot.nodes:
             joined.add(n.instance_id)
-            out.append(NodeCapacity(f"ray:{n.instance_id}", dict(n.available), dict(n.labels), n.node_type,
+            out.append(NodeCapacity(f"ray:{n.instance_id}", dict(n.total if whole else n.available), dict(n.labels),
+                                    n.node_type,
                                     n.labels.get("ray.io/availability-zone", ""),
                                     has_gpu=n.total.get("GPU", 0) > 0 or ACCELERATOR_TYPE in n.labels))
         for mid, m in sorted(machines.items()):

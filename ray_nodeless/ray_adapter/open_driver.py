@@ -68,8 +68,11 @@ def snapshot_of(state: Mapping[str, Any]) -> Snapshot:
     # A task of a placement group asks for the group's resources (`CPU_group_<id>`): the gang request itself
     # holds that capacity, so such demands are not machines to plan.
     demands = [d for d in demands if d.resources and not any(PG_RESOURCE.search(k) for k, _ in d.resources)]
+    constraints = [Demand(canonical_resources(r["resources"]), selectors(r["selectors"]), max(1, int(r["count"])))
+                   for r in state.get("constraints", [])]
     return Snapshot(demands, nodes, dict(requested.get("types") or {}),
-                    [(str(t), str(i)) for t, i in requested.get("instances") or []])
+                    [(str(t), str(i)) for t, i in requested.get("instances") or []],
+                    [d for d in constraints if d.resources])
 
 
 def unserved_summary(result: StepResult) -> str:

@@ -241,3 +241,28 @@ def test_placement_group_task_resources_are_not_planned():
     snap = snapshot_of(state)
     assert [d.res for d in snap.demands] == [{"CPU": 2.0}]
     assert snap.requested == {"nl-x": 2} and snap.pending_instances == [("nl-x", "i-1")]
+
+
+def test_request_resources_bundles_count_whole_machines_busy_or_not():
+    ot, store, *_ = _open_types(_config())
+    bundles = [Demand(canonical_resources({"CPU": 4}), count=2)]
+    first = ot.step(Snapshot([], [], constraints=bundles), {})
+    assert sum(first.packing.new.values()) >= 1
+    held = sum(dict(first.packing.types[n].resources)["CPU"] * c for n, c in first.packing.new.items())
+    assert held >= 8
+    # A busy node whose whole resources hold the bundles: nothing more to launch for them.
+    busy = RayNode("i-1", "x", {"CPU": 8.0}, {"CPU": 0.0}, {})
+    assert not ot.step(Snapshot([], [busy], constraints=bundles), {}).packing.new
+
+
+def test_a_type_whose_offering_failed_loses_its_quota_to_the_next_offering():
+    ot, store, *_ = _open_types(_config())
+    d = parse_demand('{"GPU": 1, "accelerator_type:A100": 0.001}')
+    first = ot.step(Snapshot([d], []), {})
+    [name] = first.packing.new
+    ot.packer.fitter.unavailable.mark(first.packing.types[name].offering, "InsufficientInstanceCapacity")
+    # Ray has requested that type again (its retry): the quota goes to the next offering, not to Ray's retry.
+    second = ot.step(Snapshot([d], [], requested={name: 1}), {})
+    assert second.quotas[name] == 0
+    [other] = second.packing.new
+    assert other != name and second.quotas[other] == 1

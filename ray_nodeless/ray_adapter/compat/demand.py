@@ -8,6 +8,7 @@ Fields read:
 - `node_states[]`: instance_id (RAY_CLOUD_INSTANCE_ID), ray_node_type_name, total/available resources, labels,
   status (DEAD nodes are left out);
 - `pending_resource_requests[]`: ResourceRequestByCount {request: {resources_bundle, label_selectors}, count};
+- `cluster_resource_constraints[]`: `request_resources()` bundles {resource_requests[]: ResourceRequestByCount};
 - `pending_gang_resource_requests[]`: placement groups: {requests[], details "<pg id>:<strategy>|<state>"};
   STRICT_SPREAD bundles carry an anti-affinity constraint on the group's label, STRICT_PACK an affinity one.
 """
@@ -64,7 +65,10 @@ def state_from_proto(state: Any) -> dict[str, Any]:
         if not gid:
             gid = next((b["group"] for b in bundles if b["group"]), "")
         gangs.append({"id": gid or f"gang-{len(gangs)}", "details": g.details, "bundles": bundles})
-    return {"nodes": nodes, "requests": requests, "gangs": gangs}
+    # `ray.autoscaler.sdk.request_resources(...)`: bundles the cluster must be able to hold, used or not.
+    constraints = [dict(_request(r.request), count=int(r.count))
+                   for c in state.cluster_resource_constraints for r in c.resource_requests]
+    return {"nodes": nodes, "requests": requests, "gangs": gangs, "constraints": constraints}
 
 
 def _request(r: Any) -> dict[str, Any]:
