@@ -16,7 +16,10 @@ excluded unless said otherwise):
 - distinct shapes resolved per second with the plan cache defeated (every request new), over every region and over
   the six regions of the first catalog (comparable with the older figures), without and with the explanation's
   rejection counts (computed on first use; a launch never asks for them);
-- steady-state resolutions per second when the autoscaler asks for shapes it asked for before (cache hits).
+- steady-state resolutions per second when the autoscaler asks for shapes it asked for before (cache hits);
+- each throughput figure on both planner paths, in the same run: numpy, and plain Python (core/planner_py.py), which
+  a process takes when it has not imported numpy; and which path the running monitor takes (a fresh interpreter
+  importing what a v2/v1 monitor of a ray_nodeless cluster imports: `import ray` does not import numpy).
 Targets: >= 10,000 resolutions/s (issue 2); cold plan of one region: catalog part <= 300 ms.
 
 The subprocesses import ray_nodeless from this file's repository (PYTHONPATH), so copying this script into another
@@ -53,6 +56,11 @@ _COLD = ("import time; t0 = time.perf_counter(); import numpy; t1 = time.perf_co
          "t3 = time.perf_counter(); print(t3 - t0, t3 - t1, t3 - t2)")
 COLD_ONE_REGION = _COLD.format(work="k.region('aws', 'us-west-2')")
 COLD_ALL_REGIONS = _COLD.format(work="[k.region(cl, r) for cl in k.clouds for r in k.regions(cl)]")
+# Which planner path a process takes (core/planner.py `_compute`): numpy only when the process has imported it.
+PATHS = {True: "numpy", False: "plain Python", None: "default (numpy iff imported)"}
+# The modules a running v2/v1 monitor of a ray_nodeless cluster has imported: does any of them import numpy?
+MONITOR_IMPORTS = ("import sys, ray, ray.autoscaler.v2.monitor, ray.autoscaler._private.monitor, "
+                   "ray_nodeless.ray_adapter.provider; print('numpy' in sys.modules)")
 PLAN_COMMAND = "import sys; from ray_nodeless.cli import main; sys.argv[0] = 'ray-nodeless'; main()"
 
 
@@ -101,9 +109,11 @@ def shapes(n: int, regions: list[tuple[str, str]], seed: int = 7) -> list[Reques
     return out
 
 
-def warmed(cat: catalog_mod.Catalog, regions: list[tuple[str, str]], cache_size: int) -> Planner:
-    """A planner whose per-region indexes are built (one request per region), so that only planning is timed."""
-    p = Planner(cat, cache_size=cache_size)
+def warmed(cat: catalog_mod.Catalog, regions: list[tuple[str, str]], cache_size: int,
+           vectorized: bool | None = None) -> Planner:
+    """A planner whose per-region indexes are built (one request per region), so that only planning is timed.
+    `vectorized`: the planner's path (True numpy, False plain Python, None: numpy iff this process imported it)."""
+    p = Planner(cat, cache_size=cache_size, vectorized=vectorized)
     for cloud, region in regions:
         try:
             p.plan(Request(cloud, region, Shape(cpu=1), Requirements(), rule="warm"))
@@ -127,15 +137,17 @@ def run(planner: Planner, requests: list[Request], explain: bool = False) -> tup
     return len(requests) / (time.perf_counter() - t), infeasible
 
 
-def throughput(cat: catalog_mod.Catalog, regions: list[tuple[str, str]]) -> dict:
-    distinct = shapes(6000, regions)
-    uncached, infeasible = run(warmed(cat, regions, 1), distinct)
-    explained, _ = run(warmed(cat, regions, 1), distinct, explain=True)
-    planner = warmed(cat, regions, 100_000)
+def throughput(cat: catalog_mod.Catalog, regions: list[tuple[str, str]], vectorized: bool | None = None,
+               n: int = 6000) -> dict:
+    distinct = shapes(n, regions)
+    uncached, infeasible = run(warmed(cat, regions, 1, vectorized), distinct)
+    explained, _ = run(warmed(cat, regions, 1, vectorized), distinct, explain=True)
+    planner = warmed(cat, regions, 100_000, vectorized)
     repeated = [distinct[i % 200] for i in range(100_000)]
     run(planner, repeated[:200])
     cached, _ = run(planner, repeated)
     return {
+        "path": PATHS[vectorized],
         "regions": len(regions),
         "offerings": sum(len(cat.region(c, r)) for c, r in regions),
         "distinct_shapes_per_s_uncached": round(uncached),
@@ -149,6 +161,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5, help="fresh interpreters per cold figure (median)")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--shapes", type=int, default=6000, help="distinct requests per throughput figure")
     args = ap.parse_args()
 
     one, one_catalog_only, one_load = cold_ms(COLD_ONE_REGION, args.runs)
@@ -170,10 +183,17 @@ def main() -> None:
         "cold_plan_command_cpu_ms": round(plan_cpu, 1),
         "bare_interpreter_start_ms": round(bare, 1),
     }
+    monitor = subprocess.run([sys.executable, "-c", MONITOR_IMPORTS], capture_output=True, text=True, check=True,
+                             cwd=ROOT, env=_env()).stdout.split()[-1] == "True"
+    result["monitor_imports_numpy"] = monitor
+    result["monitor_planner_path"] = PATHS[monitor]
     if not args.skip_throughput:
-        result["throughput_every_region"] = throughput(cat, everywhere)
+        # Both paths in this run, each chosen explicitly (this process's imports do not decide it).
         first_six = [cr for cr in FIRST_SIX if cr in everywhere]
-        result["throughput_first_six_regions"] = throughput(cat, first_six)
+        for vectorized in (True, False):
+            label = "numpy" if vectorized else "plain_python"
+            result[f"throughput_every_region_{label}"] = throughput(cat, everywhere, vectorized, args.shapes)
+            result[f"throughput_first_six_regions_{label}"] = throughput(cat, first_six, vectorized, args.shapes)
     print(json.dumps(result, indent=2))
 
 
