@@ -143,8 +143,9 @@ def throughput(cat: catalog_mod.Catalog, regions: list[tuple[str, str]], vectori
     uncached, infeasible = run(warmed(cat, regions, 1, vectorized), distinct)
     explained, _ = run(warmed(cat, regions, 1, vectorized), distinct, explain=True)
     planner = warmed(cat, regions, 100_000, vectorized)
-    repeated = [distinct[i % 200] for i in range(100_000)]
-    run(planner, repeated[:200])
+    cycle = min(200, len(distinct))
+    repeated = [distinct[i % cycle] for i in range(100_000)]
+    run(planner, repeated[:cycle])
     cached, _ = run(planner, repeated)
     return {
         "path": PATHS[vectorized],
