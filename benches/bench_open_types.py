@@ -427,9 +427,12 @@ def distinct_demands(n: int, seed: int = 17) -> list[Demand]:
     return out
 
 
-def fit_throughput(n: int, vectorized: bool) -> dict[str, Any]:
-    """Distinct demand shapes per second through `OpenFitter.fit` (plan cache cold, region index built)."""
+def fit_throughput(n: int, vectorized: bool, derive: bool = True) -> dict[str, Any]:
+    """Distinct demand shapes per second through `OpenFitter.fit` (plan cache cold, region index built).
+    `derive`: OpenFitter.derive_sizes (a shape's candidates from a smaller shape's plan under the same rule and
+    requirements); False: every distinct shape is a planner evaluation."""
     so = ShapeOpen(vectorized)
+    so.fitter.derive_sizes = derive
     demands = distinct_demands(n)
     infeasible = 0
     t = time.perf_counter()
@@ -439,7 +442,8 @@ def fit_throughput(n: int, vectorized: bool) -> dict[str, Any]:
         except NoFeasibleOffering:
             infeasible += 1
     s = time.perf_counter() - t
-    return {"path": "numpy" if vectorized else "plain Python", "distinct_shapes": n, "infeasible": infeasible,
+    return {"path": "numpy" if vectorized else "plain Python", "derive_sizes": derive,
+            "distinct_shapes": n, "infeasible": infeasible,
             "shapes_per_s": round(n / s), "ms_for_all": round(s * 1000, 1)}
 
 
@@ -462,7 +466,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"planner_path": "numpy" if args.numpy else "plain Python (the monitor's)",
               "numpy_imported_during_loops": "numpy" in sys.modules, "reps": args.reps, "runs": runs}
     if args.fit_shapes:
-        result["fit_throughput"] = [fit_throughput(args.fit_shapes, False), fit_throughput(args.fit_shapes, True)]
+        result["fit_throughput"] = [fit_throughput(args.fit_shapes, vectorized, derive)
+                                    for vectorized in (False, True) for derive in (True, False)]
     print(json.dumps(result, indent=None if args.json else 2))
     return result
 

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from ray_nodeless.core.availability import UnavailableOfferings
-from ray_nodeless.core.catalog import Offering
+from ray_nodeless.core.catalog import Offering, RegionCatalog
 from ray_nodeless.core.gpus import canonical_gpu
 from ray_nodeless.core.demand import (
     ACCELERATOR_RESOURCE, Demand, NodeCapacity, Selector, fits, offering_labels, take,
 )
 from ray_nodeless.core.node_resources import instance_resources
+from ray_nodeless.core.plan import Plan
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.diagnose import explain_no_offering
 from ray_nodeless.core.requirements import GIB, OPEN_SHAPE_KEY, REQUIREMENT_KEYS, Request
@@ -81,13 +82,23 @@ def ray_int_resources(o: Offering) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((k, int(math.floor(v + 1e-9))) for k, v in res.items()))
 
 
+DERIVED_CACHE = 4096     # plans derived from a smaller shape's (see OpenFitter._plan), per fitter
+
+
 class OpenFitter:
     """The cheapest allowed offering for one demand (see the module docstring)."""
 
     def __init__(self, resolver: Resolver, planner: Planner | Callable[[], Planner],
                  unavailable: UnavailableOfferings | None = None,
-                 template_node_config: Mapping[str, Any] | None = None):
+                 template_node_config: Mapping[str, Any] | None = None, derive_sizes: bool = True):
         self.resolver = resolver
+        # derive_sizes: take the candidates of a bigger shape from a smaller shape's plan under the same rule and
+        # requirements instead of asking the planner (`_plan`); the same candidates in the same order, so the same
+        # fits. False: always ask the planner (tests compare the two).
+        self.derive_sizes = derive_sizes
+        self._bases: dict[tuple, tuple[tuple[float, float, int], Plan, list[int], list[int], tuple]] = {}
+        self._derived: dict[Request, Plan] = {}
+        self._size_columns: dict[int, tuple[RegionCatalog, tuple]] = {}
         # A callable: the provider loads its catalog at the first plan, not when Ray builds it.
         self._planner = planner
         self.unavailable = unavailable
@@ -100,7 +111,9 @@ class OpenFitter:
     def planner(self) -> Planner:
         return self._planner if isinstance(self._planner, Planner) else self._planner()
 
-    def fit(self, demand: Demand, selector: Selector | None = None, zone: str | None = None) -> OpenType:
+    def fit(self, demand: Demand, selector: Selector | None = None, zone: str | None = None,
+            quiet: bool = False) -> OpenType:
+        """`quiet`: the caller drops the NoFeasibleOffering message (a probe); it may then be a short one."""
         want = demand.res
         others = sorted(k for k in want if k not in INSTANCE_RESOURCES and not k.startswith(ACCELERATOR_RESOURCE))
         if others:
@@ -124,8 +137,10 @@ class OpenFitter:
         except ConfigError as e:
             raise NoFeasibleOffering(f"{demand.describe()}: {e}") from e
         try:
-            plan = self.planner.plan(request)
+            plan = self._plan(request, quiet)
         except NoFeasibleOffering as e:
+            if quiet:     # a probe: nobody reads the message, so no diagnosis (it re-plans the demand)
+                raise NoFeasibleOffering(f"{demand.describe()}: {e}") from e
             raise NoFeasibleOffering(f"{demand.describe()}: {self._why_none(request, e, shape, node_config)}") from e
         unavailable = skipped_labels = 0
         for o in plan.candidates():
@@ -164,6 +179,76 @@ class OpenFitter:
             self._why[request] = (str(explained).splitlines()[0].replace("node type 'open' ", "the demand ")
                                   .replace("available_node_types.open.", "the demand's "))
         return self._why[request]
+
+    def _plan(self, request: Request, quiet: bool) -> Plan:
+        """`planner.plan(request)`, or the same candidates taken from the plan of a smaller shape.
+
+        The packer probes many sizes of one demand (`_group_sizes`: n, n/2, ... equal demands on one machine), each
+        a new planner shape that in plain Python (the monitor's path) costs a full evaluation of the region, and for
+        a size no machine holds also the rejection counts and nearest offerings of a message nobody reads. Every
+        planner check but three is independent of the shape's size: when two requests have the same cloud,
+        region, rule, node type, GPU model, GPU-or-not and requirements (but `min_memory_gib`, which `fit` sets from
+        the memory demand), the candidates of the one with the higher thresholds (vCPUs >= max(CPU, min_vcpus),
+        RAM >= max(memory, min_memory_gib), GPUs >= GPU) are exactly the other's candidates whose instance type
+        passes those thresholds, in the same order (core/planner.py's size checks on the same type columns).
+        tests/core/test_open_plan_sizes.py compares this with the planner."""
+        planner = self.planner
+        if not self.derive_sizes:
+            return planner.plan(request)
+        key, need = _size_free(request, planner.catalog.catalog_id)
+        base = self._bases.get(key)
+        if base is None or base[1].request == request or any(n < b for n, b in zip(need, base[0])):
+            plan = planner.plan(request)      # raises NoFeasibleOffering as it always did
+            if base is None or all(n <= b for n, b in zip(need, base[0])):
+                # The smallest shape seen: the most candidates to derive from (offering and type index of each).
+                index = [int(i) for i in plan.candidate_index]
+                type_ids = plan.region.type_ids
+                self._bases[key] = (need, plan, index, [type_ids[i] for i in index], self._columns(plan.region))
+            return plan
+        derived = self._derived.get(request)
+        if derived is None:
+            derived = _filtered(base, request, need, planner)
+            if len(self._derived) >= DERIVED_CACHE:
+                self._derived.clear()
+            self._derived[request] = derived
+        if len(derived):
+            return derived
+        if quiet:
+            raise NoFeasibleOffering(f"no offering holds {request.shape.describe()} under rule {request.rule!r}")
+        return planner.plan(request)          # the planner's own error, with its explanation
+
+
+    def _columns(self, rc: RegionCatalog) -> tuple[list[float], list[float], list[int]]:
+        hit = self._size_columns.get(id(rc))
+        if hit is None or hit[0] is not rc:
+            hit = self._size_columns[id(rc)] = (rc, _size_columns(rc))
+        return hit[1]
+
+
+def _size_free(request: Request, catalog_id: str) -> tuple[tuple, tuple[float, float, int]]:
+    """(what the planner's checks depend on besides size, the three size thresholds) of a request."""
+    req, shape = request.requirements, request.shape
+    key = (catalog_id, request.cloud, request.region, request.rule, request.node_type, shape.accelerator_type,
+           shape.gpu > 0, replace(req, min_memory_gib=0.0))
+    return key, (max(shape.cpu, req.min_vcpus), max(shape.memory_gib, req.min_memory_gib), shape.gpu)
+
+
+def _size_columns(rc: RegionCatalog) -> tuple[list[float], list[float], list[int]]:
+    """The type columns the planner's size checks read (planner_py.PyRegionIndex: the same values)."""
+    return ([float(t.vcpus) for t in rc.types], [float(t.memory_gib) for t in rc.types],
+            [t.gpu_count for t in rc.types])
+
+
+def _filtered(base: tuple, request: Request, need: tuple[float, float, int], planner: Planner) -> Plan:
+    """The base plan's candidates whose instance type passes `need` (the planner's too_few_vcpus, too_little_memory
+    and too_few_gpus checks, on the same float columns), in the same order, as `request`'s plan."""
+    _, plan, candidates, type_ids, (vcpus, mem, gpus) = base
+    cpu, memory, gpu = need
+    ok = [v >= cpu and m >= memory and g >= gpu for v, m, g in zip(vcpus, mem, gpus)]
+    index = [i for i, ti in zip(candidates, type_ids) if ok[ti]]
+    # The rejection counts are the planner's to give (nothing here reads them; explain() would).
+    return Plan(request=request, catalog_id=plan.catalog_id, region=plan.region, candidate_index=index,
+                considered=plan.considered, _attribute=lambda: planner.plan(request).rejected)
 
 
 def _node_view(want: Mapping[str, float], o: Offering) -> dict[str, float]:
@@ -257,7 +342,7 @@ class Packer:
     def _open_quiet(self, d: Demand) -> OpenType:
         for sel in d.selectors or (None,):
             try:
-                return self.fitter.fit(d, sel)
+                return self.fitter.fit(d, sel, quiet=True)
             except NoFeasibleOffering:
                 continue
         raise NoFeasibleOffering(d.describe())

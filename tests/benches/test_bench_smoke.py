@@ -38,8 +38,9 @@ def test_bench_open_types_ten_demands():
     assert (p["c_demands_served"], p["c_demands_unserved"]) == (4, 6)
     assert p["c_launched"] == {"cpu16": 1, "gpu1": 2}
     assert sum(run["loop2_ray_launches_three"].values()) == 0   # its launches in flight hold the demands
-    paths = [f["path"] for f in out["fit_throughput"]]
-    assert paths == ["plain Python", "numpy"] and all(f["shapes_per_s"] > 0 for f in out["fit_throughput"])
+    paths = [(f["path"], f["derive_sizes"]) for f in out["fit_throughput"]]
+    assert paths == [("plain Python", True), ("plain Python", False), ("numpy", True), ("numpy", False)]
+    assert all(f["shapes_per_s"] > 0 for f in out["fit_throughput"])
 
 
 def test_bench_plan_reports_both_paths():
