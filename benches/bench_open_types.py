@@ -290,6 +290,12 @@ def measure(n: int, reps: int, vectorized: bool, tmp: Path) -> dict[str, Any]:
         add("open.l1.schedule", ms)
     open_instances, open_machines = in_flight(open_reply)
     first_config = so.config()
+    # The same cold loop with OpenFitter.derive_sizes off (every size the packer probes asks the planner): what
+    # the step cost before it; once, it is slow.
+    planner_only = ShapeOpen(vectorized)
+    planner_only.fitter.derive_sizes = False
+    ms, _r = timed(lambda: planner_only.step(state, dict(head_machine)))
+    add("open.l1cold.step_derive_sizes_off_1rep", ms)
     machines = {**head_machine, **open_machines}
     for _ in range(reps):
         ms, second = timed(lambda: so.step(state, machines))
