@@ -274,8 +274,9 @@ class Packing:
 
 
 def _size_key(d: Demand) -> tuple:
+    """Demands with label selectors first (they can use fewer machines), then largest first."""
     r = d.res
-    return (-r.get("GPU", 0.0), -r.get("CPU", 0.0), -r.get("memory", 0.0), d.resources,
+    return (not d.selectors, -r.get("GPU", 0.0), -r.get("CPU", 0.0), -r.get("memory", 0.0), d.resources,
             tuple(s.describe() for s in d.selectors))
 
 
@@ -312,10 +313,11 @@ class Packer:
         cheapest per unit (one bigger machine may cost less than several small ones). Returns units placed."""
         want = d.res
         needs_gpu = want.get("GPU", 0) > 0 or bool(d.accelerator)
+        # As Ray's v2 scheduler does: a demand goes on a node that exists or is being launched before any new one
+        # (spare room on a machine launched anyway costs nothing); work without GPUs tries non-GPU nodes first.
+        order = bins if needs_gpu else sorted(bins, key=lambda b: b.has_gpu)
         for sel in d.selectors or (None,):
-            for b in bins:
-                if b.has_gpu and not needs_gpu:
-                    continue     # as Ray's scheduler: work without GPUs stays off GPU nodes when it can
+            for b in order:
                 if (sel is None or sel.matches(b.labels)) and fits(b.free, _bin_view(want, b)):
                     take(b.free, _bin_view(want, b))
                     return 1

@@ -142,6 +142,7 @@ class OpenTypes:
                 packing.new[name] = max(packing.new.get(name, 0), n)
             for d, why in held.infeasible.items():
                 packing.infeasible.setdefault(d, why)
+        _cap_at_max_workers(packing, config.get("max_workers"), sum(live.values()))
         now = self.clock()
         quotas: dict[str, int] = {}
         entries: dict[str, dict[str, Any]] = {}
@@ -242,6 +243,24 @@ class OpenTypes:
             out.append(NodeCapacity(f"machine:{mid}", res, labels, m.tags.get(TAG_NODE_TYPE, ""),
                                     labels.get("ray.io/availability-zone", ""), has_gpu=res.get("GPU", 0) > 0))
         return out
+
+
+def _cap_at_max_workers(packing: Packing, max_workers: Any, workers: int) -> None:
+    """Keep the machines to open within the cluster's `max_workers` (Ray enforces it too, but would choose which by
+    its own scoring): the first opened in packing order (selector demands, then largest first) are kept."""
+    if not isinstance(max_workers, int) or isinstance(max_workers, bool):
+        return
+    room = max(0, max_workers - workers)
+    if sum(packing.new.values()) <= room:
+        return
+    for name in list(packing.new):
+        keep = min(packing.new[name], room)
+        room -= keep
+        if keep:
+            packing.new[name] = keep
+        else:
+            del packing.new[name]
+    logger.warning("shape-open: max_workers %d reached; %d machine(s) planned", max_workers, sum(packing.new.values()))
 
 
 def _live_counts(machines: Mapping[str, Machine]) -> dict[str, int]:

@@ -132,11 +132,25 @@ def test_parse_demand_errors_name_the_key():
 def test_demands_share_open_machines_first_fit_decreasing(fitter):
     packing = Packer(fitter).pack([parse_demand('{"CPU": 1, "GPU": 1}'), Demand(canonical_resources({"CPU": 1}),
                                                                                 count=3)], [])
-    # The GPU machine is never used for work without GPUs (Ray's scheduler keeps it off GPU nodes too).
-    gpu_types = [n for n in packing.new if packing.types[n].offering.instance_type.gpu_count]
-    assert sum(packing.new[n] for n in gpu_types) == 1
-    assert sum(packing.new.values()) >= 2
+    # The GPU machine opened for the GPU task (g6.xlarge, 4 CPUs) has room for the three 1-CPU tasks: as Ray's
+    # scheduler, they go there rather than on machines of their own.
+    [(name, count)] = packing.new.items()
+    assert count == 1 and packing.types[name].offering.instance_type.gpu_count == 1
     assert packing.hourly <= 3 * _cheapest({"CPU": 1}) + _cheapest({"CPU": 1, "GPU": 1}) + 1e-9
+    # Non-GPU capacity is preferred when there is some.
+    cpu_node = NodeCapacity("ray:i-cpu", {"CPU": 2.0}, {})
+    gpu_node = NodeCapacity("ray:a-gpu", {"CPU": 4.0, "GPU": 1.0}, {}, has_gpu=True)
+    packed = Packer(fitter).pack([Demand(canonical_resources({"CPU": 1}), count=2)], [gpu_node, cpu_node])
+    assert not packed.new
+
+
+def test_selector_demands_are_placed_before_free_ones(fitter):
+    # The selector-free task must not take the only on-demand machine's room from the task that needs on-demand.
+    od = NodeCapacity("machine:a-od", {"CPU": 1.0}, {"ray.io/market-type": "on-demand"})
+    packing = Packer(fitter).pack([parse_demand('{"CPU": 1}'),
+                                   parse_demand('{"CPU": 1}', [{"ray.io/market-type": "on-demand"}])], [od])
+    [name] = packing.new
+    assert dict(packing.types[name].labels)["ray.io/market-type"] == "spot"
 
 
 def test_free_capacity_of_existing_and_launching_nodes_is_used_first(fitter):

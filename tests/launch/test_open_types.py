@@ -266,3 +266,15 @@ def test_a_type_whose_offering_failed_loses_its_quota_to_the_next_offering():
     assert second.quotas[name] == 0
     [other] = second.packing.new
     assert other != name and second.quotas[other] == 1
+
+
+def test_machines_planned_stay_within_the_clusters_max_workers():
+    cfg = _config()
+    cfg["max_workers"] = 2
+    ot, store, *_ = _open_types(cfg)
+    demands = [parse_demand('{"CPU": 16}'), parse_demand('{"GPU": 2}'), parse_demand('{"CPU": 1, "memory": "64GiB"}'),
+               parse_demand('{"CPU": 1}', [{"ray.io/availability-zone": "us-west-2c"}])]
+    result = ot.step(Snapshot(demands, []), {})
+    assert sum(result.packing.new.values()) == 2
+    live = {"m1": _machine("m1", "nl-x")}
+    assert sum(ot.step(Snapshot(demands, []), live).packing.new.values()) == 1
