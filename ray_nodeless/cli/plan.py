@@ -1,17 +1,22 @@
-"""`ray-nodeless plan`: the instance each node type of a cluster YAML gets, and why, or one ad-hoc shape's.
+"""`ray-nodeless plan`: the instance each node type of a cluster YAML gets, and why, or one ad-hoc shape's; on a
+shape-open cluster the shapes it can serve and their cheapest fits; with `--demand`, what one Ray demand gets.
 
-It never launches anything: it is the cost preview.
+It never launches anything: it is the cost preview. The demand answers are `cli/plan_open.py`'s, from the monitor's
+own fitter.
 """
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import click
 
-from ray_nodeless.cli.errors import user_errors
-from ray_nodeless.cli.formatting import price
+from ray_nodeless.cli.errors import BAD_INPUT, user_errors
+from ray_nodeless.cli.formatting import demand_dict, demand_lines, menu_lines, price
+from ray_nodeless.cli.plan_open import OpenPreview, offering_dict, parse_cli_demand
 from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.demand import Demand
 from ray_nodeless.core.cluster_plan import ClusterPlan, load_cluster_yaml, plan_cluster, planner_for
 from ray_nodeless.core.planner import Plan
 from ray_nodeless.core.requirements import GIB, Request, Shape, parse_requirements
@@ -53,15 +58,28 @@ def _plan_lines(name: str | None, plan: Plan, alternatives: int = 3) -> list[str
 @click.option("--zone", "zones", multiple=True, help="Allowed zone (repeatable).")
 @click.option("--max-price", type=float, help="Maximum USD per hour.")
 @click.option("--alternatives", type=int, default=3, show_default=True, help="Alternatives to show.")
+@click.option("--demand", help='With CLUSTER_YAML: one Ray demand, e.g. \'{"GPU": 2}\' or '
+                                 '\'{"GPU": 1, "accelerator_type:L4": 0.001}\' (memory in bytes or "64GiB").')
+@click.option("--label-selector", "label_selectors", multiple=True,
+              help='With --demand: a Ray label selector, e.g. \'{"ray.io/market-type": "on-demand"}\' ("v", "!v", '
+                   '"in(a,b)", "!in(a,b)"); repeat for fallbacks, in order.')
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None, cpu: float, gpu: int, memory: float,
          families, exclude_families, instance_types, gpus, exclude_gpus, capacity, arch, zones, max_price,
-         alternatives: int, as_json: bool) -> None:
-    """Show the instance each node type of CLUSTER_YAML gets, and why; or plan one ad-hoc shape."""
+         alternatives: int, demand: str | None, label_selectors: tuple[str, ...], as_json: bool) -> None:
+    """Show the instance each node type of CLUSTER_YAML gets, and why (on a shape-open cluster, the shapes it can
+    serve); with --demand, what one demand gets; or plan one ad-hoc shape."""
     with user_errors():
+        if label_selectors and demand is None:
+            raise ConfigError("--label-selector", "goes with --demand")
+        if demand is not None and not cluster_yaml:
+            raise ConfigError("--demand", "needs CLUSTER_YAML (its rules decide what the demand gets)")
         if cluster_yaml:
             if cloud or region:
                 raise ConfigError("--cloud/--region", "give either CLUSTER_YAML or an ad-hoc shape, not both")
+            if demand is not None:
+                d = parse_cli_demand(demand, label_selectors)    # bad input fails before the YAML is read
+                sys.exit(_plan_demand(cluster_yaml, d, alternatives, as_json))
             _plan_cluster(cluster_yaml, alternatives, as_json)
             return
         if not cloud or not region:
@@ -87,17 +105,31 @@ def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None
             click.echo(f"catalog: {p.catalog_id}")
 
 
-def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
+def _checked(path: str) -> tuple[dict[str, Any], Any, ClusterPlan, OpenPreview]:
+    """The YAML as `ray up` prepares and checks it, its plan, and the monitor's fitter for it."""
     from ray_nodeless.launch.config import check_cluster, load_provider, prepare_like_ray_up
+    from ray_nodeless.launch.open_types import shape_open
     from ray_nodeless.ray_adapter.bootstrap import settle_images
 
     cfg = prepare_like_ray_up(load_cluster_yaml(path))
     bundle = load_provider(cfg.get("provider"))
     settle_images(cfg, bundle)    # Ray's default image, as bootstrap_config sets it
     cp: ClusterPlan = check_cluster(cfg, bundle=bundle)
+    is_open = shape_open(cp.settings, cfg.get("available_node_types") or {}, cp.head_node_type)
+    return cfg, bundle, cp, OpenPreview(cfg, bundle, cp.head_node_type, is_open)
+
+
+def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
+    cfg, bundle, cp, preview = _checked(path)
     backend = bundle.backend_config
+    menu = preview.menu() if preview.shape_open else None
     if as_json:
-        click.echo(json.dumps(cp.to_dict(), indent=2, sort_keys=True))
+        doc = cp.to_dict()
+        doc["shape_open"] = preview.shape_open
+        if menu is not None:
+            doc["menu"] = [{"demand": label, "resources": d.res, "fit": offering_dict(t)} for label, d, t in menu[0]]
+            doc["forbidden"] = [{"demand": label, "resources": d.res, "reason": why} for label, d, why in menu[1]]
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
     s = cp.settings
     # A backend that is not a priced cloud (local, a test backend) is priced as `simulate_cloud`.
@@ -115,6 +147,26 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         lines[0] = f"[{role}] " + lines[0]
         lines += [f"    {note}" for note in backend.plan_notes(nt.get("node_config") or {})]
         click.echo("\n".join(lines))
+    if menu is not None:
+        click.echo("\n".join(menu_lines(preview, *menu, max_workers=cp.global_max_workers)))
     c = cp.cost
     click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "
                f"ceiling: ${c.ceiling_cost_per_hour:.4f}/h (at max_workers)")
+
+
+def _plan_demand(path: str, demand: Demand, alternatives: int, as_json: bool) -> int:
+    """Print what `demand` gets on the cluster of `path`; the exit status: 0 when the cluster serves it, else 2."""
+    _, _, cp, preview = _checked(path)
+    p = preview.preview(demand, alternatives)
+    instances = {d.name: cp.plans[d.name].chosen for d in p.declared}
+    served = bool(p.declared) or p.on_head or (p.shape_open and p.fit is not None)
+    if as_json:
+        click.echo(json.dumps(demand_dict(p, instances, served), indent=2, sort_keys=True))
+    else:
+        click.echo("\n".join(demand_lines(p, instances)))
+    if not served:
+        why = p.reason or (f"no declared worker node type holds {demand.describe()} and the cluster is not "
+                           f"shape-open (provider.open_shapes): Ray reports it as infeasible")
+        click.echo(f"ray-nodeless: error: {why.splitlines()[0]}", err=True)
+        return BAD_INPUT
+    return 0
