@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ray_nodeless.core.catalog import Catalog
-from ray_nodeless.core.cluster_plan import load_cluster_yaml, plan_cluster
+from ray_nodeless.core.cluster_plan import load_catalog, load_cluster_yaml, plan_cluster, planner_for
 from ray_nodeless.core.requirements import GIB
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
+from ray_nodeless.launch.open_types import is_open_type, shape_open
 from ray_nodeless.simulate.model import Offer, SimConfig
+from ray_nodeless.simulate.open import OpenCluster
 from ray_nodeless.trace.model import Trace
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,15 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
         o = cp.plans[name].chosen
         offers[name] = Offer(instance_type=o.instance_type.name, capacity=o.capacity, zone=o.zone,
                              hourly_price=float(o.hourly_price or 0.0))
+    open_cluster = None
+    if shape_open(cp.settings, cfg.get("available_node_types") or {}, cp.head_node_type):
+        # Generated types a config file kept (a copy of a running head's) are the monitor's to make again.
+        declared = {n: t["resources"] for n, t in node_types.items()
+                    if n != cp.head_node_type and not is_open_type(cp.node_types[n])}
+        for n in [n for n in node_types if is_open_type(cp.node_types[n])]:
+            del node_types[n], offers[n]
+        planner = planner_for(catalog or load_catalog(cp.settings.catalog))
+        open_cluster = OpenCluster.build(cp.settings, planner, declared, bundle.requirement_overrides)
     idle_min = raw.get("idle_timeout_minutes")
     if idle_min is None:
         # Under v2 a missing idle_timeout_minutes means never; v1 would KeyError. Say so rather than guess.
@@ -69,7 +80,7 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
     return SimConfig(label=label, kind="autoscaled", schedule=schedule, head_node_type=cp.head_node_type,
                      node_types=node_types, offers=offers, max_workers=cp.global_max_workers,
                      upscaling_speed=float(raw.get("upscaling_speed", 1.0)), idle_timeout_ms=idle_ms,
-                     idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path))
+                     idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path), open=open_cluster)
 
 
 _FIXED = re.compile(r"^fixed:(\d+)x([A-Za-z0-9.\-_+]+?)(?:@([a-z0-9\-]+))?$")

@@ -4,7 +4,10 @@ The replay runs the same decision code the provider runs in production, and imit
 - which node types to launch: Ray's own v1 `ResourceDemandScheduler.get_nodes_to_launch` (bin-packing, per-type
   and global `max_workers`, `min_workers`, the pending-launch cap `max(5, upscaling_speed * running)`), called
   through a small in-memory stand-in for the node provider;
-- which instance each node type gets: `plan_cluster(config).plans[node_type].chosen` (our planner and rules).
+- which instance each node type gets: `plan_cluster(config).plans[node_type].chosen` (our planner and rules);
+- on a shape-open cluster, what to launch for the demands no declared worker type holds: the monitor's own
+  first-fit-decreasing packing onto cheapest fits (`simulate/open.py`, `core/open_plan.py`), whose node types are
+  added to the run's configuration as it opens them.
 
 What is modelled, and how (the "why" is in docs/trace-format.md):
 - time is whole milliseconds; the autoscaler ticks every `AUTOSCALER_UPDATE_INTERVAL_S` (5 s) on a fixed grid and
@@ -21,14 +24,16 @@ What is modelled, and how (the "why" is in docs/trace-format.md):
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import random
 from typing import Any, Mapping
 
+from ray_nodeless.core.demand import NodeCapacity
 from ray_nodeless.ray_adapter.compat.scheduler import demand_scheduler, no_availability, quiet_scheduler
 from ray_nodeless.simulate.model import (
-    DEFAULT_LAUNCH_MINUTES, EPS, TICK_MS, JobRun, SimConfig, SimNode, SimulationError, TaskRun,
+    DEFAULT_LAUNCH_MINUTES, EPS, TICK_MS, JobRun, Offer, SimConfig, SimNode, SimulationError, TaskRun,
 )
 from ray_nodeless.simulate.results import SimResult
 from ray_nodeless.trace.model import MS_PER_HOUR, Trace, stages_of
@@ -62,7 +67,9 @@ class Simulator:
     def __init__(self, trace: Trace, config: SimConfig, *, launch_latency_ms: int = int(DEFAULT_LAUNCH_MINUTES * 60_000),
                  spot_interruptions_per_hour: float = 0.0, seed: int = 0):
         self.trace = trace
-        self.cfg = config
+        # The run's own copy: a shape-open cluster adds the node types it opens (the input config is reused).
+        self.cfg = dataclasses.replace(config, node_types=dict(config.node_types), offers=dict(config.offers))
+        self._opened: set[str] = set()
         self.launch_latency_ms = launch_latency_ms
         self.spot_rate = spot_interruptions_per_hour
         self.seed = seed
@@ -279,10 +286,36 @@ class Simulator:
     # -- the autoscaler -------------------------------------------------------------------------------------
     def _ray_scheduler(self):
         if self._scheduler is None:
+            # Ray's scheduler scales the declared types only (a shape-open cluster's opened types are the packing's).
+            declared = {k: v for k, v in self.cfg.node_types.items() if k not in self._opened}
             self._scheduler = demand_scheduler(
-                _ProviderView(self.live), self.cfg.node_types, self.cfg.max_workers, self.cfg.head_node_type,
+                _ProviderView(self.live), declared, self.cfg.max_workers, self.cfg.head_node_type,
                 self.cfg.upscaling_speed)
         return self._scheduler
+
+    def _open_launch(self, tasks: list[TaskRun]) -> None:
+        """Shape-open: the monitor's packing of `tasks` over the free capacity of the nodes up or launching (a
+        launching node's whole resources, as `OpenTypes._bins`); launch what it opens, within max_workers."""
+        if not tasks:
+            return
+        bins = []
+        for n in sorted(self.live.values(), key=lambda n: n.seq):
+            free = n.available if n.ready_ms <= self.now else n.total
+            labels = dict(self.cfg.node_types[n.node_type].get("labels") or {})
+            bins.append(NodeCapacity(n.node_id, dict(free), labels, n.node_type, n.offer.zone,
+                                     has_gpu=n.total.get("GPU", 0.0) > 0))
+        room = self.cfg.max_workers - sum(1 for n in self.live.values() if not n.is_head)
+        for t, count in self.cfg.open.plan([tr.spec.resource_dict for tr in tasks], bins, room):
+            if t.name not in self.cfg.node_types:
+                self._opened.add(t.name)
+                self.cfg.node_types[t.name] = {"resources": {k: float(v) for k, v in t.resources},
+                                               "labels": dict(t.labels), "min_workers": 0,
+                                               "max_workers": self.cfg.max_workers}
+                o = t.offering
+                self.cfg.offers[t.name] = Offer(o.instance_type.name, o.capacity, o.zone, float(o.hourly_price or 0))
+            for _ in range(count):
+                self._add_node(t.name, False, self.now + self.launch_latency_ms)
+                logger.debug("%s t=%.3fh open %s", self.cfg.label, self.now / MS_PER_HOUR, t.name)
 
     def _autoscale(self) -> None:
         # Idle termination first, as v1's update does before launching.
@@ -303,13 +336,22 @@ class Simulator:
             for name, nt in self.cfg.node_types.items())
         if not self.pending and not min_short:
             return
-        ready = [n for n in self.live.values() if n.ready_ms <= self.now]
         self.scheduler_calls += 1
+        pending = self.pending
+        if self.cfg.open is not None:
+            # As the monitor: the packing takes what no declared worker type holds, Ray's scheduler the rest.
+            pending = [t for t in self.pending if self.cfg.open.declared_holds(t.spec.resource_dict)]
+            self._open_launch([t for t in self.pending if not self.cfg.open.declared_holds(t.spec.resource_dict)])
+            if not pending and not min_short:
+                return
+        # Ray's scheduler sees the nodes of the types it knows (a shape-open cluster's opened ones are not).
+        known = [n for n in sorted(self.live.values(), key=lambda n: n.seq) if n.node_type not in self._opened]
+        ready = [n for n in known if n.ready_ms <= self.now]
         with quiet_scheduler():
             to_launch, _ = self._ray_scheduler().get_nodes_to_launch(
-                nodes=[n.node_id for n in sorted(self.live.values(), key=lambda n: n.seq)],
+                nodes=[n.node_id for n in known],
                 launching_nodes={},
-                resource_demands=[t.spec.resource_dict for t in self.pending],
+                resource_demands=[t.spec.resource_dict for t in pending],
                 unused_resources_by_ip={n.ip: dict(n.available) for n in ready},
                 pending_placement_groups=[],
                 max_resources_by_ip={n.ip: dict(n.total) for n in ready},
@@ -400,6 +442,9 @@ class Simulator:
             stuck = [t for t in self.tasks if t.state == "pending"]
             what = (f"task {stuck[0].spec.name!r} of job {stuck[0].job!r} needs {stuck[0].spec.resource_dict}"
                     if stuck else "a job never finished")
+            if self.cfg.open is not None and self.cfg.open.infeasible:
+                first = sorted(self.cfg.open.infeasible.items())[0]
+                what += f" (shape-open: cannot serve {first[0]}: {first[1].splitlines()[0]})"
             raise SimulationError(f"{self.cfg.label}: the workload cannot complete: {what}, which no node type "
                                   f"can run (node types: { {k: v['resources'] for k, v in self.cfg.node_types.items()} })")
         # The head (and min_workers, fixed nodes) are billed until the workload ends; workers that were still up

@@ -52,6 +52,9 @@ class SimConfig:
     idle_cost_per_hour: float
     fixed_count: int = 0                       # fixed baselines: this many nodes of the head type, always on
     source: str = ""
+    # A shape-open cluster: simulate/open.py's OpenCluster (the monitor's packing) decides its launches; the node
+    # types it opens are added to a run's copy of node_types/offers as the replay goes.
+    open: Any = None
 
 
 # ------------------------------------------------------------------------------------------------------------
