@@ -277,3 +277,28 @@ def test_the_demand_preview_imports_no_ray():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "declared node type 'gpu_worker'" in r.stdout
+
+
+# ----- the README's commands, as written ------------------------------------------------------------------------
+
+def _readme_section() -> str:
+    text = (REPO_ROOT / "README.md").read_text()
+    return text.split("### Preview a demand\n", 1)[1].split("\n#", 1)[0]
+
+
+def test_readme_preview_commands_run_as_written():
+    import shlex
+
+    blocks = _readme_section().split("```")
+    commands = blocks[1].removeprefix("bash\n").replace("\\\n", " ").strip().splitlines()
+    assert len(commands) == 6
+    for line in commands:
+        argv = shlex.split(line, comments=True)
+        assert argv[0] == "ray-nodeless"
+        r = run(*argv[1:])
+        assert r.exit_code == (2 if "# exit 2" in line else 0), (line, r.output)
+        assert "Traceback" not in r.output
+    # The sample output is the real output of the third command.
+    sample = blocks[3].strip("\n")
+    argv = shlex.split(commands[2], comments=True)
+    assert run(*argv[1:]).stdout.rstrip("\n") == sample
