@@ -63,6 +63,8 @@ def demand_lines(p: DemandPreview, instances: Mapping[str, Offering]) -> list[st
             lines.append("  no declared worker node type holds it; with provider.open_shapes: true the cluster would "
                          "launch the cheapest fit under the rules:")
         lines += open_type_lines(f.chosen)
+        if p.over_budget:
+            lines.append(f"    over budget: {p.over_budget}")
         for i, why in enumerate(f.skipped):
             lines.append(f"    label selector {i} gets nothing: {why.removeprefix(d.describe() + ': ')}")
         if f.selector is not None:
@@ -94,7 +96,7 @@ def demand_dict(p: DemandPreview, instances: Mapping[str, Offering], served: boo
                           "capacity": instances[x.name].capacity, "hourly_price": instances[x.name].hourly_price}
                          for x in p.declared],
             "fit": fit, "alternatives": [offering_dict(a) for a in (p.fit.alternatives if p.fit else [])],
-            "reason": p.reason or None}
+            "reason": p.reason or None, "over_budget": p.over_budget or None}
 
 
 def menu_lines(preview: OpenPreview, served: list, forbidden: list, max_workers: int) -> list[str]:

@@ -116,7 +116,8 @@ def _checked(path: str) -> tuple[dict[str, Any], Any, ClusterPlan, OpenPreview]:
     settle_images(cfg, bundle)    # Ray's default image, as bootstrap_config sets it
     cp: ClusterPlan = check_cluster(cfg, bundle=bundle)
     is_open = shape_open(cp.settings, cfg.get("available_node_types") or {}, cp.head_node_type)
-    return cfg, bundle, cp, OpenPreview(cfg, bundle, cp.head_node_type, is_open)
+    head_price = cp.plans[cp.head_node_type].chosen.hourly_price or 0.0
+    return cfg, bundle, cp, OpenPreview(cfg, bundle, cp.head_node_type, is_open, head_price)
 
 
 def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
@@ -159,14 +160,19 @@ def _plan_demand(path: str, demand: Demand, alternatives: int, as_json: bool) ->
     _, _, cp, preview = _checked(path)
     p = preview.preview(demand, alternatives)
     instances = {d.name: cp.plans[d.name].chosen for d in p.declared}
-    served = bool(p.declared) or p.on_head or (p.shape_open and p.fit is not None)
+    served = bool(p.declared) or p.on_head or (p.shape_open and p.fit is not None and not p.over_budget)
     if as_json:
         click.echo(json.dumps(demand_dict(p, instances, served), indent=2, sort_keys=True))
     else:
         click.echo("\n".join(demand_lines(p, instances)))
     if not served:
-        why = p.reason or (f"no declared worker node type holds {demand.describe()} and the cluster is not "
-                           f"shape-open (provider.open_shapes): Ray reports it as infeasible")
+        if p.reason:
+            why = p.reason
+        elif p.shape_open:
+            why = f"{demand.describe()}: {p.over_budget}"
+        else:
+            why = (f"no declared worker node type holds {demand.describe()} and the cluster is not shape-open "
+                   f"(provider.open_shapes): Ray reports it as infeasible")
         click.echo(f"ray-nodeless: error: {why.splitlines()[0]}", err=True)
         return BAD_INPUT
     return 0

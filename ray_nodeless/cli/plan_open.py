@@ -71,6 +71,7 @@ class DemandPreview:
     on_head: bool                        # the head node type's resources hold it (Ray runs it there when free)
     fit: Fit | None                      # what a shape-open cluster launches for it
     reason: str = ""                     # why nothing can serve it, when fit is None
+    over_budget: str = ""                # why the launch of the fit would be refused (provider.max_hourly_cost)
 
 
 def offering_dict(t: OpenType) -> dict[str, Any]:
@@ -86,7 +87,7 @@ class OpenPreview:
     """The monitor's fitter for one cluster YAML, as `plan` has it (no cloud I/O: the embedded catalog, or the
     catalog file the YAML names, with nothing marked unavailable)."""
 
-    def __init__(self, cfg: Mapping[str, Any], bundle: Any, head: str, shape_open: bool):
+    def __init__(self, cfg: Mapping[str, Any], bundle: Any, head: str, shape_open: bool, head_price: float = 0.0):
         from ray_nodeless.core.cluster_plan import planner_for
         from ray_nodeless.launch.catalog import catalog_for
 
@@ -95,6 +96,7 @@ class OpenPreview:
         self.bundle = bundle
         self.head = head
         self.shape_open = shape_open
+        self.head_price = head_price
         self.catalog = catalog_for(self.settings)
         self.planner = planner_for(self.catalog)
         self.resolver = Resolver(self.settings, bundle.requirement_overrides)
@@ -209,7 +211,16 @@ class OpenPreview:
             fit, reason = self.fit(demand, alternatives), ""
         except NoFeasibleOffering as e:
             fit, reason = None, str(e)
-        return DemandPreview(demand, self.shape_open, declared, on_head, fit, reason)
+        return DemandPreview(demand, self.shape_open, declared, on_head, fit, reason,
+                             self.over_budget(fit.chosen) if fit is not None else "")
+
+    def over_budget(self, t: OpenType) -> str:
+        """Why the launcher would refuse `t` on a cluster at rest (the head alone), or ''."""
+        cap = self.settings.max_hourly_cost
+        if cap is None or self.head_price + t.price <= cap + 1e-9:
+            return ""
+        return (f"with the head (${self.head_price:.4f}/h) it takes the cluster to ${self.head_price + t.price:.4f}/h, "
+                f"over provider.max_hourly_cost = ${cap:.4f}/h: the launch is refused")
 
     # ----- the menu ------------------------------------------------------------------------------------------
 
@@ -239,7 +250,12 @@ class OpenPreview:
         served, forbidden = [], []
         for label, d in self.menu_demands():
             try:
-                served.append((label, d, self.fit(d).chosen))
+                t = self.fit(d).chosen
+                if self.over_budget(t):
+                    forbidden.append((label, d, f"its cheapest fit {t.offering.instance_type.name} "
+                                                f"${t.price:.4f}/h {self.over_budget(t).split(' it ', 1)[1]}"))
+                else:
+                    served.append((label, d, t))
             except NoFeasibleOffering as e:
                 why = str(e).split("\n", 1)[0].removeprefix(d.describe() + ": ").replace("--demand.", "")
                 forbidden.append((label, d, why))

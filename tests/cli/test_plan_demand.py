@@ -302,3 +302,21 @@ def test_readme_preview_commands_run_as_written():
     sample = blocks[3].strip("\n")
     argv = shlex.split(commands[2], comments=True)
     assert run(*argv[1:]).stdout.rstrip("\n") == sample
+
+
+def test_max_hourly_cost_refuses_what_the_launcher_would(tmp_path):
+    """A fit that would take the cluster (the head alone) over provider.max_hourly_cost is one the launcher refuses:
+    the preview says so and exits 2; the menu lists such rows as forbidden."""
+    cfg = yaml.safe_load(open(NODELESS))
+    cfg["provider"]["max_hourly_cost"] = 1.0
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = run("plan", str(path), "--demand", '{"GPU": 8}')
+    assert r.exit_code == 2, r.output
+    assert "over budget: with the head ($0.0440/h) it takes the cluster to $" in r.stdout
+    assert "over provider.max_hourly_cost = $1.0000/h: the launch is refused" in r.stderr
+    assert run("plan", str(path), "--demand", '{"GPU": 1}').exit_code == 0
+    menu = run("plan", str(path)).stdout
+    (gpu8,) = [ln for ln in menu.splitlines() if ln.startswith("  GPU 8:")]
+    assert "over provider.max_hourly_cost = $1.0000/h" in gpu8
+    assert "max_hourly_cost $1.0000/h" in menu.splitlines()[6]
