@@ -40,6 +40,8 @@ REJECTION_HINTS = {
     "gpu_model_excluded": "provider.exclude.gpus or a rule's exclude_gpus",
     "capacity_type": "not a capacity the rule allows",
 }
+# Rejections that are facts of the catalog (and the x86_64 default), not a key the config set.
+INTRINSIC_REJECTIONS = {"unknown_price", "arch"}
 # The name the diagnosis gives the demand's pseudo node type; rewritten out of its messages (`_demand_words`).
 _PSEUDO = "demand"
 
@@ -149,26 +151,32 @@ class OpenPreview:
         node_config = dict(self.fitter.narrowing)
         if demand.res.get("memory"):
             node_config["min_memory_gib"] = request.requirements.min_memory_gib
-        try:
-            diagnosed = explain_no_offering(error, self.planner.plan, self.region, self.settings, _PSEUDO,
-                                            {"resources": resources, "node_config": node_config}, False,
-                                            self.bundle.requirement_overrides, self.cfg.get("provider"))
-        except (ConfigError, NoFeasibleOffering):    # the diagnosis is a courtesy: never hide the error itself
-            return error
-        text = _demand_words(str(diagnosed).split("\n", 1)[0])
-        if s.accelerator_type and ("no single key" in text or " at once " in text):
-            text = self._model_text(request, s.accelerator_type) or text
+        # A model the region lacks, or whose types only the catalog's facts rule out (no price, Arm only), needs
+        # no search for a key (the search re-plans once per constraint: most of a menu's time).
+        text = self._model_text(request, s.accelerator_type, intrinsic_only=True) if s.accelerator_type else ""
+        if not text:
+            try:
+                diagnosed = explain_no_offering(error, self.planner.plan, self.region, self.settings, _PSEUDO,
+                                                {"resources": resources, "node_config": node_config}, False,
+                                                self.bundle.requirement_overrides, self.cfg.get("provider"))
+            except (ConfigError, NoFeasibleOffering):    # the diagnosis is a courtesy: never hide the error
+                return error
+            text = _demand_words(str(diagnosed).split("\n", 1)[0])
+            if s.accelerator_type and ("no single key" in text or " at once " in text):
+                text = self._model_text(request, s.accelerator_type) or text
         if lead and text.startswith("provider.exclude.gpus"):
             lead = ""
         return NoFeasibleOffering(f"{demand.describe()}: {lead}{text}\n{error}", explanation=plan)
 
-    def _model_text(self, request: Any, model: str) -> str:
-        """Why the offerings that have `model` were all rejected, in the planner's words, when no key alone is at
-        fault (a model priced nowhere in the catalog, one only on Arm types)."""
+    def _model_text(self, request: Any, model: str, intrinsic_only: bool = False) -> str:
+        """Why the offerings that have `model` were all rejected, in the planner's words (a model priced nowhere in
+        the catalog, one only on Arm types). `intrinsic_only`: '' unless every reason is such a fact of the
+        catalog, not a key of the config."""
+        where = f"{self.settings.price_cloud} {self.settings.region}"
         names = tuple(sorted({o.instance_type.name for o in self.region.offerings()
                               if o.instance_type.gpu_model == model}))
         if not names:
-            return ""
+            return f"--demand.accelerator_type:{model}: no instance type in {where} has a {model} GPU"
         only = dataclasses.replace(request, requirements=dataclasses.replace(
             request.requirements, instance_types=request.requirements.instance_types + (names,)))
         try:
@@ -178,10 +186,13 @@ class OpenPreview:
             rejected = dict(getattr(e.explanation, "rejected", None) or {})
         except ConfigError:
             return ""
+        rejected.pop("instance_type_not_allowed", None)      # the restriction to the model's types, ours
+        if not rejected or (intrinsic_only and not set(rejected) <= INTRINSIC_REJECTIONS):
+            return ""
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         why = "; ".join(f"{k}={v}" + (f" ({REJECTION_HINTS[k]})" if k in REJECTION_HINTS else "")
-                        for k, v in sorted(rejected.items()) if k != "instance_type_not_allowed")
-        return f"the {model} types of {self.settings.price_cloud} {self.settings.region} ({shown}) are rejected: {why}"
+                        for k, v in sorted(rejected.items()))
+        return f"the {model} types of {where} ({shown}) are rejected: {why}"
 
     def declared_for(self, demand: Demand) -> list[Declared]:
         """Declared worker node types whose resources and labels hold `demand` (the monitor's own test,
