@@ -20,7 +20,6 @@ from typing import Any, Mapping
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.demand import ACCELERATOR_RESOURCE, Demand, Selector, parse_demand, parse_selector, fits
-from ray_nodeless.core.diagnose import explain_no_offering
 from ray_nodeless.core.open_plan import OpenFitter, OpenType
 from ray_nodeless.core.requirements import GIB
 from ray_nodeless.core.settings import Resolver
@@ -40,10 +39,8 @@ REJECTION_HINTS = {
     "gpu_model_excluded": "provider.exclude.gpus or a rule's exclude_gpus",
     "capacity_type": "not a capacity the rule allows",
 }
-# Rejections that are facts of the catalog (and the x86_64 default), not a key the config set.
-INTRINSIC_REJECTIONS = {"unknown_price", "arch"}
-# The name the diagnosis gives the demand's pseudo node type; rewritten out of its messages (`_demand_words`).
-_PSEUDO = "demand"
+# The name the fitter's diagnosis gives the demand's node type (core/open_plan.py); rewritten out of its messages.
+_PSEUDO = "open"
 
 
 @dataclass
@@ -135,43 +132,25 @@ class OpenPreview:
         raise self._diagnosed(demand, errors[0])
 
     def _diagnosed(self, demand: Demand, error: NoFeasibleOffering) -> NoFeasibleOffering:
-        """The fitter's error, led by the key whose removal alone would give the demand an offering."""
-        plan = getattr(error, "explanation", None)
+        """The fitter's error (which names the key that removed the demand's last candidate, `core/diagnose.py`),
+        led by the exclusion of the GPU model it names, with the planner's own reasons where no key alone is at
+        fault (a model priced nowhere in the catalog, one only on Arm types), then the planner's explanation."""
+        cause = error.__cause__
+        plan = getattr(cause, "explanation", None)
         request = getattr(plan, "request", None)
-        excluded = demand.accelerator in self.settings.rules.exclude.exclude_gpus
-        lead = f"provider.exclude.gpus excludes {demand.accelerator}; " if excluded else ""
-        if request is None:          # the planner had candidates: the selector or the demand's resources failed
+        if request is None:          # the planner had candidates: a selector, or a resource no instance has
             return error
-        s = request.shape
-        resources: dict[str, Any] = {"CPU": s.cpu, "GPU": s.gpu}
-        if s.memory_gib:
-            resources["memory"] = s.memory_gib * GIB
-        if s.accelerator_type:
-            resources[f"{ACCELERATOR_RESOURCE}{s.accelerator_type}"] = 1
-        node_config = dict(self.fitter.narrowing)
-        if demand.res.get("memory"):
-            node_config["min_memory_gib"] = request.requirements.min_memory_gib
-        # A model the region lacks, or whose types only the catalog's facts rule out (no price, Arm only), needs
-        # no search for a key (the search re-plans once per constraint: most of a menu's time).
-        text = self._model_text(request, s.accelerator_type, intrinsic_only=True) if s.accelerator_type else ""
-        if not text:
-            try:
-                diagnosed = explain_no_offering(error, self.planner.plan, self.region, self.settings, _PSEUDO,
-                                                {"resources": resources, "node_config": node_config}, False,
-                                                self.bundle.requirement_overrides, self.cfg.get("provider"))
-            except (ConfigError, NoFeasibleOffering):    # the diagnosis is a courtesy: never hide the error
-                return error
-            text = _demand_words(str(diagnosed).split("\n", 1)[0])
-            if s.accelerator_type and ("no single key" in text or " at once " in text):
-                text = self._model_text(request, s.accelerator_type) or text
-        if lead and text.startswith("provider.exclude.gpus"):
-            lead = ""
-        return NoFeasibleOffering(f"{demand.describe()}: {lead}{text}\n{error}", explanation=plan)
+        text = _demand_words(str(error).split("\n", 1)[0].removeprefix(demand.describe() + ": "))
+        model = request.shape.accelerator_type
+        if model and ("no single key" in text or " at once " in text):
+            text = self._model_text(request, model) or text
+        if model in self.settings.rules.exclude.exclude_gpus and not text.startswith("provider.exclude.gpus"):
+            text = f"provider.exclude.gpus excludes {model}; {text}"
+        return NoFeasibleOffering(f"{demand.describe()}: {text}\n{cause}", explanation=plan)
 
-    def _model_text(self, request: Any, model: str, intrinsic_only: bool = False) -> str:
+    def _model_text(self, request: Any, model: str) -> str:
         """Why the offerings that have `model` were all rejected, in the planner's words (a model priced nowhere in
-        the catalog, one only on Arm types). `intrinsic_only`: '' unless every reason is such a fact of the
-        catalog, not a key of the config."""
+        the catalog, one only on Arm types)."""
         where = f"{self.settings.price_cloud} {self.settings.region}"
         names = tuple(sorted({o.instance_type.name for o in self.region.offerings()
                               if o.instance_type.gpu_model == model}))
@@ -187,7 +166,7 @@ class OpenPreview:
         except ConfigError:
             return ""
         rejected.pop("instance_type_not_allowed", None)      # the restriction to the model's types, ours
-        if not rejected or (intrinsic_only and not set(rejected) <= INTRINSIC_REJECTIONS):
+        if not rejected:
             return ""
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         why = "; ".join(f"{k}={v}" + (f" ({REJECTION_HINTS[k]})" if k in REJECTION_HINTS else "")
@@ -274,8 +253,9 @@ class OpenPreview:
 
 
 def _demand_words(text: str) -> str:
-    """The diagnosis speaks of a node type; here it is the demand."""
+    """The diagnosis speaks of a node type; here it is the demand (the fitter rewrites most of it already)."""
     return (text.replace(f"available_node_types.{_PSEUDO}.resources", "--demand")
+            .replace("the demand's resources", "--demand")
             .replace(f"available_node_types.{_PSEUDO}.node_config.", "provider.open_node_config.")
             .replace(f"available_node_types.{_PSEUDO}", "--demand")
             .replace(f"node type {_PSEUDO!r} ", "the demand "))
