@@ -19,6 +19,10 @@ LIST_CACHE_S = 2.0
 # Machines that left the listing are remembered so node_tags/internal_ip of a vanished node still answer (Ray asks
 # after the fact). Bounded so a long-lived monitor with heavy churn does not grow without limit.
 LAST_KNOWN_LIMIT = 10_000
+# A known machine that neither the listing nor a second query by id shows at all is kept (as last listed) this
+# long before it counts as gone: EC2 keeps a terminated instance listed for about an hour, so "nothing" about a
+# machine listed moments ago is a glitching answer, and a minute of them is well past any one glitch.
+UNSEEN_GONE_S = 60.0
 # A machine a launch just returned is shown by our own listing even while the cloud's listing (eventually
 # consistent: EC2 DescribeInstances can lag RunInstances by seconds) does not show it yet. After this long,
 # the cloud's answer wins.

@@ -5,8 +5,12 @@ times; all of them read one listing, refreshed at most every `list_cache_s`. No 
 
 What the view answers is the truth or an error, never a guess:
 - A failed listing answers from the last good one; with no good listing yet it raises `ListingError` (a fresh
-  provider must not tell `ray down` there is nothing to terminate). An empty listing while machines were known is
-  checked by listing again before it is believed.
+  provider must not tell `ray down` there is nothing to terminate).
+- A page is not believed short: a fresh object's first listing is checked by a second query by the cluster tag
+  (`ray down` and `sweep` build a fresh object: an empty first page must not read as "nothing to end"), and later a
+  known machine the page does not show is asked about by id (`MachineBackend.recheck`) before it counts as gone;
+  one the cloud shows nothing of at all is kept for `ttls.UNSEEN_GONE_S`. So a page missing some live machines
+  neither makes them terminated for Ray nor marks their offering interrupted.
 - A machine a launch just returned is visible at once, and stays visible while the cloud's eventually consistent
   listing does not show it yet (`ttls.LAUNCH_GRACE_S`).
 - A terminate that failed leaves the machines visible; the next refresh retries it. Ids the backend refuses as
@@ -14,7 +18,9 @@ What the view answers is the truth or an error, never a guess:
   write failed are kept as pending, shown to Ray and written again at the next refresh.
 - A machine that left the listing is remembered (bounded) so Ray's questions about it after the fact still
   answer. It counts as interrupted (a reclaimed spot machine) only if no provider object of this cluster was
-  terminating it: not by this object's memory, nor by the `nodeless-terminating` tag that any of them sets first.
+  terminating it: not by this object's memory, nor by the `nodeless-terminating` tag that any of them sets first,
+  nor by the cloud's own reason where it gives one (EC2's StateReason: `Client.*` is a terminate call from anyone,
+  `Server.SpotInstanceTermination` a reclaim).
 """
 from __future__ import annotations
 
@@ -53,6 +59,7 @@ class MachineView:
         self._expected: dict[str, float] = {}          # launched, not yet listed: id -> when
         self._pending_tags: dict[str, dict[str, str]] = {}
         self._failed_terminates: set[str] = set()
+        self._unseen: dict[str, float] = {}            # known, shown by neither query: id -> since when
 
     # ----- reading ---------------------------------------------------------------------------------------------
 
@@ -70,27 +77,41 @@ class MachineView:
             self._refresh_lock.release()
             return self.refresh()
         try:
-            listed = self._list()
-            if listed is None:
+            answer = self._list()
+            if answer is None:
                 with self._lock:
                     return dict(self._machines)
+            listed, gone = answer
             self._retry_pending(listed)
-            return self._apply(listed)
+            return self._apply(listed, gone)
         finally:
             self._refresh_lock.release()
 
-    def _list(self) -> dict[str, Machine] | None:
-        """One listing of this cluster's machines, or None (after a warning) to answer from the last one."""
+    def _list(self) -> tuple[dict[str, Machine], dict[str, str]] | None:
+        """One listing of this cluster's machines, confirmed where it may be short, and why machines it confirmed
+        gone went (id -> "terminated" | "interrupted" | ""); or None (after a warning) to answer from the last one.
+
+        Confirmed means asked again by a second query (`MachineBackend.recheck`): a fresh object's first listing
+        by the cluster tag (it knows nothing to compare the page with, and `ray down` and `sweep` build a fresh
+        one); later, every known machine the page does not show, by id. One the second query shows live stays;
+        one it does not show at all stays too, for `ttls.UNSEEN_GONE_S` (EC2 keeps a terminated instance listed
+        for about an hour: "nothing" about a machine listed moments ago is a glitch, not an end)."""
         try:
             listed = self._list_once()
             with self._lock:
-                known = bool(self._machines)
-            if not listed and known:
-                # An empty page while machines were known is implausible (a glitch would mark every machine
-                # interrupted): believe it only if a second listing agrees.
-                logger.warning("listing returned no machines while %d were known; listing again", len(self._machines))
-                listed = self._list_once()
-            return listed
+                first = not self._listed_ok
+                missing = sorted(mid for mid in self._machines if mid not in listed and mid not in self._expected)
+            gone: dict[str, str] = {}
+            if first:
+                self._add_live(listed, self.backend.recheck(None).live, "the first listing")
+            elif missing:
+                logger.info("listing does not show %d known machine(s) %s; asking again by id", len(missing),
+                            missing[:20])
+                rc = self.backend.recheck(missing)
+                self._add_live(listed, rc.live, "the listing")
+                gone = {mid: rc.gone[mid] for mid in missing if mid in rc.gone}
+                self._keep_unseen(listed, [mid for mid in missing if mid not in listed and mid not in gone])
+            return listed, gone
         except Exception as e:
             if not isinstance(e, BackendError):
                 logger.exception("listing machines raised %s", type(e).__name__)
@@ -102,6 +123,34 @@ class MachineView:
             logger.warning("listing machines failed (%s); answering from the last listing", e)
             return None
 
+    def _add_live(self, listed: dict[str, Machine], live: Iterable[Machine], what: str) -> None:
+        """Machines a second query shows live: the page missed them (never another cluster's)."""
+        added = []
+        for m in live:
+            if m.tags.get(TAG_CLUSTER) == self.cluster_name and m.id not in listed:
+                listed[m.id] = self.registration.describe(m)
+                added.append(m.id)
+        if added:
+            logger.warning("%s did not show %d machine(s) of cluster %s that a second query shows live: %s", what,
+                           len(added), self.cluster_name, ",".join(sorted(added)[:20]))
+        with self._lock:
+            for mid in listed:
+                self._unseen.pop(mid, None)
+
+    def _keep_unseen(self, listed: dict[str, Machine], unseen: list[str]) -> None:
+        """Known machines neither query shows: kept as last listed, until `ttls.UNSEEN_GONE_S` have passed."""
+        now = self.clock()
+        with self._lock:
+            for mid in unseen:
+                since = self._unseen.setdefault(mid, now)
+                if now - since < ttls.UNSEEN_GONE_S and mid in self._machines:
+                    listed[mid] = self._machines[mid]
+                else:
+                    self._unseen.pop(mid, None)
+        if unseen:
+            logger.warning("the cloud shows nothing of known machine(s) %s (not listed, not found by id); kept for "
+                           "up to %.0f s", sorted(unseen)[:20], ttls.UNSEEN_GONE_S)
+
     def _list_once(self) -> dict[str, Machine]:
         out = {}
         for m in self.backend.list_machines():
@@ -110,7 +159,7 @@ class MachineView:
             out[m.id] = self.registration.describe(m)
         return out
 
-    def _apply(self, listed: dict[str, Machine]) -> dict[str, Machine]:
+    def _apply(self, listed: dict[str, Machine], gone: dict[str, str]) -> dict[str, Machine]:
         now = self.clock()
         with self._lock:
             machines = dict(listed)
@@ -127,6 +176,8 @@ class MachineView:
                     logger.warning("machine %s was launched but never listed within %.0f s", mid,
                                    ttls.LAUNCH_GRACE_S)
             vanished = [mid for mid in self._machines if mid not in machines]
+            for mid in [m for m in self._unseen if m not in machines]:
+                del self._unseen[mid]
             interrupted = [self._machines[mid] for mid in vanished
                            if mid not in self._terminating and TAG_TERMINATING not in self._machines[mid].tags]
             self._terminating -= set(vanished)
@@ -138,13 +189,15 @@ class MachineView:
             self._listed_at = now
             self._listed_ok = True
         if interrupted:
-            # Another provider object of the cluster may have ended them before its tag reached our listing: ask
-            # the cloud, where it can tell.
-            try:
-                reasons = self.backend.vanished_reasons(sorted(m.id for m in interrupted))
-            except Exception as e:
-                logger.warning("could not tell why %d machine(s) vanished: %s", len(interrupted), e)
-                reasons = {}
+            # Another provider object of the cluster may have ended them before its tag reached our listing: the
+            # cloud's reason and the machine's current tags (the second look's, else asked now) tell.
+            reasons = {mid: r for mid, r in gone.items() if r}
+            ask = sorted(m.id for m in interrupted if m.id not in reasons)
+            if ask:
+                try:
+                    reasons.update(self.backend.vanished_reasons(ask))
+                except Exception as e:
+                    logger.warning("could not tell why %d machine(s) vanished: %s", len(ask), e)
             for m in interrupted:
                 if reasons.get(m.id) != "terminated":
                     self.on_interrupted(m)

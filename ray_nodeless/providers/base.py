@@ -30,6 +30,11 @@ reclaimed) or never did.
   STOPPING/TERMINATED/SUSPENDED) reports those tagged ours through `leftovers()`, so `ray-nodeless sweep` ends them.
 - **Eventual consistency is allowed** (a machine just launched may be missing for a while; the launch layer's view
   covers that). A failure raises `BackendError`, never an empty or partial answer.
+- **A second look: `recheck(ids)`.** What a listing did not show is asked again before the launch layer believes
+  it gone (a short or empty page happens): given ids, each is `live` (the listing missed it), `gone` (with the
+  reason where the cloud tells, see `vanished_reasons`) or left out (the cloud shows nothing of it); given None
+  (a fresh object's first listing, `sweep`), every live machine a second query finds. The default lists again;
+  a cloud with a different query answers through it (EC2: by instance id, or by the cluster tag in every state).
 
 `terminate(ids)`
 - **One batched call** for the ids given; duplicates count once; `[]` calls nothing.
@@ -145,6 +150,16 @@ class Machine:
     internal_ip: str | None = None
     external_ip: str | None = None
     launched_at: float = 0.0            # epoch seconds
+
+
+@dataclass
+class Recheck:
+    """A second look at machines a listing did not show (`MachineBackend.recheck`)."""
+
+    live: list[Machine] = field(default_factory=list)      # still there: the listing missed them
+    gone: dict[str, str] = field(default_factory=dict)     # id -> "terminated" | "interrupted" | "" (not told)
+    # An id asked about in neither: the cloud showed nothing of it (EC2 keeps a terminated instance listed for
+    # about an hour, so for one listed moments ago that is a glitch, not "gone").
 
 
 class BackendConfig:
@@ -292,6 +307,17 @@ class MachineBackend(BackendConfig, abc.ABC):
         """Why these machines left the listing, where the cloud still tells: "terminated" (ended by a terminate
         call) or "interrupted" (reclaimed by the cloud). Ids it cannot tell about are left out (the default)."""
         return {}
+
+    def recheck(self, machine_ids: list[str] | None) -> Recheck:
+        """A second look at what a listing did not show (see the contract above). Default: a second listing; an id
+        it does not show either is gone, with `vanished_reasons`' reason ("" where none is told)."""
+        listed = {m.id: m for m in self.list_machines() if m.tags.get(TAG_CLUSTER) == self.cluster_name}
+        if machine_ids is None:
+            return Recheck(live=[listed[i] for i in sorted(listed)])
+        missing = [i for i in machine_ids if i not in listed]
+        reasons = self.vanished_reasons(missing) if missing else {}
+        return Recheck(live=[listed[i] for i in machine_ids if i in listed],
+                       gone={i: reasons.get(i, "") for i in missing})
 
     def forget(self, machine_ids: list[str]) -> None:
         """These machines left the listing without a terminate call of this object (interrupted, or ended by

@@ -144,3 +144,26 @@ _ids = itertools.count()
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{next(_ids)}"
+
+
+def ec2_describe_without(request: AWSPreparedRequest, hidden: Callable[[str], bool]) -> AWSResponse:
+    """Forward a DescribeInstances and answer with the real page less the instances `hidden(id)` names (a listing
+    that lags, or a short page): reservations left empty are dropped, as EC2 shows no empty reservation."""
+    import xml.etree.ElementTree as ET
+
+    resp = forward(request)
+    if resp.status_code != 200:
+        return AWSResponse(request.url, resp.status_code, {"Content-Type": "text/xml"}, _Raw(resp.content))
+    root = ET.fromstring(resp.content)
+    ns = root.tag[1:].split("}", 1)[0] if root.tag.startswith("{") else ""
+    q = (lambda t: f"{{{ns}}}{t}") if ns else (lambda t: t)
+    ET.register_namespace("", ns)
+    rset = root.find(q("reservationSet"))
+    for res in list(rset if rset is not None else []):
+        iset = res.find(q("instancesSet"))
+        for inst in list(iset if iset is not None else []):
+            if hidden(inst.findtext(q("instanceId")) or ""):
+                iset.remove(inst)
+        if iset is None or len(iset) == 0:
+            rset.remove(res)
+    return AWSResponse(request.url, 200, {"Content-Type": "text/xml"}, _Raw(ET.tostring(root)))

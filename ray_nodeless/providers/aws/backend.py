@@ -3,11 +3,13 @@
 What this backend guarantees beyond what EC2 gives for free (see `ray_nodeless.providers.base` for the contract):
 
 - Idempotency is enforced here, not only by EC2's ClientToken. RunInstances goes through a client with botocore
-  retries switched off, and *our* loop re-issues it; before any re-issue (and before giving up) after an ambiguous
-  failure (throttling, 5xx, connection error, timeout) we look the token up with
-  `DescribeInstances tag:nodeless-request=<token>`. On AWS the ClientToken alone would dedupe a retry; moto (and any
-  emulator or proxy that drops the token) would not, and botocore's own retry loop would silently create a second
-  set of machines. The tag is set at creation through TagSpecifications, so it is visible as soon as the instance is.
+  retries switched off, and *our* loop re-issues it; after a failure that may have run (a lost answer, a 5xx) the
+  settle step (`settle.py`) looks the launch up by its request tag (`DescribeInstances tag:nodeless-request=<token>`)
+  until the whole set is listed or `aws_settle_wait_s` has passed, and sends again only when nothing of it shows by
+  then: a short set is waited for, never terminated; a failing lookup never reads as "nothing". On AWS the
+  ClientToken alone would dedupe a re-send; moto (and any endpoint or proxy that drops the token) would not, and
+  botocore's own retry loop would silently create a second set of machines. The tag is set at creation through
+  TagSpecifications, so it is listed as soon as the instance is.
 - No instance ever exists without the cluster tag: every tag of `spec.tags` is in the RunInstances TagSpecifications
   for the instance and its volumes (`launch_params.py`).
 - `terminate` and `set_tags` only touch instances that were seen carrying `ray-cluster-name=<cluster>` (in the last
@@ -26,8 +28,12 @@ Stopped instances: ray_nodeless never stops instances (spot ones are launched wi
 listed, but the listing asks for stopping/stopped too (same single call) and warns once per instance, because a
 stopped instance keeps costing EBS money; `leftovers()` reports them, so `ray-nodeless sweep` terminates them.
 
+Listing truth: `recheck` answers a second query for what a listing did not show (by id, or by the cluster tag
+alone, in every state), and `vanished_reasons` reads EC2's `StateReason` of a terminated instance and its tags
+(`listing.py`), so a machine another provider object ended is never read as a spot interruption.
+
 The parts: `settings.py` (provider keys, node_config checks), `clients.py`, `errors.py`, `subnets.py`,
-`launch_params.py`.
+`launch_params.py`, `settle.py`, `listing.py`.
 """
 from __future__ import annotations
 
@@ -49,21 +55,21 @@ from ray_nodeless.providers.aws.errors import (
 from ray_nodeless.providers.aws.known import Known, Sorted, chunks, launch_time, tags_of
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, instance_tags, run_instances_params
 from ray_nodeless.providers.aws.config import AwsConfig
+from ray_nodeless.providers.aws.listing import FILTER_VALUES_CHUNK, LIVE_STATES, AwsListing, machine_of
+from ray_nodeless.providers.aws.settle import Settle, Tokens, may_have_run
 from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.providers.aws.subnets import Subnets
 from ray_nodeless.providers.base import (
-    MACHINE_PENDING,
-    MACHINE_RUNNING,
     TAG_CLUSTER,
     LaunchSpec,
     Machine,
     MachineBackend,
+    Recheck,
     tag_update,
 )
 
 logger = logging.getLogger(__name__)
 
-LIVE_STATES = ("pending", "running")
 STOPPED_STATES = ("stopping", "stopped")
 LISTED_STATES = LIVE_STATES + STOPPED_STATES
 # The kind of a stopped instance in `leftovers()` (what `ray-nodeless sweep` shows and ends).
@@ -71,8 +77,6 @@ STOPPED_KIND = "stopped-instance"
 TAG_NODE_KIND = "ray-node-type"      # Ray's TAG_RAY_NODE_KIND: head / worker
 # TerminateInstances accepts up to 1000 ids per call.
 TERMINATE_CHUNK = 1000
-# Ids per DescribeInstances `instance-id` filter: stays under EC2's limit on values per filter.
-FILTER_VALUES_CHUNK = 200
 # TerminateInstances calls per chunk while EC2 names ids that are gone (it fails the whole call for one): each
 # pass drops the ids named, so a few passes cover ids vanishing during the call itself.
 TERMINATE_PASSES = 3
@@ -82,7 +86,7 @@ RUN_BACKOFF_CAP_S = 20.0
 _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 
 
-class AwsBackend(AwsConfig, MachineBackend):
+class AwsBackend(AwsConfig, AwsListing, MachineBackend):
     """EC2 instances, one RunInstances per LaunchSpec. Provider keys and node_config checks: `AwsConfig`."""
 
     settings: AwsSettings
@@ -94,6 +98,9 @@ class AwsBackend(AwsConfig, MachineBackend):
         self.ec2_launch: BaseClient = self._clients.launch
         self._subnets = Subnets(self.ec2, self.settings.subnets)
         self._known = Known()
+        self._tokens = Tokens()
+        self._settle = Settle(self._instances_for_token, self._tokens, self.settings.aws_settle_wait_s,
+                              self.settings.aws_retry_base_delay_s)
         self._warned_stopped: set[str] = set()
 
     @property
@@ -131,47 +138,57 @@ class AwsBackend(AwsConfig, MachineBackend):
         attempts = self.settings.aws_max_attempts
         logger.info("RunInstances %s x%d in %s (%s), token %s", off.instance_type.name, spec.count, off.zone,
                     off.capacity, token)
-        # A token sent before by this object is a retry: what the first attempt made is looked up first.
-        ambiguous = self._known.sent(token)
+        # A token sent before by this object is a retry: what the earlier attempts made is settled first, and
+        # nothing is sent unless they made nothing (settle.py; EC2's ClientToken is not relied on, moto ignores it).
+        if self._tokens.sending(token) is not None:
+            found = self._settle.outcome(token, spec.count)
+            if found is not None:
+                return self._keep(spec, found)
         last_exc: BaseException | None = None
         for attempt in range(1, attempts + 1):
-            if ambiguous:
-                # A previous attempt may have run although it failed (lost response, 5xx after commit). EC2's
-                # ClientToken would dedupe a re-issue; we do not rely on it (moto ignores it).
-                found = self._instances_for_token(token)
-                if found:
-                    return self._settle(spec, found)
-                time.sleep(self._backoff(attempt - 1))
+            self._tokens.sent_now(token)
             try:
                 resp = self.ec2_launch.run_instances(**params)
             except CALL_ERRORS as e:
                 last_exc = e
-                if is_ambiguous(e):
-                    ambiguous = True
+                if may_have_run(e):
+                    self._tokens.mark_may_have_run(token)
+                if is_ambiguous(e) or error_code(e) == IDEMPOTENT_MISMATCH:
+                    # A lost answer or a 5xx may have run (5xx: EC2 may have committed); throttling did not, but a
+                    # cheap look costs nothing. IdempotentParameterMismatch: the token was used before with other
+                    # parameters, and whatever it created is the result.
                     logger.warning("RunInstances %s in %s attempt %d/%d: %s", off.instance_type.name, off.zone,
                                    attempt, attempts, describe(e))
-                    continue
-                if error_code(e) == IDEMPOTENT_MISMATCH:
-                    # The token was used before with other parameters: whatever it created is the result.
-                    found = self._instances_for_token(token)
-                    if found:
-                        return self._settle(spec, found)
+                    found = self._settle.outcome(token, spec.count)
+                    if found is not None:
+                        return self._keep(spec, found)
+                    if error_code(e) != IDEMPOTENT_MISMATCH:
+                        if attempt < attempts:
+                            time.sleep(self._backoff(attempt))
+                        continue
                 raise api_error("RunInstances", e) from e
             ids = [i["InstanceId"] for i in resp.get("Instances", [])]
+            if any(self._tokens.was_ended(i) for i in ids):
+                # An endpoint replayed the first answer of this ClientToken, naming instances this backend has
+                # terminated since: never returned. What is still live under the token is the result, if whole.
+                found = self._settle.outcome(token, spec.count)
+                if found is not None:
+                    return self._keep(spec, found)
+                raise BackendError(f"ec2:RunInstances answered token {token} with instances this backend terminated "
+                                   f"({sorted(i for i in ids if self._tokens.was_ended(i))}); not returned",
+                                   category="PartialLaunch")
             if len(ids) != spec.count:
-                # MinCount == MaxCount makes EC2 all-or-nothing; anything else is a broken endpoint. Never leak.
+                # MinCount == MaxCount makes EC2 all-or-nothing; anything else is a broken endpoint. Never leak, and
+                # never returned later (the ids are remembered as ended; the error is not transient).
                 self._terminate_ids(ids)
                 raise BackendError(f"ec2:RunInstances returned {len(ids)} instances for MinCount=MaxCount="
                                    f"{spec.count}; terminated them", category="PartialLaunch")
+            self._tokens.saw(token, len(ids))
             now = self.clock()
             for i in ids:
                 self._known.add(i, tags, born=now)
             logger.info("launched %s (%s in %s, %s)", ",".join(ids), off.instance_type.name, off.zone, off.capacity)
             return ids
-        # Out of attempts: one last look before reporting failure, so a launch that did happen is not lost.
-        found = self._instances_for_token(token)
-        if found:
-            return self._settle(spec, found)
         assert last_exc is not None
         err = api_error("RunInstances", last_exc)
         if not isinstance(err, TransientBackendError):
@@ -186,40 +203,28 @@ class AwsBackend(AwsConfig, MachineBackend):
         return random.uniform(0.5, 1.0) * min(RUN_BACKOFF_CAP_S, base * (2 ** max(0, n - 1)))
 
     def _instances_for_token(self, token: str) -> list[dict[str, Any]]:
-        """Live instances of this cluster created under `token` (any earlier attempt of this launch)."""
+        """Live instances of this cluster created under `token` (any earlier attempt of this launch). Raises
+        botocore's errors: the settle step decides what a failed lookup means."""
         filters = [
             {"Name": f"tag:{TAG_REQUEST}", "Values": [token]},
             {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_name]},
             {"Name": "instance-state-name", "Values": list(LIVE_STATES)},
         ]
-        try:
-            return [i for i in self._describe(filters) if tags_of(i).get(TAG_REQUEST) == token]
-        except CALL_ERRORS as e:
-            # If we cannot tell whether the launch happened we must not launch again: report a transient failure.
-            # Anything it did create carries the cluster tag and shows up in the next listing.
-            raise TransientBackendError(
-                f"cannot check launch token {token} after an ambiguous RunInstances failure: {describe(e)}",
-                category="DescribeInstances") from e
+        return [i for i in self._describe(filters) if tags_of(i).get(TAG_REQUEST) == token
+                and tags_of(i).get(TAG_CLUSTER) == self.cluster_name]
 
-    def _settle(self, spec: LaunchSpec, found: list[dict[str, Any]]) -> list[str]:
-        """Turn what an earlier attempt created into this launch's result: exactly spec.count, or nothing."""
-        found = sorted(found, key=lambda i: (i.get("LaunchTime") or 0, i["InstanceId"]))
-        ids = [i["InstanceId"] for i in found]
-        if len(ids) > spec.count:
-            extra = ids[spec.count:]
+    def _keep(self, spec: LaunchSpec, found: list[dict[str, Any]]) -> list[str]:
+        """What the earlier attempts made, as this launch's result: the first spec.count by launch time and id
+        (the same ones on every retry); only instances beyond them, which are never returned, are terminated."""
+        found = sorted(found, key=lambda i: (launch_time(i), i["InstanceId"]))
+        ids = [i["InstanceId"] for i in found][:spec.count]
+        extra = [i["InstanceId"] for i in found][spec.count:]
+        if extra:
             logger.warning("token %s has %d instances for count %d; terminating %s",
-                           spec.request_token, len(ids), spec.count, extra)
+                           spec.request_token, len(found), spec.count, extra)
             self._terminate_ids(extra)
-            ids = ids[:spec.count]
-        elif len(ids) < spec.count:
-            # EC2 launches MinCount==MaxCount all-or-nothing; a short set means a broken endpoint. Never leak.
-            self._terminate_ids(ids)
-            raise TransientBackendError(
-                f"launch token {spec.request_token}: found {len(ids)} of {spec.count} instances after an ambiguous "
-                f"failure; terminated them", category="PartialLaunch")
-        for inst in found:
-            if inst["InstanceId"] in ids:
-                self._known.add(inst["InstanceId"], tags_of(inst), born=launch_time(inst) or self.clock())
+        for inst in found[:spec.count]:
+            self._known.add(inst["InstanceId"], tags_of(inst), born=launch_time(inst) or self.clock())
         logger.info("launch token %s already ran: %s", spec.request_token, ",".join(ids))
         return ids
 
@@ -264,16 +269,15 @@ class AwsBackend(AwsConfig, MachineBackend):
                     logger.warning("instance %s of cluster %s is %s (not by ray_nodeless); it is not a Ray node "
                                    "and still costs EBS storage: terminate it", iid, self.cluster_name, state)
                 continue
-            machines.append(Machine(
-                id=iid,
-                tags=tags,
-                state=MACHINE_PENDING if state == "pending" else MACHINE_RUNNING,
-                internal_ip=inst.get("PrivateIpAddress"),
-                external_ip=inst.get("PublicIpAddress"),
-                launched_at=born[iid],
-            ))
+            machines.append(machine_of(inst))
         self._known.replace(known, born)
         return machines
+
+    def recheck(self, machine_ids: list[str] | None) -> Recheck:
+        out = super().recheck(machine_ids)           # listing.py: by id, or by the cluster tag in every state
+        for m in out.live:                           # seen carrying the cluster tag: terminate may touch them
+            self._known.add(m.id, m.tags, born=m.launched_at or None)
+        return out
 
     # ------------------------------------------------------------------ terminate / tags
 
@@ -341,6 +345,7 @@ class AwsBackend(AwsConfig, MachineBackend):
                                       f"{self.cluster_name}; not touched", found.foreign)
 
     def _terminate_ids(self, ids: list[str]) -> None:
+        self._tokens.ended(list(ids))      # never a launch's result again, whatever an endpoint replays
         unconfirmed: list[str] = []
         for chunk in chunks(list(ids), TERMINATE_CHUNK):
             young = self._terminate_chunk(chunk)

@@ -18,22 +18,9 @@ class Known:
 
     tags: dict[str, dict[str, str]] = field(default_factory=dict)
     born: dict[str, float] = field(default_factory=dict)       # id -> launch time, epoch seconds
-    # Launch tokens this object has sent RunInstances for: a launch with one of them again is a retry, so it looks
-    # up what the first one made before it sends anything (an endpoint may not honour ClientToken: moto does not).
-    # Bounded like the view's memory of vanished machines (oldest forgotten first).
-    tokens: dict[str, None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Wall clock (launch times are epoch seconds, EC2's LaunchTime too); a test moves a FakeClock past the grace.
     clock: Callable[[], float] = time.time
-
-    def sent(self, token: str) -> bool:
-        """Record that a launch with `token` is being sent; True if one was sent before."""
-        with self.lock:
-            seen = token in self.tokens
-            self.tokens[token] = None
-            while len(self.tokens) > ttls.LAST_KNOWN_LIMIT:
-                del self.tokens[next(iter(self.tokens))]
-            return seen
 
     def add(self, instance_id: str, tags: dict[str, str], born: float | None = None) -> None:
         with self.lock:

@@ -11,6 +11,8 @@
       aws_retry_mode: standard
       aws_retry_base_delay_s: 0.5
       aws_describe_page_size: 1000
+      aws_settle_wait_s: 15                     # after a lost RunInstances answer: how long new instances may take
+                                                # to be listed before "it made nothing" is believed (settle.py)
       availability_zone: us-west-2a,us-west-2b  # Ray's key: only these zones are planned (and launched into)
 
 Ray's own AWS keys keep their meaning (see ray_nodeless/swapin/keymap.py for the whole table):
@@ -37,6 +39,10 @@ from ray_nodeless.providers.aws.launch_model import (  # noqa: F401  (installed_
 # Attempts per EC2 call, the first one included: botocore's for every call but RunInstances, ours for RunInstances.
 # Five rides out a typical throttling burst (RequestLimitExceeded) without holding an autoscaler update for long.
 DEFAULT_MAX_ATTEMPTS = 5
+# After a RunInstances whose answer was lost, how long a lookup by its request tag keeps looking for the new
+# instances before "it made nothing" is believed (and a short set is reported as transient): EC2 lists new
+# instances within seconds, rarely tens of seconds. Paid only after a lost answer or a 5xx.
+DEFAULT_SETTLE_WAIT_S = 15.0
 # First backoff of our RunInstances loop; doubled per retry (full jitter), capped by backend.RUN_BACKOFF_CAP_S.
 DEFAULT_RETRY_BASE_DELAY_S = 0.5
 # DescribeInstances MaxResults bounds, as EC2 defines them; the default is the largest page (fewest calls).
@@ -96,6 +102,7 @@ class AwsSettings(Section):
     aws_retry_mode: Literal["standard", "adaptive", "legacy"] = "standard"     # botocore's retry modes
     aws_retry_base_delay_s: float = Field(DEFAULT_RETRY_BASE_DELAY_S, ge=0)
     aws_describe_page_size: int = Field(MAX_DESCRIBE_PAGE_SIZE, ge=MIN_DESCRIBE_PAGE_SIZE, le=MAX_DESCRIBE_PAGE_SIZE)
+    aws_settle_wait_s: float = Field(DEFAULT_SETTLE_WAIT_S, ge=0)
     # Ray's keys, with Ray's meaning.
     availability_zone: NonEmpty | None = None          # "us-west-2a,us-west-2b": the zones to plan and launch in
     cache_stopped_nodes: bool | None = None            # only `false` can be honoured

@@ -12,7 +12,7 @@ from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.aws.backend import AwsBackend
 from ray_nodeless.providers.aws.settings import (
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BASE_DELAY_S, MAX_DESCRIBE_PAGE_SIZE, AwsSettings,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BASE_DELAY_S, DEFAULT_SETTLE_WAIT_S, MAX_DESCRIBE_PAGE_SIZE, AwsSettings,
 )
 
 REGION = "us-east-1"
@@ -38,13 +38,15 @@ def test_backend_declares_every_key_it_reads() -> None:
     assert AwsBackend.settings_model is AwsSettings
     assert declared_keys(AwsSettings) == {
         "region", "image_id", "subnets", "endpoint_url", "aws_credentials", "aws_max_attempts", "aws_retry_mode",
-        "aws_retry_base_delay_s", "aws_describe_page_size", "availability_zone", "cache_stopped_nodes"}
+        "aws_retry_base_delay_s", "aws_describe_page_size", "aws_settle_wait_s", "availability_zone",
+        "cache_stopped_nodes"}
 
 
 def test_defaults() -> None:
     s = parse_section(AwsSettings, provider(), "provider")
     assert (s.aws_max_attempts, s.aws_retry_mode, s.aws_retry_base_delay_s, s.aws_describe_page_size) == (
         DEFAULT_MAX_ATTEMPTS, "standard", DEFAULT_RETRY_BASE_DELAY_S, MAX_DESCRIBE_PAGE_SIZE)
+    assert s.aws_settle_wait_s == DEFAULT_SETTLE_WAIT_S
     assert s.image_id is None and s.subnets is None and s.endpoint_url is None and s.session_kwargs() == {}
 
 
@@ -56,6 +58,8 @@ def test_defaults() -> None:
     ({"aws_retry_base_delay_s": -1}, "provider.aws_retry_base_delay_s", ">= 0"),
     ({"aws_retry_base_delay_s": float("nan")}, "provider.aws_retry_base_delay_s", "finite"),
     ({"aws_describe_page_size": 4}, "provider.aws_describe_page_size", ">= 5"),
+    ({"aws_settle_wait_s": -1}, "provider.aws_settle_wait_s", ">= 0"),
+    ({"aws_settle_wait_s": "soon"}, "provider.aws_settle_wait_s", "number"),
     ({"aws_describe_page_size": 1001}, "provider.aws_describe_page_size", "<= 1000"),
     ({"aws_credentials": "x"}, "provider.aws_credentials", "must be a mapping"),
     ({"aws_credentials": ["x"]}, "provider.aws_credentials", "must be a mapping"),
