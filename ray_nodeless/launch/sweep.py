@@ -9,8 +9,10 @@ players: `Registration.leftovers` / `sweep`, the registration's own clean-up); w
   (`ray_adapter/compat.in_teardown`), so a rule tightened since launch cannot keep machines running. No Ray needed.
 - Only this cluster's: the backend lists by the cluster tag and its terminate skips foreign ids; every listed
   machine's tag is checked again here before it is ended.
-- Every step that fails is recorded (what, why) and the rest still runs; then the cluster is listed again and
-  anything targeted that is still there is a failure too. A rerun picks up what is left.
+- "Nothing left" is confirmed, never a page's silence: the machines to end are the listing's and a second query's
+  by the cluster tag (`MachineBackend.recheck`), so an empty or short page cannot make the sweep skip machines.
+- Every step that fails is recorded (what, why) and the rest still runs; then every machine ended is asked about
+  again by id, and anything targeted that is not confirmed gone is a failure too. A rerun picks up what is left.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.status import price_of
 from ray_nodeless.providers.base import (
-    TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_TERMINATING, TAG_ZONE, Machine,
+    TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_TERMINATING, TAG_ZONE, Machine, Recheck,
 )
 
 logger = logging.getLogger(__name__)
@@ -106,15 +108,16 @@ class Sweep:
     # ----- listing ---------------------------------------------------------------------------------------------
 
     def _machines(self) -> list[Machine]:
-        """This cluster's machines, by one listing. A listing error raises: "nothing to end" is never a guess."""
-        out = []
-        for m in self.backend.list_machines():
+        """This cluster's machines, by the listing and a second query by the cluster tag (`recheck(None)`): a page
+        that comes back short or empty by glitch must not read as "nothing to end". A listing error raises."""
+        out: dict[str, Machine] = {}
+        for m in [*self.backend.list_machines(), *self.backend.recheck(None).live]:
             if m.tags.get(TAG_CLUSTER) != self.cluster_name:
                 logger.error("backend listed %s, which is not tagged %s=%s: left alone", m.id, TAG_CLUSTER,
                              self.cluster_name)
                 continue
-            out.append(m)
-        return out
+            out.setdefault(m.id, m)
+        return [out[i] for i in sorted(out)]
 
     def targets(self, now: float | None = None) -> tuple[list[Target], list[Target], list[dict[str, str]]]:
         """(to end, kept by --workers-only, listing failures of the leftovers). Workers first, then the head."""
@@ -199,14 +202,16 @@ class Sweep:
                 [{"kind": "registration", "id": ",".join(machine_ids), "error": str(e)}]
 
     def _verify(self, machine_ids: list[str], result: SweepResult) -> None:
-        """List again: what was ended and is still there did not end (waits up to verify_s for a lagging
-        listing; what already failed is reported once, not waited for)."""
+        """Ask again: what was ended and is not confirmed gone did not end (waits up to verify_s for a lagging
+        cloud; what already failed is reported once, not waited for). "Gone" is the backend's second look by id
+        (`recheck`), not a listing's silence: an empty page must not confirm a sweep that left machines running."""
         failed = {(f["kind"], f["id"]) for f in result.failures}
         wanted = set(machine_ids) - {mid for kind, mid in failed if kind == "machine"}
         deadline = time.monotonic() + self.verify_s
         while True:
             try:
-                still = {m.id for m in self._machines()} & wanted
+                rc = self.backend.recheck(sorted(wanted)) if wanted else Recheck()
+                still = wanted - set(rc.gone)
                 left = [d for d in self.registration.leftovers() + self.backend.leftovers()
                         if not (self.workers_only and d.get("node_kind") == "head")
                         and (d["kind"], d["name"]) not in failed]
@@ -216,8 +221,9 @@ class Sweep:
             if (not still and not left) or time.monotonic() >= deadline:
                 break
             time.sleep(ttls.SWEEP_VERIFY_POLL_S)
-        result.failures += [{"kind": "machine", "id": mid, "error": "still listed after terminate"}
-                            for mid in sorted(still)]
+        live = {m.id for m in rc.live}
+        result.failures += [{"kind": "machine", "id": mid, "error": "still listed after terminate" if mid in live
+                             else "not confirmed ended (the cloud does not show it)"} for mid in sorted(still)]
         result.failures += [{"kind": d["kind"], "id": d["name"], "error": f"still there ({d['state']})"}
                             for d in left]
         not_ended = {f"{f['kind']} {f['id']}" for f in result.failures}

@@ -18,23 +18,35 @@ from ray_nodeless.testing.moto_server import MotoServer
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fault_matrix_in_memory(seed: int) -> None:
     stats = Matrix(FakeWorld(), seed).run(steps=600)
-    assert stats.requests >= 340 and stats.launched > 0
+    assert stats.requests >= 320 and stats.launched > 0
     assert stats.faults.get("lost_response", 0) > 0 and stats.faults.get("restart", 0) > 0
+    assert stats.faults.get("overlapping_provider_terminate", 0) > 0 and stats.faults.get("empty_first_listing", 0) > 0
+    assert (stats.duplicates, stats.returned_terminated, stats.misread_interruptions) == (0, 0, 0)
 
 
-def test_fault_matrix_aws_backend_against_moto(moto: MotoServer) -> None:
+AWS_KINDS = ("capacity", "lost_response", "lost_response_lookup_failed", "lost_response_partial_lookup",
+             "throttling_storm", "restart", "reclaimed", "terminate_failed", "list_failure_after_restart", "list_empty",
+             "list_empty_twice", "list_partial", "empty_first_listing", "not_found_after_launch",
+             "overlapping_provider_terminate")
+
+
+@pytest.mark.parametrize("honour_token", [True, False], ids=["client-token", "no-client-token"])
+def test_fault_matrix_aws_backend_against_moto(moto: MotoServer, honour_token: bool) -> None:
+    """With EC2's ClientToken semantics emulated on the wire, and without them (an EC2-compatible endpoint that
+    ignores the token, as moto does): the same invariants, 0 duplicates and 0 returned-but-terminated either way."""
     from ray_nodeless.testing.fault_matrix.aws import AwsWorld
 
-    world = AwsWorld(moto)
+    world = AwsWorld(moto, honour_token=honour_token)
     stats = Matrix(world, 1).run(steps=150)
-    assert stats.requests >= 80 and stats.launched > 0
-    for kind in ("capacity", "lost_response", "lost_response_lookup_failed", "throttling_storm", "restart",
-                 "reclaimed", "terminate_failed", "list_failure", "list_empty", "not_found_after_launch"):
+    assert stats.requests >= 75 and stats.launched > 0
+    for kind in AWS_KINDS:
         assert stats.faults.get(kind, 0) > 0, kind
-    # A launch retried with its token (after a lost answer whose lookup failed) looks the token up before it sends
-    # anything, so no batch made more than its count (checked per batch by the matrix) without relying on the
-    # ClientToken replay the wire emulates: a re-send, if any, is answered with the first answer.
+    assert (stats.duplicates, stats.returned_terminated, stats.misread_interruptions) == (0, 0, 0)
+    # Without the token a re-sent RunInstances would make a second set (checked per batch by the matrix); with
+    # it the wire replays the first answer: counted, so the run shows which world it was.
     assert world.wire.requests["RunInstances"] > 0
+    if not honour_token:
+        assert world.wire.replayed == 0
 
 
 def test_fault_matrix_gcp_backend_against_fake_gce() -> None:
@@ -43,6 +55,7 @@ def test_fault_matrix_gcp_backend_against_fake_gce() -> None:
     with RecordingGce(project=PROJECT) as fake:
         stats = Matrix(GcpWorld(fake), 1).run(steps=200)
     assert stats.requests >= 100 and stats.launched > 0
+    assert (stats.duplicates, stats.returned_terminated) == (0, 0)
     for kind in ("zone_resource_pool_exhausted", "quota", "lost_response", "lost_response_then_throttled",
                  "http_503", "throttling_storm", "restart", "reclaimed", "terminate_failed", "list_empty"):
         assert stats.faults.get(kind, 0) > 0, kind

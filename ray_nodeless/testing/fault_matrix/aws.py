@@ -8,8 +8,15 @@ DescribeInstances page, a refused TerminateInstances, InvalidInstanceID.NotFound
 (EC2's eventual consistency). Spot interruptions are terminations through a plain client.
 
 moto 5.2.5 does not honour RunInstances' ClientToken (the same token launches new instances; checked again for
-this module). The wire emulates EC2's idempotency: a RunInstances whose ClientToken was answered before gets the
-same answer (the same instances), and creates nothing.
+this module). With `honour_token` (the default) the wire emulates EC2's idempotency: a RunInstances whose
+ClientToken was answered before gets the same answer (the same instances), and creates nothing; without it the
+world is an EC2-compatible endpoint that ignores the token (moto as it is), where only the backend's settle step
+keeps a re-send from making a second set.
+
+EC2's eventual consistency on the listing side: a DescribeInstances page may miss instances (`next_describe`
+"empty", or ("hide", ids): a short page), and after a lost answer the new instances may be listed one by one
+(`lag_listing`: every DescribeInstances, the listing's and the token lookup's alike, shows one more). A spot
+reclaim is a termination through a plain client with EC2's `Server.SpotInstanceTermination` state reason.
 
 The clients retry nothing (`aws_max_attempts: 1`): botocore's standard retry sleeps up to seconds per retry, so an
 injected fault stands for "still failing after the SDK's retries"; the backend's and the launcher's own retries
@@ -30,7 +37,8 @@ from ray_nodeless.providers.aws.launch_params import TAG_REQUEST
 from ray_nodeless.providers.base import TAG_CLUSTER, TAG_INSTANCE_TYPE
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing.moto_server import (
-    CREDS, REGION, MotoServer, _Raw, ec2_empty_describe, ec2_error, ec2_not_found, forward, query_params,
+    CREDS, REGION, MotoServer, _Raw, ec2_describe_without, ec2_empty_describe, ec2_error, ec2_not_found, forward,
+    query_params,
 )
 from ray_nodeless.testing.fault_matrix.world import CLUSTER, World
 
@@ -44,7 +52,7 @@ def provider_config(moto: MotoServer) -> dict[str, Any]:
     return {
         "type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "aws", "region": REGION,
         "endpoint_url": moto.url, "image_id": AMI, "aws_credentials": dict(CREDS),
-        "aws_max_attempts": 1, "aws_retry_base_delay_s": 0.0,
+        "aws_max_attempts": 1, "aws_retry_base_delay_s": 0.0, "aws_settle_wait_s": 5.0,
         "list_cache_s": 0, "max_candidates_per_launch": 6, "launch_retry_backoff_s": 0,
         "exclude": {"gpus": ["M60", "K80"], "families": ["g5"]},
         "rules": [
@@ -57,8 +65,9 @@ def provider_config(moto: MotoServer) -> dict[str, Any]:
 class Wire:
     """The before-send handler: EC2's answers under fault, and ClientToken idempotency moto lacks."""
 
-    def __init__(self) -> None:
+    def __init__(self, honour_token: bool = True) -> None:
         self.lock = threading.Lock()
+        self.honour_token = honour_token
         self.capacity: list[tuple[str, str]] = []       # (zone or "*", "spot" / "on-demand" / "*")
         self.storm = False                              # throttle every RunInstances
         self.throttle_once = 0
@@ -66,7 +75,9 @@ class Wire:
         self.refuse_terminates = False
         self.lag_next = False                           # the next launched instances are not visible to EC2 yet:
         self.lagging: dict[str, set[str]] = {}          # id -> operations still to answer NotFound
-        self.next_describe: list[str] = []              # "throttle" | "auth" | "empty", for the next listings
+        self.next_describe: list[Any] = []              # "throttle" | "auth" | "empty" | ("hide", ids), in turn
+        self.lag_listing = False                        # the next lost launch's instances are listed one by one
+        self.unlisted: list[str] = []                   # not listed yet; one more shown per DescribeInstances
         self.answers: dict[str, tuple[int, dict[str, str], bytes]] = {}      # ClientToken -> first answer
         self.created: list[tuple[str, int]] = []        # (request token tag, instances) per executed launch
         self.requests: Counter[str] = Counter()
@@ -93,6 +104,12 @@ class Wire:
                                  "credentials", 401)
             if kind == "empty":
                 return ec2_empty_describe(request)
+            with self.lock:
+                hidden = set(self.unlisted) | (set(kind[1]) if isinstance(kind, tuple) else set())
+                if self.unlisted:
+                    self.unlisted.pop(0)
+            if hidden:
+                return ec2_describe_without(request, hidden.__contains__)
         if op == "TerminateInstances" and self.refuse_terminates:
             return ec2_error(request, "RequestLimitExceeded", "Request limit exceeded.", 503)
         if op in ("TerminateInstances", "CreateTags"):
@@ -118,7 +135,7 @@ class Wire:
                                  f"We currently do not have sufficient {q.get('InstanceType')} capacity in the "
                                  f"Availability Zone you requested ({zone}).", 500)
             token = q.get("ClientToken", "")
-            if token and token in self.answers:          # EC2: a repeated ClientToken gets the first answer
+            if self.honour_token and token in self.answers:     # EC2: a repeated token gets the first answer
                 self.replayed += 1
                 status, headers, body = self.answers[token]
                 return AWSResponse(request.url, status, headers, _Raw(body))
@@ -137,6 +154,10 @@ class Wire:
                     self.lagging.update({i: {"TerminateInstances", "CreateTags"} for i in ids})
             lose = self.lose > 0 and resp.status_code == 200
             self.lose -= int(lose)
+            if lose and self.lag_listing:
+                # EC2 lists the new instances eventually, one by one: the first lookups see some, or none.
+                self.lag_listing = False
+                self.unlisted = ids[1:] if len(ids) > 1 else list(ids)
         if lose:
             raise botocore.exceptions.ReadTimeoutError(endpoint_url=request.url)
         return AWSResponse(request.url, resp.status_code, headers, _Raw(resp.content))
@@ -148,11 +169,13 @@ class AwsWorld(World):
     max_count = 7
     max_live = 8
 
-    def __init__(self, moto: MotoServer):
+    def __init__(self, moto: MotoServer, honour_token: bool = True):
         super().__init__(provider_config(moto))
         self.moto = moto
         self.ec2 = moto.client()                # out of band: no wire, no faults
-        self.wire = Wire()
+        self.wire = Wire(honour_token)
+        if not honour_token:
+            self.name = "aws-no-client-token"
         self.forbidden = self.forbidden_types("aws", REGION, {"M60", "K80"}, {"g5"})
 
     def _backend(self) -> Any:
@@ -223,23 +246,31 @@ class AwsWorld(World):
             w.throttle_once = 1
             return "throttled_once"
         if r < 0.31:
-            # The answer is lost and the backend cannot look the token up either: the launcher re-sends the same
-            # ClientToken, and only EC2's idempotency (emulated above) keeps it from launching twice.
+            # The answer is lost and the token lookups fail for a while: the settle step keeps looking (and the
+            # launcher retries with the same token) but never sends RunInstances again without knowing.
             w.lose = 1
-            w.next_describe.append("throttle")
+            w.next_describe += ["throttle"] * rng.randint(1, 3)
             return "lost_response_lookup_failed"
         if r < 0.35:
             # The new instances are unknown to EC2 for a moment: their first terminate and tag write answer
             # InvalidInstanceID.NotFound, which must not read as "already gone".
             w.lag_next = True
             return "not_found_after_launch"
+        if r < 0.40:
+            # The answer is lost and EC2 lists the new instances one by one: the lookup by the request tag sees
+            # some (or none) of them at first. Before the settle step waited, the visible ones were terminated and
+            # the re-sent token returned them (EC2), or a second set was made (no ClientToken).
+            w.lose = 1
+            w.lag_listing = True
+            return "lost_response_partial_lookup"
         return None
 
     def clear_launch_faults(self) -> None:
         w = self.wire
         w.capacity.clear()
-        w.storm, w.throttle_once, w.lose, w.lag_next = False, 0, 0, False
+        w.storm, w.throttle_once, w.lose, w.lag_next, w.lag_listing = False, 0, 0, False, False
         w.next_describe.clear()
+        w.unlisted.clear()
 
     def fail_terminates(self) -> None:
         self.wire.refuse_terminates = True
@@ -248,12 +279,31 @@ class AwsWorld(World):
         self.wire.refuse_terminates = False
 
     def reclaim(self, machine_id: str) -> None:
+        """EC2 takes a spot machine back: terminated, with the state reason EC2 gives a spot interruption."""
+        from moto.ec2.models.instances import StateReason
+
         self.ec2.terminate_instances(InstanceIds=[machine_id])
+        inst = self._backend().get_instance(machine_id)
+        inst.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
+                                        "Server.SpotInstanceTermination")
 
     def fail_next_listing(self) -> None:
         self.wire.next_describe.append("throttle")
 
     def glitch_next_listing(self, rng: random.Random) -> str:
-        kind = rng.choice(["throttle", "auth", "empty"])
+        kind = rng.choice(["throttle", "auth", "empty", "empty_twice", "partial"])
+        if kind == "empty_twice":
+            # The listing and the next DescribeInstances (the second look) both come back empty.
+            self.wire.next_describe += ["empty", "empty"]
+            return "list_empty_twice"
+        if kind == "partial":
+            ours = sorted(self.ours())
+            hide = set(rng.sample(ours, len(ours) // 2)) if len(ours) >= 2 else set(ours)
+            self.wire.next_describe.append(("hide", frozenset(hide)))
+            return "list_partial"
         self.wire.next_describe.append(kind)
         return {"throttle": "list_failure", "auth": "list_exception", "empty": "list_empty"}[kind]
+
+    def empty_first_listing(self) -> bool:
+        self.wire.next_describe.append("empty")
+        return True

@@ -9,7 +9,13 @@ Invariants (the cloud's own state, read out of band by the world, against what t
 - no machine of another cluster (nor an untagged one) changed in any way;
 - no query method raised (a provider that never listed successfully may raise ListingError: that is the
   contract, and the matrix asserts it is raised exactly then);
-- no machine runs on an offering the rules forbid.
+- no machine runs on an offering the rules forbid;
+- no offering is marked interrupted but one whose machine the cloud took back: terminations by another provider
+  object of the cluster (an overlapping monitor, a laptop's `ray down --workers-only`) and pages that miss live
+  machines never read as spot interruptions (where the world's cloud tells why a machine went: `judges_reasons`;
+  elsewhere such marks are counted, not asserted).
+Counted too, and asserted 0: machines a batch made beyond its count (duplicates) and ids a create_node call
+returned that were not running afterwards (returned-but-terminated).
 At the end, teardown leaves nothing and a restarted provider sees nothing.
 """
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import TYPE_CHECKING
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 
 from ray_nodeless.errors import BackendError, ListingError
+from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_ZONE
 
 if TYPE_CHECKING:
     from ray_nodeless.testing.fault_matrix.world import World
@@ -42,6 +49,9 @@ class Stats:
     refused: int = 0
     launch_wall_s: list[float] = field(default_factory=list)     # per create_node call
     wall_s: float = 0.0
+    duplicates: int = 0                  # machines a batch made beyond its count
+    returned_terminated: int = 0         # ids a create_node call returned that were not running after it
+    misread_interruptions: int = 0       # offerings marked interrupted though no machine of theirs was taken back
 
     def fault(self, name: str | None) -> None:
         if name:
@@ -55,6 +65,8 @@ class Matrix:
         world.start()
         self.provider = world.new_provider()
         self.expected: set[str] = set()          # machines the provider returned and has not ended
+        self.reclaimed: set[tuple[str, str, str]] = set()    # offerings of machines the cloud took back
+        self.misread: set[tuple[str, str, str]] = set()      # offerings counted as misread already
         self.stats = Stats(backend=world.name)
 
     # ----- actions ---------------------------------------------------------------------------------------------
@@ -84,9 +96,12 @@ class Matrix:
             finally:
                 w.clear_launch_faults()
             self.stats.launch_wall_s.append(time.perf_counter() - t0)
-            for key, made in w.batch_made(mark).items():
+            made_per_batch = w.batch_made(mark)
+            self.stats.duplicates += sum(max(0, made - n) for made in made_per_batch.values())
+            for key, made in made_per_batch.items():
                 assert made <= n, f"{w.name}: batch {key} made {made} machines > {n}"
             after = set(w.ours())
+            self.stats.returned_terminated += len(set(out or ()) - after)
             assert before <= after, f"{w.name}: a launch ended machines {sorted(before - after)}"
             assert after - before == set(out or ()), \
                 f"{w.name}: the cloud gained {sorted(after - before)}, the call returned {sorted(out or ())}"
@@ -126,14 +141,24 @@ class Matrix:
         ours = sorted(self.expected)
         if ours:
             victim = self.rng.choice(ours)
+            m = self.provider.view.known(victim)
+            if m is not None:
+                self.reclaimed.add((m.tags.get(TAG_INSTANCE_TYPE, ""), m.tags.get(TAG_ZONE, ""),
+                                    m.tags.get(TAG_CAPACITY, "")))
             self.world.reclaim(victim)
             self.expected.discard(victim)
             self.stats.fault("reclaimed")
 
     def restart(self) -> None:
         self.provider = self.world.new_provider()
+        self.reclaimed.clear()              # the new object's capacity memory starts empty
         self.stats.fault("restart")
-        if self.rng.random() < 0.3:
+        r = self.rng.random()
+        if r >= 0.3:
+            if r < 0.6 and self.world.empty_first_listing():
+                # The fresh object's first page comes back empty while the cluster runs (what `ray down` saw).
+                self.stats.fault("empty_first_listing")
+        else:
             self.world.fail_next_listing()
             self.stats.fault("list_failure_after_restart")
             try:
@@ -145,6 +170,19 @@ class Matrix:
 
     def glitch_listing(self) -> None:
         self.stats.fault(self.world.glitch_next_listing(self.rng))
+
+    def overlap(self) -> None:
+        """Another provider object of the cluster (an old monitor still running, `ray down --workers-only` from a
+        laptop) ends some machines: the main object must not read that as spot interruptions."""
+        ours = sorted(self.expected)
+        if not ours:
+            return
+        victims = self.rng.sample(ours, self.rng.randint(1, min(3, len(ours))))
+        other = self.world.new_provider()
+        other.non_terminated_nodes({})
+        other.terminate_nodes(victims)
+        self.expected -= set(victims)
+        self.stats.fault("overlapping_provider_terminate")
 
     # ----- invariants ------------------------------------------------------------------------------------------
 
@@ -164,13 +202,19 @@ class Matrix:
         w.check_foreign()
         bad = {i: t for i, t in ours.items() if t in w.forbidden}
         assert not bad, f"{w.name}: forbidden offerings run: {bad}"
+        marked = {key for key, why in self.provider.unavailable.snapshot().items() if why == "interrupted"}
+        misread = marked - self.reclaimed - self.misread
+        self.misread |= misread
+        self.stats.misread_interruptions += len(misread)
+        if w.judges_reasons:
+            assert not misread, f"{w.name}: offerings marked interrupted with no machine taken back: {misread}"
 
     def run(self, steps: int) -> Stats:
         t0 = time.perf_counter()
         try:
             self.query()
-            actions = [(0.6, self.launch_request), (0.2, self.terminate_some), (0.07, self.reclaim),
-                       (0.06, self.restart), (0.07, self.glitch_listing)]
+            actions = [(0.57, self.launch_request), (0.18, self.terminate_some), (0.07, self.reclaim),
+                       (0.06, self.restart), (0.08, self.glitch_listing), (0.04, self.overlap)]
             for _ in range(steps):
                 r, acc = self.rng.random(), 0.0
                 for weight, action in actions:
@@ -181,6 +225,7 @@ class Matrix:
                 self.check()
                 self.world.tidy()
             self.stats.steps = steps
+            assert self.stats.duplicates == 0 and self.stats.returned_terminated == 0, self.stats
             self.provider.terminate_nodes(self.query())
             self.expected.clear()
             self.check()

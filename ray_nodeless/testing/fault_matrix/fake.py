@@ -97,10 +97,14 @@ class FakeWorld(World):
         if r < 0.8:
             self.cloud.next_errors["list"] = [RuntimeError("NoCredentialsError: unable to locate credentials")]
             return "list_exception"
+        self.empty_first_listing()
+        return "list_empty"
+
+    def empty_first_listing(self) -> bool:
         calls = {"n": 0}
 
         def count() -> None:
             calls["n"] += 1
         self.cloud.hooks["list"] = count
         self.cloud.hide = lambda m: calls["n"] == 1       # the next listing comes back empty, once
-        return "list_empty"
+        return True

@@ -20,6 +20,9 @@ class World(abc.ABC):
     max_live = 60                # above this, a launch request first scales the cluster down
     forbidden: set[str]          # catalog instance type names the rules forbid
     foreign_ids: list[str]       # machines of another cluster, or untagged, placed in the cloud
+    # The backend tells why a machine went (a terminate call or the cloud reclaiming it), so the matrix asserts
+    # that no offering is marked interrupted by another object's terminate; False: counted only.
+    judges_reasons = True
 
     def __init__(self, provider_config: dict[str, Any]):
         self.provider_config = provider_config
@@ -78,6 +81,10 @@ class World(abc.ABC):
     @abc.abstractmethod
     def glitch_next_listing(self, rng: random.Random) -> str:
         """The next listing fails, raises something unexpected, or comes back empty; returns the kind."""
+
+    def empty_first_listing(self) -> bool:
+        """Arm an empty (successful) page for the next listing, a fresh object's first; False: not supported."""
+        return False
 
     def tidy(self) -> None:
         """Called after every step, once the invariants held: housekeeping the cloud would do by itself."""
