@@ -177,7 +177,8 @@ class OpenFitter:
                                             {"resources": dict(shape), "node_config": dict(node_config)}, False,
                                             self.resolver.backend_overrides)
             self._why[request] = (str(explained).splitlines()[0].replace("node type 'open' ", "the demand ")
-                                  .replace("available_node_types.open.", "the demand's "))
+                                  .replace("available_node_types.open.", "the demand's ")
+                                  .replace("available_node_types.open", "the demand"))
         return self._why[request]
 
     def _plan(self, request: Request, quiet: bool) -> Plan:
