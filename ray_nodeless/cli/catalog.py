@@ -12,6 +12,7 @@ from ray_nodeless.cli.errors import FAILURE, user_errors
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.catalog.refresh import CACHE_DIR_ENV, SOURCE_LIVE, resolve_live, summarize
 from ray_nodeless.core.cluster_plan import load_catalog
+from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers import backend_config, price_clouds
 
@@ -69,10 +70,11 @@ def catalog_refresh(cloud: str, region: str, out: str | None, cache_dir: str | N
     Exit status 1 when the cloud could not be read (the last good cache file, if any, is kept and nothing is
     written to --out); 2 for bad input."""
     options = {"endpoint_url": endpoint_url, "project_id": project_id, "api_endpoint": api_endpoint}
-    provider = {k: v for k, v in options.items() if v}
+    provider = {"cloud": cloud, "region": region, **{k: v for k, v in options.items() if v}}
     with user_errors(other=()):
-        try:
-            live = backend_config(cloud).live_catalog(provider, region)
+        try:   # the options as the backend's own section (what its live_catalog hook reads), parsed once
+            config = backend_config(cloud)
+            live = config.live_catalog(parse_section(config.settings_model, provider, "provider"), region)
         except ConfigError as e:   # name the option, not the provider key it stands for
             option = REFRESH_OPTIONS.get(e.key.removeprefix("provider."))
             raise (ConfigError(option, str(e).split(": ", 1)[1]) if option else e) from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.catalog.refresh import (
@@ -18,6 +18,7 @@ from ray_nodeless.core.catalog.refresh import (
 )
 from ray_nodeless.core.cluster_plan import load_catalog, planner_for
 from ray_nodeless.core.planner import Planner
+from ray_nodeless.core.schema import Section
 from ray_nodeless.core.settings import ProviderSettings
 from ray_nodeless.errors import CatalogError, ConfigError
 from ray_nodeless.providers import backend_config
@@ -41,27 +42,24 @@ def _check_region(catalog: catalog_mod.Catalog, settings: ProviderSettings) -> N
         raise ConfigError("provider.region", str(e)) from e
 
 
-def catalog_result(settings: ProviderSettings, provider: Mapping[str, Any], *, cache_dir: str | Path | None = None,
+def catalog_result(settings: ProviderSettings, backend_settings: Section, *, cache_dir: str | Path | None = None,
                    clock: Callable[[], float] = time.time, force: bool = False,
                    memory: MemoryCache = MEMORY) -> CatalogResult:
-    """The catalog that prices decisions and where it came from. `live` never fails for the cloud's sake (a live
-    catalog is an optimisation); a file that cannot be read, or a region no catalog covers, is a ConfigError."""
+    """The catalog that prices decisions and where it came from, from the loader's parsed parts (the core's
+    `settings`, and the backend's section that its `live_catalog` hook reads: credentials, endpoint, project).
+    `live` never fails for the cloud's sake (a live catalog is an optimisation); a file that cannot be read, or a
+    region no catalog covers, is a ConfigError."""
     if settings.catalog != "live":
         catalog = catalog_for(settings)
         if settings.catalog == "embedded":
             return CatalogResult(catalog, SOURCE_EMBEDDED, None, "provider.catalog: embedded")
         return CatalogResult(catalog, SOURCE_FILE, None, f"provider.catalog: {settings.catalog}",
                              Path(settings.catalog))
-    live = backend_config(settings.cloud).live_catalog(provider, settings.region)
+    live = backend_config(settings.cloud).live_catalog(backend_settings, settings.region)
     result = resolve_live(live, ttl_s=settings.catalog_ttl_s, cache_dir=cache_dir, clock=clock, force=force,
                           memory=memory, no_live_reason=f"the {settings.cloud} backend has no live catalog")
     _check_region(result.catalog, settings)
     return result
-
-
-def provider_catalog(settings: ProviderSettings, provider: Mapping[str, Any]) -> catalog_mod.Catalog:
-    """`catalog_result(...).catalog`."""
-    return catalog_result(settings, provider).catalog
 
 
 class PlanningCatalog:

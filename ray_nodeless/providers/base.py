@@ -214,9 +214,10 @@ class BackendConfig:
     supports_interruption_queue: ClassVar[bool] = False
 
     @classmethod
-    def interruption_queue_client(cls, queue_url: str, provider: Mapping[str, Any]) -> Any:
+    def interruption_queue_client(cls, queue_url: str, settings: Section) -> Any:
         """A client of the interruption queue at `queue_url` with SQS's `receive_message` / `delete_message`
-        (interruptions/queue.py polls it). Only called when `supports_interruption_queue`; default: ConfigError."""
+        (interruptions/queue.py polls it), from the backend's parsed `settings` (an instance of `settings_model`:
+        its credentials, region). Only called when `supports_interruption_queue`; default: ConfigError."""
         raise ConfigError("provider.interruption_queue_url", f"backend {cls.cloud or cls.__name__!r} polls no "
                                                              "interruption queue")
 
@@ -257,11 +258,12 @@ class BackendConfig:
         return []
 
     @classmethod
-    def live_catalog(cls, provider: Mapping[str, Any], region: str) -> LiveCatalog | None:
-        """For `provider.catalog: live`: how to read `region`'s catalog from this backend's cloud (no I/O here; the
-        policy of `core/catalog/refresh.py` decides when to call its `fetch`). None, the default (local and
+    def live_catalog(cls, settings: Section, region: str) -> LiveCatalog | None:
+        """For `provider.catalog: live`: how to read `region`'s catalog from this backend's cloud, with what its
+        parsed `settings` (an instance of `settings_model`) say of credentials, endpoint and project (no I/O here;
+        the policy of `core/catalog/refresh.py` decides when to call its `fetch`). None, the default (local and
         third-party backends): no live catalog; the embedded one is used, with a warning. May raise ConfigError
-        for a provider block that cannot name what to read."""
+        for settings that cannot name what to read."""
         return None
 
 

@@ -59,7 +59,7 @@ class NodelessProvider(NodeProvider):
         self.settings = self.bundle.core
         # Loaded at the first launch: `ray down` and `sweep` list and terminate without it (a gone catalog file,
         # or a live catalog's price lists, must not keep machines running).
-        self._catalog = PlanningCatalog(lambda: catalog_result(self.settings, provider_config))
+        self._catalog = PlanningCatalog(lambda: catalog_result(self.settings, self.bundle.backend_settings))
         self.backend = self.bundle.make_backend(cluster_name)
         self.registration = self.bundle.make_registration(cluster_name)
         self.resolver = Resolver(self.settings, self.bundle.requirement_overrides)
@@ -82,7 +82,7 @@ class NodelessProvider(NodeProvider):
             # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
             # nor wait on a GCS they may not reach.
             url = self.settings.interruption_queue_url
-            sqs = self.backend.interruption_queue_client(url, provider_config)     # the backend's (AWS: SQS)
+            sqs = self.backend.interruption_queue_client(url, self.bundle.backend_settings)   # AWS: SQS
             self.interruptions = InterruptionQueue(sqs, url, RayDrainer(gcs))
 
     def _open_types(self, config_path: str) -> OpenTypes:

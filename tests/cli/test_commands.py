@@ -100,8 +100,7 @@ def test_catalog_list_unknown_region_is_bad_input():
 def test_catalog_refresh_gcp_needs_a_project():
     r = run("catalog", "refresh", "--cloud", "gcp", "--region", "us-central1")
     assert r.exit_code == 2
-    assert r.output == ("ray-nodeless: error: --project-id: required for a live gcp catalog (the project whose "
-                        "machine types are read)\n")
+    assert r.output == "ray-nodeless: error: --project-id: is required\n"
 
 
 # -- status ------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from ray_nodeless.interruptions.drain import RayDrainer
 from ray_nodeless.interruptions.notices import spot_event
 from ray_nodeless.interruptions.queue import QUEUE_BATCH, QUEUE_MAX_RECEIVES, STALE_AFTER_S, InterruptionQueue
-from ray_nodeless.providers import backend_config
+from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.aws.interruption_queue import queue_endpoint
 from ray_nodeless.providers.base import Machine
 from ray_nodeless.testing.moto_server import unique
@@ -46,11 +46,12 @@ def _left(sqs, url) -> int:
 
 
 def _queue(moto, url, **kw) -> InterruptionQueue:
-    provider = {"region": "us-east-1", "aws_credentials": {"aws_access_key_id": "testing",
-                                                           "aws_secret_access_key": "testing"}}
-    # The client the provider gets: the aws backend config's hook.
-    return InterruptionQueue(backend_config("aws").interruption_queue_client(url, provider), url, NEVER,
-                             min_interval_s=0, **kw)
+    provider = {"cloud": "aws", "region": "us-east-1", "aws_credentials": {"aws_access_key_id": "testing",
+                                                                           "aws_secret_access_key": "testing"}}
+    # The client the provider gets: the aws backend config's hook, on the loader's parsed aws section.
+    bundle = load_provider(provider)
+    return InterruptionQueue(bundle.backend_config.interruption_queue_client(url, bundle.backend_settings), url,
+                             NEVER, min_interval_s=0, **kw)
 
 
 def test_queue_url_names_the_endpoint_and_region():

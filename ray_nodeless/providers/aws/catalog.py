@@ -29,7 +29,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from ray_nodeless.core.catalog import FORMAT_VERSION, Catalog, InstanceType, embedded, region_entry, type_row
 from ray_nodeless.core.catalog.refresh import LiveCatalog, LiveFetch
@@ -324,12 +324,6 @@ def live_catalog(region: str, *, session_kwargs: dict | None = None, endpoint_ur
     return LiveCatalog(cloud="aws", region=region, cache_name=f"aws-{region}{suffix}", fetch=fetch_now,
                        quality=price_quality,
                        describe=f"EC2 + Pricing APIs{' at ' + endpoint if endpoint else ''}")
-
-
-def live_catalog_for(provider: Mapping[str, Any], region: str) -> LiveCatalog:
-    """`AwsConfig.live_catalog`: the provider block's credentials and endpoint."""
-    return live_catalog(region, session_kwargs=provider.get("aws_credentials"),
-                        endpoint_url=provider.get("endpoint_url"))
 
 
 def _short(e: BaseException) -> str:

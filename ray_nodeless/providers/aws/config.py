@@ -43,10 +43,10 @@ class AwsConfig(BackendConfig):
         fill_default_images(cluster_config, settings.region, settings.image_id)
 
     @classmethod
-    def interruption_queue_client(cls, queue_url: str, provider: Mapping[str, Any]) -> Any:
+    def interruption_queue_client(cls, queue_url: str, settings: AwsSettings) -> Any:
         from ray_nodeless.providers.aws.interruption_queue import sqs_client   # boto3 only when a queue is set
 
-        return sqs_client(queue_url, provider)
+        return sqs_client(queue_url, settings)
 
     @classmethod
     def interruption_source(cls, metadata_url: str | None) -> Any:
@@ -79,7 +79,8 @@ class AwsConfig(BackendConfig):
                 "it sets pins this node type then (this preview makes no API call and cannot read it)"]
 
     @classmethod
-    def live_catalog(cls, provider: Mapping[str, Any], region: str) -> LiveCatalog:
-        from ray_nodeless.providers.aws.catalog import live_catalog_for   # reads the cloud only when fetched
+    def live_catalog(cls, settings: AwsSettings, region: str) -> LiveCatalog:
+        from ray_nodeless.providers.aws.catalog import live_catalog   # reads the cloud only when fetched
 
-        return live_catalog_for(provider, region)
+        return live_catalog(region, session_kwargs=settings.session_kwargs() or None,
+                            endpoint_url=settings.endpoint_url)

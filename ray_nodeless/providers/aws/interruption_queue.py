@@ -3,10 +3,9 @@ interruptions/queue.py): `AwsConfig.interruption_queue_client`. boto3 is importe
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
-from ray_nodeless.core.schema import parse_section
 from ray_nodeless.interruptions.queue import QUEUE_WAIT_S
 from ray_nodeless.providers.aws.settings import AwsSettings
 
@@ -27,13 +26,12 @@ def queue_endpoint(queue_url: str) -> tuple[str, str | None]:
     return f"{parts.scheme}://{parts.netloc}", region
 
 
-def sqs_client(queue_url: str, provider_config: Mapping[str, Any]) -> Any:
-    """A boto3 SQS client for the queue, with the provider's AWS credentials and region."""
+def sqs_client(queue_url: str, settings: AwsSettings) -> Any:
+    """A boto3 SQS client for the queue, with the backend's parsed AWS credentials and region."""
     from botocore.config import Config
 
     from ray_nodeless.providers.aws.clients import session
 
-    settings = parse_section(AwsSettings, provider_config, "provider")
     endpoint, region = queue_endpoint(queue_url)
     cfg = Config(retries={"mode": "standard", "total_max_attempts": 1}, connect_timeout=SQS_CONNECT_TIMEOUT_S,
                  read_timeout=SQS_READ_TIMEOUT_S)

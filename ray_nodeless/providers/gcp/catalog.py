@@ -22,7 +22,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from ray_nodeless.core.catalog import (
     CAPACITY_TYPES,
@@ -37,7 +37,7 @@ from ray_nodeless.core.catalog import (
 from ray_nodeless.core.catalog.refresh import LiveCatalog, LiveFetch
 from ray_nodeless.core.cloud_facts import GCP_BURSTABLE_TYPES, gcp_family
 from ray_nodeless.core.gpus import GPU_MEMORY_GIB, canonical_gpu
-from ray_nodeless.errors import CatalogError, ConfigError
+from ray_nodeless.errors import CatalogError
 
 logger = logging.getLogger(__name__)
 
@@ -210,21 +210,11 @@ def live_catalog(region: str, project_id: str, *, api_endpoint: str | None = Non
                        describe=f"Compute API{' at ' + api_endpoint if api_endpoint else ''}, project {project_id}")
 
 
-def live_catalog_for(provider: Mapping[str, Any], region: str) -> LiveCatalog:
-    """`GcpConfig.live_catalog`: the provider block's project, endpoint and credentials."""
-    from ray_nodeless.core.schema import parse_section
-    from ray_nodeless.providers.gcp.settings import GcpSettings
-
-    project_id = provider.get("project_id")
-    if not isinstance(project_id, str) or not project_id:
-        raise ConfigError("provider.project_id", "required for a live gcp catalog (the project whose machine "
-                                                 "types are read)")
-    if "credentials" in provider or "gcp_credentials" in provider:
-        def credentials() -> Any:
-            return parse_section(GcpSettings, provider, "provider").client_credentials()
-    else:
-        credentials = None    # type: ignore[assignment]  # Application Default Credentials
-    return live_catalog(region, project_id, api_endpoint=provider.get("api_endpoint"), credentials=credentials)
+def live_catalog_for(settings: Any, region: str) -> LiveCatalog:
+    """`GcpConfig.live_catalog`: the parsed settings' (a GcpSettings) project, endpoint and credentials (built
+    only when the cloud is read; None from `client_credentials`: Application Default Credentials)."""
+    return live_catalog(region, settings.project_id, api_endpoint=settings.api_endpoint,
+                        credentials=settings.client_credentials)
 
 
 def _embedded_or_none() -> Catalog | None:

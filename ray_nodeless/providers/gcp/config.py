@@ -3,7 +3,7 @@ node_config checks (node_config.py) and the hooks callers outside providers/ use
 cloud's name. No Compute client, no Ray."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ray_nodeless.core.catalog.refresh import LiveCatalog
 from ray_nodeless.core.node_resources import FillRule
@@ -56,7 +56,7 @@ class GcpConfig(BackendConfig):
         return GcpSwapIn()
 
     @classmethod
-    def live_catalog(cls, provider: Mapping[str, Any], region: str) -> LiveCatalog:
+    def live_catalog(cls, settings: GcpSettings, region: str) -> LiveCatalog:
         from ray_nodeless.providers.gcp.catalog import live_catalog_for   # reads the cloud only when fetched
 
-        return live_catalog_for(provider, region)
+        return live_catalog_for(settings, region)

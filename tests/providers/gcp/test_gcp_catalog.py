@@ -174,10 +174,11 @@ def test_provider_catalog_live_goes_through_the_hook_and_honours_catalog_ttl_s(f
     """`provider.catalog: live` on gcp (what NodelessProvider loads at its first launch): the GcpConfig hook, the
     disk cache, `catalog_ttl_s`; priced from the real embedded catalog by default."""
     provider = provider_block(fake, catalog_ttl_s=600)
-    settings = load_provider(provider).core
+    bundle = load_provider(provider)
+    settings, gcp = bundle.core, bundle.backend_settings     # what the provider object hands catalog_result
     assert settings.catalog_ttl_s == 600
     clock, memory = Clock(), MemoryCache()
-    r = catalog_result(settings, provider, cache_dir=tmp_path, clock=clock, memory=memory)
+    r = catalog_result(settings, gcp, cache_dir=tmp_path, clock=clock, memory=memory)
     assert r.source == "live" and r.path is not None and r.path.exists()
     cat = r.catalog
     assert cat.doc["price_catalog"] == embedded().catalog_id
@@ -188,17 +189,18 @@ def test_provider_catalog_live_goes_through_the_hook_and_honours_catalog_ttl_s(f
             assert want is not None and got is not None and got.hourly_price == want.hourly_price
     n = len(fake.requests)
     clock.now += 599
-    assert catalog_result(settings, provider, cache_dir=tmp_path, clock=clock, memory=memory).source == "memory"
-    assert catalog_result(settings, provider, cache_dir=tmp_path, clock=clock).source == "disk"
+    assert catalog_result(settings, gcp, cache_dir=tmp_path, clock=clock, memory=memory).source == "memory"
+    assert catalog_result(settings, gcp, cache_dir=tmp_path, clock=clock).source == "disk"
     assert len(fake.requests) == n
     clock.now += 2                                         # past catalog_ttl_s
-    assert catalog_result(settings, provider, cache_dir=tmp_path, clock=clock, memory=memory).source == "live"
+    assert catalog_result(settings, gcp, cache_dir=tmp_path, clock=clock, memory=memory).source == "live"
     assert len(fake.requests) > n
     # Another project or endpoint never shares the cache file.
     other = gcp_catalog.live_catalog(REGION, "other-project", api_endpoint=fake.url)
-    assert other.cache_name != gcp_catalog.live_catalog_for(provider, REGION).cache_name
+    assert other.cache_name != gcp_catalog.live_catalog_for(gcp, REGION).cache_name
 
 
 def test_live_hook_needs_a_project() -> None:
-    with pytest.raises(ConfigError, match=r"^provider.project_id: required for a live gcp catalog"):
-        gcp_catalog.live_catalog_for({"region": REGION}, REGION)
+    """The hook reads the parsed settings, so a block without a project never reaches it: the loader names the key."""
+    with pytest.raises(ConfigError, match=r"^provider.project_id: is required"):
+        load_provider({"cloud": "gcp", "region": REGION, "catalog": "live"})
