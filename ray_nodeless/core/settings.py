@@ -117,6 +117,9 @@ class CoreSettings(Section):
 
 
 CORE_KEYS = declared_keys(CoreSettings)
+# The keys only planning reads (which offering a launch gets): listing, tagging and terminating never need them, so
+# a teardown reads the block without them when they do not parse (parse_provider's `planning=False`).
+PLANNING_KEYS = ("exclude", "rules")
 
 # The name the core's settings had when a dataclass copied the fields of CoreSettings; kept for callers of it.
 ProviderSettings = CoreSettings
@@ -140,16 +143,28 @@ def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
 
 def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None = None,
                    known_keys: Iterable[str] | None = None, catalog_cloud: str | None = None,
-                   price_clouds: Iterable[str] | None = None) -> CoreSettings:
+                   price_clouds: Iterable[str] | None = None, planning: bool = True) -> CoreSettings:
     """The core's reading of the provider block (one validation of CoreSettings). What only the backend registry
     knows comes from the launch layer's loader: `clouds` (the registry's names), `known_keys` (the backend's and
     registration's declared keys), `catalog_cloud` (the backend's own catalog cloud, None for a backend that is
     not a cloud) and `price_clouds` (every catalog cloud, what `simulate_cloud` may name). Without them only the
     core keys are checked and the block is priced as `simulate_cloud` (default DEFAULT_PRICE_CLOUD): right for a
-    backend that is not a cloud; a cloud backend's block is read through `launch.config.load_provider`."""
+    backend that is not a cloud; a cloud backend's block is read through `launch.config.load_provider`.
+
+    `planning=False` (teardown: `ray down`, `sweep`): a mistake in PLANNING_KEYS is a warning and the block is read
+    without them (the default rule, no exclusions), so a rule broken or tightened since `ray up` cannot keep the
+    cluster's machines running; every other key is checked as always (the backend must still be built)."""
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
-    core = parse_section(CoreSettings, provider, "provider")
+    try:
+        core = parse_section(CoreSettings, provider, "provider")
+    except ConfigError as e:
+        if planning or not any(e.key == f"provider.{k}" or e.key.startswith((f"provider.{k}.", f"provider.{k}["))
+                               for k in PLANNING_KEYS):
+            raise
+        logger.warning("%s; not needed to end the cluster's machines: reading the provider block without %s", e,
+                       " and ".join(PLANNING_KEYS))
+        core = parse_section(CoreSettings, {k: v for k, v in provider.items() if k not in PLANNING_KEYS}, "provider")
     if known_keys is not None:
         check_keys(provider, known_keys)
     if clouds is not None and core.cloud not in set(clouds):

@@ -25,6 +25,7 @@ from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,
 )
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
+from ray_nodeless.ray_adapter.compat import in_teardown
 from ray_nodeless.registrations import registration_class
 from ray_nodeless.registrations.base import Registration
 
@@ -74,9 +75,14 @@ class ProviderBundle:
         self.backend_config.check_node_config(self.backend_settings, node_type, node_config, key)
 
 
-def load_provider(provider: Any) -> ProviderBundle:
+def load_provider(provider: Any, *, planning: bool | None = None) -> ProviderBundle:
     """The one loader of a provider block: every key validated once (core, backend and registration keys; unknown
-    keys with a did-you-mean), errors naming the key. Imports no cloud SDK: `bundle.backend_class()` does."""
+    keys with a did-you-mean), errors naming the key. Imports no cloud SDK: `bundle.backend_class()` does.
+
+    `planning=False` reads it for a teardown: `rules` / `exclude` that do not parse are a warning, not an error
+    (core.settings.parse_provider), so that `ray down` and `sweep` end the machines whatever the rules say now.
+    None (the default): False inside Ray's `ray down` (its teardown_cluster builds provider objects and calls
+    bootstrap_config, and tells neither), else True."""
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
     cloud = provider.get("cloud", "local")
@@ -87,7 +93,8 @@ def load_provider(provider: Any) -> ProviderBundle:
     player = player_settings_model(provider)      # played machines: the player's keys (providers/local/played.py)
     models = (cls.settings_model, reg.settings_model) + ((player,) if player is not None else ())
     core = parse_provider(provider, clouds=backend_names(), known_keys=declared_keys(*models),
-                          catalog_cloud=cls.catalog_cloud, price_clouds=price_clouds())
+                          catalog_cloud=cls.catalog_cloud, price_clouds=price_clouds(),
+                          planning=not in_teardown() if planning is None else planning)
     if core.interruption_queue_url is not None and not cls.supports_interruption_queue:
         raise ConfigError("provider.interruption_queue_url", f"backend {core.cloud!r} polls no queue of "
                                                              "interruption warnings (the aws backend polls an SQS "

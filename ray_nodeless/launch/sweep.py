@@ -87,7 +87,7 @@ class Sweep:
         name = cluster_config.get("cluster_name")
         if not isinstance(name, str) or not name:
             raise ConfigError("cluster_name", "missing: a sweep ends only what is tagged with the cluster's name")
-        bundle = load_provider(cluster_config.get("provider"))   # keys only: never plans
+        bundle = load_provider(cluster_config.get("provider"), planning=False)   # keys only: never plans
         self.cluster_name = name
         self.workers_only = workers_only
         self.progress = progress

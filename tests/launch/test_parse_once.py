@@ -1,22 +1,36 @@
-"""The provider block is parsed once per provider object (issue 15, "parse once").
+"""The provider block is parsed once per provider object (issue 15, "parse once"), and the walk of
+`provider_config` from the adapter goes down only: after the loader, nothing reads the raw block again.
 
 Counted, not assumed: every declared settings section (core, backend, registration) is a pydantic model deriving
 from `core.schema.Section`, and every parse of one goes through pydantic's `model_validate`. The `validations`
 fixture wraps that classmethod (calling through to pydantic unchanged) and records which model validated what, so a
 second parse of the provider block anywhere on the path (a backend constructor, a registration, a per-launch
-requirement check, the interruption queue's client) shows up as a second count of the same model.
+requirement check, the interruption queue's client) shows up as a second count of the same model. The
+`loader_calls` fixture does the same for the loader's functions (`load_provider`, `parse_provider`,
+`parse_section`): each is wrapped, calling through unchanged, in every module that holds it. And the raw block
+itself is emptied once the provider object exists: a part that climbed back up for a key would then fail.
 """
 from __future__ import annotations
 
+import functools
+import sys
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from pydantic import BaseModel
 
+import ray_nodeless.launch.sweep  # noqa: F401 - every module holding a loader function is imported before wrapping
+import ray_nodeless.providers.aws.backend  # noqa: F401
+import ray_nodeless.providers.aws.interruption_queue  # noqa: F401
+from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core import schema, settings
+from ray_nodeless.core.catalog.refresh import CACHE_DIR_ENV, LiveCatalog, LiveFetch
 from ray_nodeless.core.schema import Section
 from ray_nodeless.core.settings import CoreSettings
+from ray_nodeless.launch import config as launch_config
 from ray_nodeless.launch.config import ProviderBundle, load_provider
+from ray_nodeless.providers.aws.config import AwsConfig
 from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.registrations.vm import VmSettings
@@ -153,3 +167,160 @@ def test_a_registered_backend_gets_its_own_section_parsed(knob_registered: None,
     with pytest.raises(ConfigError) as e:
         load_provider(dict(FAKE, cloud="knob", fake_knop=3))
     assert e.value.key == "provider.fake_knop" and "fake_knob" in str(e.value)
+
+
+# --------------------------------------------------------------------------------- the walk goes down only
+
+LOADER_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "load_provider": launch_config.load_provider,
+    "parse_provider": settings.parse_provider,
+    "parse_section": schema.parse_section,
+}
+
+
+@pytest.fixture
+def loader_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How often each loader function ran, wherever it was called from: each is replaced, in every ray_nodeless
+    module that holds it (`from ... import parse_section` binds it in the importer), by a wrapper that counts and
+    calls through to it unchanged."""
+    calls: Counter[str] = Counter()
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    wrappers = {name: counted(name, fn) for name, fn in LOADER_FUNCTIONS.items()}
+    for module_name, module in sorted(sys.modules.items()):
+        if module is None or not module_name.startswith("ray_nodeless"):
+            continue
+        for name, fn in LOADER_FUNCTIONS.items():
+            if getattr(module, name, None) is fn:
+                monkeypatch.setattr(module, name, wrappers[name])
+    return calls
+
+
+def region_doc(cloud: str, region: str) -> dict[str, Any]:
+    """One embedded region as a single-file catalog document (what a live read of the cloud returns)."""
+    emb = catalog_mod.embedded()
+    rc = emb.region(cloud, region)
+    rows = [(o.instance_type.name, o.zone, o.capacity, o.hourly_price) for o in rc.offerings()]
+    types = list(emb.types(cloud))
+    return {"format": 1, "name": "live-copy", "clouds": {cloud: {
+        "types": [catalog_mod.type_row(t) for t in types], "regions": {region: catalog_mod.region_entry(types, rows)}}}}
+
+
+class LiveSettings(Section):
+    """A third-party backend's keys that say where its live catalog is read."""
+
+    live_endpoint: str = "https://catalog.invalid"
+
+
+class LiveBackend(fake_backend.FakeBackend):
+    """A registered backend with a live catalog: its hook records the settings it was handed."""
+
+    cloud = "live"
+    settings_model = LiveSettings
+    handed: list[Any] = []
+
+    @classmethod
+    def live_catalog(cls, settings: Section, region: str) -> LiveCatalog:
+        cls.handed.append(settings)
+        return LiveCatalog(cloud="aws", region=region, cache_name=f"live-{region}",
+                           fetch=lambda: LiveFetch(region_doc("aws", region)), describe=settings.live_endpoint)
+
+
+@pytest.fixture
+def live_registered(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from ray_nodeless import providers
+
+    monkeypatch.setattr(providers, "_BACKENDS", dict(providers._BACKENDS))
+    monkeypatch.setattr(providers, "_CONFIGS", dict(providers._CONFIGS))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "catalog-cache"))
+    monkeypatch.setattr(LiveBackend, "handed", [])
+    providers.register_backend("live", __name__, "LiveBackend")
+
+
+def launch_and_list(provider: NodelessProvider, n: int = 3) -> list[str]:
+    for i in range(n):
+        assert provider.create_node_with_resources_and_labels(
+            {}, dict(WORKER_TAGS, **{"ray-launch-request": f"r{i}"}), 1, {"CPU": 4, "GPU": 1}, {})
+    nodes = provider.non_terminated_nodes({})
+    assert len(nodes) == n and all(provider.node_tags(m)["ray-user-node-type"] == "gpu_worker" for m in nodes)
+    return nodes
+
+
+def test_the_walk_of_provider_config_goes_down_only(loader_calls: Counter[str], validations: Validations) -> None:
+    """Construction: one load_provider, which parses the core once (parse_provider -> parse_section) and the
+    backend's and the registration's sections once each. Launches, listing and terminate: nothing, and the raw
+    block, emptied after construction, is never read again (a part that climbed back up for a key would fail)."""
+    cloud = fake_backend.reset()
+    raw = dict(FAKE)
+    provider = NodelessProvider(raw, "c1")
+    assert loader_calls == Counter({"load_provider": 1, "parse_provider": 1, "parse_section": 3})
+    assert validations.repeated() == {}
+    loader_calls.clear()
+    validations.clear()
+    raw.clear()
+    nodes = launch_and_list(provider)
+    assert provider._catalog.loaded                       # the first launch loaded the catalog, from the bundle
+    provider.terminate_nodes(nodes)
+    assert provider.non_terminated_nodes({}) == [] and len(cloud.launches) == 3
+    assert loader_calls == Counter() and validations.counts == Counter()
+
+
+def test_a_live_catalog_is_read_with_the_bundles_backend_section(live_registered: None, loader_calls: Counter[str],
+                                                                 validations: Validations) -> None:
+    """`catalog: live`: at the first launch the backend's live_catalog hook gets the loader's own parsed section
+    (not the raw block to parse again), and the block is not read again."""
+    fake_backend.reset()
+    raw = dict(FAKE, cloud="live", catalog="live", live_endpoint="https://catalog.example")
+    provider = NodelessProvider(raw, "c1")
+    assert loader_calls["load_provider"] == 1 and validations.of(LiveSettings) == 1
+    loader_calls.clear()
+    validations.clear()
+    raw.clear()
+    launch_and_list(provider)
+    assert LiveBackend.handed == [provider.bundle.backend_settings]
+    assert LiveBackend.handed[0] is provider.bundle.backend_settings
+    assert provider._catalog.result.source == "live" and provider._catalog.result.reason.endswith("catalog.example")
+    assert loader_calls == Counter() and validations.counts == Counter()
+
+
+def test_the_interruption_queue_client_gets_the_parsed_aws_section(moto: MotoServer, loader_calls: Counter[str],
+                                                                   validations: Validations,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the monitor (`--gcs-address` on its command line) the AWS provider builds its SQS client through the
+    backend's hook from the bundle's AwsSettings; polling the queue at each listing re-reads nothing."""
+    import boto3
+
+    sqs = boto3.client("sqs", region_name=REGION, endpoint_url=moto.url, **CREDS)
+    url = sqs.create_queue(QueueName="parse-once-spot")["QueueUrl"]
+    handed: list[Any] = []
+    hook = AwsConfig.interruption_queue_client.__func__
+
+    def recording(cls: type, queue_url: str, aws_settings: Section) -> Any:
+        handed.append(aws_settings)
+        return hook(cls, queue_url, aws_settings)
+
+    monkeypatch.setattr(AwsConfig, "interruption_queue_client", classmethod(recording))
+    monkeypatch.setattr(sys, "argv", [sys.argv[0], "--gcs-address=127.0.0.1:1"])     # as Ray's monitor runs
+    raw = dict(aws_provider(moto), interruption_queue_url=url)
+    provider = NodelessProvider(raw, "c1")
+    try:
+        assert provider.interruptions is not None
+        assert handed == [provider.bundle.backend_settings] and handed[0] is provider.bundle.backend_settings
+        assert loader_calls["load_provider"] == 1 and validations.of(AwsSettings) == 1
+        loader_calls.clear()
+        validations.clear()
+        raw.clear()
+        provider.create_node_with_resources_and_labels({}, dict(WORKER_TAGS, **{"ray-launch-request": "q1"}), 1,
+                                                       {"CPU": 4}, {})
+        assert len(provider.non_terminated_nodes({})) == 1      # the listing polls the queue (empty)
+        assert provider.interruptions.last_report is not None and not provider.interruptions.last_report.error
+        assert loader_calls == Counter() and validations.counts == Counter()
+    finally:
+        provider.terminate_nodes(provider.non_terminated_nodes({}))
+        provider.backend.close()
