@@ -21,6 +21,7 @@ import logging
 from typing import Any, Callable, Iterable, Mapping
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog.refresh import DEFAULT_TTL_S as CATALOG_TTL_S
@@ -48,6 +49,40 @@ RAY_PROVIDER_KEYS = frozenset({
     "autoscaler_service_account", "cloudwatch", "gcp_credentials", "location", "msi_identity_id",
     "msi_identity_principal_id", "namespace", "resource_group", "subnet_id", "subscription_id", "tags", "key_pair",
 })
+
+
+DEFAULT_GCS_PORT = 6379      # Ray's default head port: `ray start --head` listens on it without --port
+MAX_PORT = 65535
+
+
+class HeadAddress(Section):
+    """Where the cluster's head is: `head_ip` and `gcs_address`, declared once. Every section that needs them
+    derives from this (the local backend and the local players, `registration: vm`, `registration: kubernetes`), so
+    a block is read the same way by each: one check, one meaning. What each does without them is its own (the
+    reader's default): the head's GCS at `<head_ip>:6379` (DEFAULT_GCS_PORT), the head's address this process's."""
+
+    # The head's address (what Ray nodes and boot scripts reach it at). Also one of Ray's own provider keys.
+    head_ip: str | None = Field(None, min_length=1)
+    # host:port of the head's GCS (must match the head's `ray start --port`).
+    gcs_address: str | None = None
+
+    @field_validator("gcs_address")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        host, sep, port = value.rpartition(":")
+        if not sep or not host.strip() or not port.isdigit() or not 0 < int(port) <= MAX_PORT:
+            raise PydanticCustomError("host_port", f'must be "host:port" with a port in 1-{MAX_PORT}')
+        return value
+
+    def gcs_port(self) -> int:
+        """The head's GCS port: `gcs_address`'s, else DEFAULT_GCS_PORT."""
+        return int(self.gcs_address.rsplit(":", 1)[1]) if self.gcs_address else DEFAULT_GCS_PORT
+
+    def gcs_address_at(self, head_ip: str) -> str:
+        """`gcs_address`, else the head's default port at `head_ip`."""
+        return self.gcs_address or f"{head_ip}:{DEFAULT_GCS_PORT}"
 
 
 class CoreSettings(Section):

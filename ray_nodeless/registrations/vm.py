@@ -3,20 +3,16 @@
 `vm_boot.py`), since then nothing SSHes from the head to a new worker."""
 from __future__ import annotations
 
-from pydantic import Field
-
-from ray_nodeless.core.schema import Section
-from ray_nodeless.core.settings import CoreSettings
+from ray_nodeless.core.settings import CoreSettings, HeadAddress
 from ray_nodeless.providers.base import LaunchSpec
 from ray_nodeless.registrations.base import Registration
 from ray_nodeless.registrations.vm_boot import boots_itself, worker_boot_script
 
-DEFAULT_GCS_PORT = 6379          # Ray's default head port
 
+class VmSettings(HeadAddress):
+    """`registration: vm`'s keys: `head_ip` (the head's address for self-booting workers; default: this process's,
+    the monitor's) and `gcs_address` (its port is the one they join) are the core's declaration (HeadAddress)."""
 
-class VmSettings(Section):
-    head_ip: str | None = None       # the head's address for workers; default: this process's (the monitor's)
-    gcs_address: str | None = Field(None, pattern=r"^[^:\s]*:\d{1,5}$")
     # Ray's key, with Ray's meaning: no updater SSHes into new nodes; on a cloud, workers boot Ray themselves.
     disable_node_updaters: bool = False
 
@@ -31,7 +27,7 @@ class BareVM(Registration):
         self.settings = settings
         self.cluster_name = cluster_name
         self.head_ip = settings.head_ip
-        self.gcs_port = int((settings.gcs_address or f":{DEFAULT_GCS_PORT}").rsplit(":", 1)[1])
+        self.gcs_port = settings.gcs_port()
         self.cloud = core.cloud
         self.boots_itself = settings.disable_node_updaters and boots_itself(self.cloud)
         self.interruption_watcher = core.interruption_watcher

@@ -28,7 +28,6 @@ from ray_nodeless.providers.local.slots import default_head_ip
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_GCS_PORT = 6379     # Ray's default head port: where played pods' Ray nodes join without `gcs_address`
 # A player's environment variable: the kubeconfig the played kubelets act with (a kubelet's own identity may
 # create Nodes and Leases; the provider's ServiceAccount may not). Unset: the `kubernetes` block's kubeconfig.
 PLAYER_KUBECONFIG_ENV = "RAY_NODELESS_PLAYER_KUBECONFIG"
@@ -116,8 +115,7 @@ class KubeletPlay(Player):
         state_dir = default_state_dir(cluster_name, "-kubelet")
         head_ip = settings.head_ip or default_head_ip()
         super().__init__(state_dir / "home", head_ip)
-        gcs = (settings.gcs_address if "gcs_address" in settings.model_fields_set
-               else f"{head_ip}:{DEFAULT_GCS_PORT}")
+        gcs = settings.gcs_address_at(head_ip)       # the head the registration points the pods at
         processes = LocalNodeProcesses(
             state_dir, gcs, object_store_memory=settings.local_object_store_memory,
             port_base=settings.local_port_base, start_timeout_s=settings.local_start_timeout_s,

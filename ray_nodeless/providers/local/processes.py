@@ -86,7 +86,7 @@ class LocalNodeProcesses:
 
     @classmethod
     def from_settings(cls, settings: NodeProcessSettings, state_dir: Path | str) -> "LocalNodeProcesses":
-        return cls(state_dir, settings.gcs_address, object_store_memory=settings.local_object_store_memory,
+        return cls(state_dir, settings.local_gcs_address(), object_store_memory=settings.local_object_store_memory,
                    port_base=settings.local_port_base, start_timeout_s=settings.local_start_timeout_s,
                    min_free_memory_mb=settings.local_min_free_memory_mb,
                    extra_ray_start_args=settings.local_ray_start_args, prewarm=settings.local_prewarm)

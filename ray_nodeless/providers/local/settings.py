@@ -23,15 +23,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, Field
 
 from ray_nodeless.core.schema import Section
+from ray_nodeless.core.settings import DEFAULT_GCS_PORT, HeadAddress
 from ray_nodeless.providers.base import BackendConfig
 from ray_nodeless.providers.local.slots import DEFAULT_PORT_BASE, MAX_PORT_BASE, MIN_PORT_BASE
 
-# Ray's default head port: what `ray start --head` listens on without --port.
-DEFAULT_GCS_ADDRESS = "127.0.0.1:6379"
+# Ray's default head on this host: what `ray start --head` listens on without --port.
+DEFAULT_GCS_ADDRESS = f"127.0.0.1:{DEFAULT_GCS_PORT}"
 # Ray refuses an object store below 75 MiB.
 MIN_OBJECT_STORE_MEMORY = 75 * 1024 * 1024
 # Just above Ray's minimum: keeps each node's /dev/shm footprint small (nodes here emulate VMs, not store data).
@@ -46,7 +46,6 @@ DEFAULT_MIN_FREE_MEMORY_MB = 800
 # capacity miss of one offering.
 DEFAULT_FAULT_CODE = "InsufficientInstanceCapacity"
 
-_MAX_PORT = 65535
 
 
 def default_state_dir(cluster_name: str, suffix: str = "") -> Path:
@@ -69,11 +68,11 @@ class FaultSpec(Section):
     times: int | None = Field(None, ge=0)
 
 
-class NodeProcessSettings(Section):
-    """What every local Ray node process is started with (the local backend's workers and the local player's)."""
+class NodeProcessSettings(HeadAddress):
+    """What every local Ray node process is started with (the local backend's workers and the local player's);
+    `head_ip` / `gcs_address` are the core's declaration (HeadAddress). Without `gcs_address` the local backend's
+    nodes join DEFAULT_GCS_ADDRESS (`local_gcs_address`), a played kubelet's pods `<head_ip>:6379`."""
 
-    gcs_address: str = DEFAULT_GCS_ADDRESS
-    head_ip: str | None = Field(None, min_length=1)
     local_object_store_memory: int = Field(DEFAULT_OBJECT_STORE_MEMORY, ge=MIN_OBJECT_STORE_MEMORY)
     local_port_base: int = Field(DEFAULT_PORT_BASE, ge=MIN_PORT_BASE, le=MAX_PORT_BASE)
     local_start_timeout_s: float = Field(DEFAULT_START_TIMEOUT_S, gt=0)
@@ -81,13 +80,10 @@ class NodeProcessSettings(Section):
     local_ray_start_args: list[str] = Field(default_factory=list)
     local_prewarm: bool = True
 
-    @field_validator("gcs_address")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host.strip() or not port.isdigit() or not 0 < int(port) <= _MAX_PORT:
-            raise PydanticCustomError("host_port", f'must be "host:port" with a port in 1-{_MAX_PORT}')
-        return value
+    def local_gcs_address(self) -> str:
+        """The GCS the local backend's and the Ray-node player's nodes join: `gcs_address`, else Ray's default head
+        on this host (DEFAULT_GCS_ADDRESS)."""
+        return self.gcs_address or DEFAULT_GCS_ADDRESS
 
 
 class LocalSettings(NodeProcessSettings):

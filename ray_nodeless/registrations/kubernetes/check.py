@@ -108,7 +108,7 @@ def check(provider_config: Mapping[str, Any], cluster_name: str = "check",
     manifest = ray_pod(k.pod_template, cluster=cluster_name, namespace=k.namespace, machine_id="dry-run",
                        node_type="check", is_head=False, instance_type="check", allocatable={"cpu": "1",
                        "memory": "1Gi"}, reserve_cpu=k.pod_reserve.cpu, reserve_memory=k.pod_reserve.memory,
-                       grace_s=k.pod_grace_s, gcs_address=settings.gcs_address or "127.0.0.1:6379",
+                       grace_s=k.pod_grace_s, gcs_address=settings.gcs_address_at("127.0.0.1"),
                        ray_resources={"CPU": 1.0}, ray_labels={})
     try:
         client.CoreV1Api(api).create_namespaced_pod(k.namespace, manifest, dry_run="All",

@@ -46,7 +46,6 @@ WATCH_TIMEOUT_S = 30          # server-side watch timeout: the watch is re-opene
 RETRY_S = 1.0                 # after a failed list/watch (API server down), before listing again
 NODE_KIND_TAG = "ray-node-type"          # Ray's TAG_RAY_NODE_KIND (value "head" / "worker")
 NODE_TYPE_TAG = "ray-user-node-type"     # Ray's TAG_RAY_USER_NODE_TYPE
-DEFAULT_GCS_PORT = 6379
 
 
 @dataclass
@@ -440,7 +439,7 @@ class KubernetesRegistration(Housekeeping, Registration):
         return get_node_ip_address()
 
     def _gcs_address(self) -> str:
-        return self.settings.gcs_address or f"{self._head_ip()}:{DEFAULT_GCS_PORT}"
+        return self.settings.gcs_address_at(self._head_ip())
 
 
 __all__ = ["KubernetesRegistration", "Tracked"]

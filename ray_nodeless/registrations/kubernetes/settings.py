@@ -35,6 +35,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field
 
 from ray_nodeless.core.schema import Section
+from ray_nodeless.core.settings import HeadAddress
 from ray_nodeless.errors import ConfigError
 
 KEY = "provider.kubernetes"
@@ -117,12 +118,11 @@ class KubernetesBlock(_Strict):
         return client.ApiClient(cfg)
 
 
-class KubernetesSettings(Section):
-    """The provider-block keys of `registration: kubernetes`."""
+class KubernetesSettings(HeadAddress):
+    """The provider-block keys of `registration: kubernetes`; `head_ip` (default: this process's address) and
+    `gcs_address` (the Ray pods' GCS; default: <head_ip>:6379) are the core's declaration (HeadAddress)."""
 
     kubernetes: KubernetesBlock
-    gcs_address: str | None = Field(None, pattern=r"^[^:\s]*:\d{1,5}$")   # default: <head_ip>:6379
-    head_ip: str | None = Field(None, min_length=1)                        # default: this process's address
 
 
 def default_kubeconfig() -> str | None:

@@ -21,7 +21,7 @@ def parse(**provider) -> LocalSettings:
 
 def test_defaults() -> None:
     s = parse()
-    assert s.gcs_address == DEFAULT_GCS_ADDRESS and s.local_object_store_memory == DEFAULT_OBJECT_STORE_MEMORY
+    assert s.gcs_address is None and s.local_gcs_address() == DEFAULT_GCS_ADDRESS and s.local_object_store_memory == DEFAULT_OBJECT_STORE_MEMORY
     assert s.state_dir is None and s.local_faults == [] and s.local_prewarm is True
 
 
