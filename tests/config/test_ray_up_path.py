@@ -35,19 +35,35 @@ CASES = [(b, corpus, name, mutate, key) for b in ("aws", "gcp")
 # the live ones (kubeconfig file, API server) that only `ray up` runs.
 CASES += [("k8s", "kubernetes", name, mutate, key) for name, mutate, key in VALUES_PER_BACKEND["k8s"] + LIVE_K8S]
 RESULTS: dict[tuple[str, str], list[bool]] = {}
-# Shapes Ray's own code crashes on before any plugin code runs (no hook precedes it: the plugin's class is imported
-# only after `prepare_config`): `create_or_update_cluster` reads `config["provider"]["type"]` (a missing provider is a
-# KeyError, a list a TypeError); `prepare_config` merges `setup_commands` into the other command lists (a string: a
-# TypeError), reads `docker` as a mapping (a list: AttributeError), fills each node type (an `available_node_types`
-# list: TypeError; a node type that is a string: AttributeError; an integer node type name: TypeError sorting the
-# names). `ray-nodeless plan` names each of them (test_bad_configs.py).
-RAY_CRASHES_FIRST = {"types-list", "node-type-string", "node-type-name-number", "setup-commands-string",
-                     "docker-list", "provider-list", "provider-missing"}
-
+# Shapes Ray's own `ray up` code crashes on before any code of ours runs, so no plugin can name them (`ray-nodeless
+# plan` does: test_bad_configs.py). What runs first in `create_or_update_cluster(config_file)`: yaml.safe_load, the
+# `up_started` event callbacks (only those registered in-process: none of ours, the plugin is not imported yet),
+# `config["provider"]["type"]`, then `_bootstrap_config`: `prepare_config` (fillout_defaults, merge_setup_commands,
+# validate_docker_config, fill_node_type_min_max_workers), the config cache's hash of the prepared config, and only
+# then the provider class's import (`_NODE_PROVIDERS["external"]` -> `provider.module`) and its bootstrap_config.
+# name -> (the Ray function whose line raises, the exception, why). test_ray_crashes_where_documented checks each
+# against the installed Ray's traceback; the corpus cases stay strict xfails (counted as not named).
+RAY_CRASHES: dict[str, tuple[str, type[BaseException], str]] = {
+    "provider-missing": ("create_or_update_cluster", KeyError,
+                         "reads config['provider']['type'] to pick the provider, before _bootstrap_config"),
+    "provider-list": ("create_or_update_cluster", TypeError,
+                      "reads config['provider']['type'] of a list, before _bootstrap_config"),
+    "setup-commands-string": ("merge_setup_commands", TypeError,
+                              "prepare_config concatenates setup_commands (a str) with the head/worker lists"),
+    "docker-list": ("validate_docker_config", AttributeError,
+                    "prepare_config calls config['docker'].get('image') on a list"),
+    "types-list": ("fill_node_type_min_max_workers", TypeError,
+                   "prepare_config indexes available_node_types (a list) by node type name"),
+    "node-type-string": ("fill_node_type_min_max_workers", AttributeError,
+                         "prepare_config calls setdefault('min_workers', 0) on a node type that is a str"),
+    "node-type-name-number": ("_bootstrap_config", TypeError,
+                              "the config cache key is json.dumps(config, sort_keys=True): an int node type name "
+                              "cannot be sorted among str names"),
+}
 
 def _param(b: str, corpus: str, name: str, mutate: Callable, key: str) -> Any:
-    marks = [pytest.mark.xfail(strict=True, reason="Ray's prepare_config crashes before the plugin runs")] \
-        if name in RAY_CRASHES_FIRST else []
+    marks = [pytest.mark.xfail(strict=True, reason=f"Ray's {RAY_CRASHES[name][0]} crashes before any plugin code "
+                                                   f"runs: {RAY_CRASHES[name][2]}")] if name in RAY_CRASHES else []
     return pytest.param(b, corpus, name, mutate, key, marks=marks, id=f"{b}-{name}")
 
 
@@ -135,6 +151,28 @@ def test_ray_up_names_the_key_and_launches_nothing(b, corpus, name, mutate, key,
     assert instances() == [], f"{name}: a machine exists after `ray up`"
     assert e is not None, f"{name}: `ray up` accepted the config (it would create the head)"
     assert named, f"{name}: {_message(e)[:2000]}"
+
+
+@pytest.mark.parametrize("b", ["aws", "gcp"])
+@pytest.mark.parametrize("name", sorted(RAY_CRASHES))
+def test_ray_crashes_where_documented(b, name, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each RAY_CRASHES shape, through the installed Ray's `create_or_update_cluster`: the crash is the documented
+    exception, raised in the documented Ray function, with no frame of ray_nodeless anywhere in the traceback (so no
+    hook of ours ran before it), and it never reaches the head step."""
+    import traceback
+
+    function, exc_type, _why = RAY_CRASHES[name]
+    [(mutate, key)] = [(m, k) for c, _corpus, n, m, k in CASES if c == b and n == name]
+    cfg = copy.deepcopy(base(b))
+    mutate(cfg)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    e = ray_up(path, monkeypatch)
+    assert isinstance(e, exc_type), f"{name}: {e!r}"
+    frames = traceback.extract_tb(e.__traceback__)
+    assert not [f for f in frames if "/ray_nodeless/" in f.filename], f"{name}: our code ran: {frames}"
+    ray_frames = [f for f in frames if f"{Path('ray', 'autoscaler')}" in f.filename]
+    assert ray_frames and ray_frames[-1].name == function, f"{name}: {[f.name for f in ray_frames]}"
 
 
 def test_rates(capsys):
