@@ -25,6 +25,11 @@ from ray_nodeless.core.planner import Plan, Planner
 NAME_MAX_LEN = 63
 # A YAML nested deeper than this is refused before anything walks it (recursive code would hit Python's limit).
 MAX_YAML_DEPTH = 100
+# Node types a cluster YAML may define. Planning keeps one plan per distinct shape and requirements plus a small
+# view per node type (benches/bench_plan_memory.py: BENCHMARKS.md has the figures), and Ray's own autoscaler walks
+# every node type at every update; far beyond what a cluster needs (a few to a few dozen), and it bounds the
+# memory of `plan` and `ray up` whatever the YAML holds.
+MAX_NODE_TYPES = 1000
 
 _planners: dict[str, Planner] = {}
 
@@ -85,8 +90,9 @@ def too_deep(doc: Any, limit: int = MAX_YAML_DEPTH) -> str | None:
 
 
 def check_names(cluster_config: Mapping[str, Any]) -> None:
-    """`cluster_name` and the node type names, as Ray and the backends can use them: strings, not empty (an empty
-    cluster name tags machines that `sweep` then cannot tell apart), printable, at most NAME_MAX_LEN characters."""
+    """`cluster_name` and the node type names (at most MAX_NODE_TYPES of them), as Ray and the backends can use
+    them: strings, not empty (an empty cluster name tags machines that `sweep` then cannot tell apart), printable,
+    at most NAME_MAX_LEN characters."""
     def check(value: Any, key: str, what: str) -> None:
         if not isinstance(value, str):
             raise ConfigError(key, f"{what} must be a string, got {value!r} ({type(value).__name__})")
@@ -101,6 +107,9 @@ def check_names(cluster_config: Mapping[str, Any]) -> None:
     if "cluster_name" in cluster_config:
         check(cluster_config["cluster_name"], "cluster_name", "the cluster name")
     types = cluster_config.get("available_node_types")
+    if isinstance(types, Mapping) and len(types) > MAX_NODE_TYPES:
+        raise ConfigError("available_node_types", f"{len(types)} node types; at most {MAX_NODE_TYPES} (node types "
+                                                  "of one shape can be one node type with a larger max_workers)")
     if isinstance(types, Mapping):
         for name in sorted(types, key=str):
             check(name, f"available_node_types.{name}", "a node type name")

@@ -4,7 +4,7 @@ reasons, the GPU models a request allows, the text of a failure) is here, so nei
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from ray_nodeless.core.catalog import Offering, RegionCatalog
 from ray_nodeless.core.requirements import Request
@@ -51,7 +51,7 @@ class Plan:
     request: Request
     catalog_id: str
     region: RegionCatalog
-    candidate_index: np.ndarray | list[int]   # offering indices into `region`, in ranking order
+    candidate_index: np.ndarray | Sequence[int]   # offering indices into `region`, in ranking order
     considered: int
     # Counting rejections by reason costs about as much as finding the candidates, and a launch never needs it:
     # it is computed on first use (explain(), the CLI) and kept.
@@ -66,6 +66,15 @@ class Plan:
             self._rejected = self._attribute()
             self._attribute = dict   # release the masks the closure held
         return self._rejected
+
+    def for_request(self, request: Request) -> Plan:
+        """This plan under another request of the same shape and requirements (another node type's name): the
+        candidates, the offerings made of them and the rejection counts are shared, not computed again."""
+        if request == self.request:
+            return self
+        return Plan(request=request, catalog_id=self.catalog_id, region=self.region,
+                    candidate_index=self.candidate_index, considered=self.considered,
+                    _attribute=lambda: self.rejected, _cache=self._cache)
 
     def __len__(self) -> int:
         return len(self.candidate_index)

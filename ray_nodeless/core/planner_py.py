@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import threading
+from array import array
 from typing import Sequence
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, RegionCatalog
@@ -186,8 +187,13 @@ class PyPlanner:
             cap_rank = [pref.get(c, len(pref)) for c in CAPACITY_TYPES]
             cap_ids = rc.cap_ids
             candidates.sort(key=lambda i: cap_rank[cap_ids[i]])   # stable, as numpy's kind="stable"
-        plan = Plan(request=request, catalog_id=self.catalog.catalog_id, region=rc, candidate_index=candidates,
-                    considered=len(rc), _attribute=lambda: _py_attribute(idx, type_checks, offering_checks))
+        # The rejection counts are recomputed from the request when asked (the masks are about 0.4 MB per plan in
+        # plain Python lists, and a cluster plan keeps every node type's plan); the candidates are kept as 4-byte
+        # integers rather than a list of int objects.
+        plan = Plan(request=request, catalog_id=self.catalog.catalog_id, region=rc,
+                    candidate_index=array("i", candidates), considered=len(rc),
+                    _attribute=lambda: _py_attribute(idx, _py_type_checks(idx, request),
+                                                     _py_offering_checks(idx, request)))
         if not candidates:
             raise NoFeasibleOffering(_py_failure_message(self.catalog.catalog_id, idx, request, type_checks,
                                                          offering_checks, plan.rejected), explanation=plan)
