@@ -76,7 +76,9 @@ def cluster_yaml(path: Path, workers: int, mix: str) -> str:
            "provider": {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "local",
                         "region": "us-west-2"},
            "auth": {"ssh_user": "ray"}, "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
-           "file_mounts": {}, "available_node_types": types}
+           "file_mounts": {}, "cluster_synced_files": [], "initialization_commands": [],
+           "head_start_ray_commands": [], "worker_start_ray_commands": [], "idle_timeout_minutes": 5,
+           "available_node_types": types}
     path.write_text(yaml.safe_dump(doc))
     return str(path)
 
