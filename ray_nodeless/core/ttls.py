@@ -34,9 +34,16 @@ LAUNCH_GRACE_S = 120.0
 # older instance's NotFound means it is gone.
 NOT_FOUND_RETRIES = 3
 # Ray v2 sends one launch request as several create_node calls (batches of AUTOSCALER_MAX_LAUNCH_BATCH = 5, for
-# several node types) under one request id; we number the batches per (request id, node type) and remember the
-# counters this long, far beyond the few seconds a request's batches are submitted in.
+# several node types) under one request id; we number the batches per (request id, node type, count) and remember
+# the counters this long: Ray retries a request at most max_num_retry_request_to_allocate (3) times, each after
+# its request_status_timeout_s.
 REQUEST_MEMORY_S = 3600.0
+# Ray v2 re-queues a REQUESTED instance no machine appeared for within request_status_timeout_s (600 s, its env
+# below) and launches it again under the same request id. The batches of one round start within seconds of each
+# other (minutes when Ray's launcher pool is busy); a call that starts more than half that timeout after the
+# round's first is Ray's retry: numbered from 0 again, so it gets the first round's tokens and machines.
+RAY_REQUEST_STATUS_TIMEOUT_ENV = "RAY_AUTOSCALER_RECONCILE_REQUEST_STATUS_TIMEOUT_S"
+RAY_REQUEST_STATUS_TIMEOUT_S = 600.0
 # A create_node call tries at most this many candidates per capacity type (then moves on: spot -> on-demand) and
 # stops after this long: in a spot drought an unbounded
 # walk made hundreds of RunInstances calls in one call (Karpenter's CreateFleet offers at most 60 types at once).

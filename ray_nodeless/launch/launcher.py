@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -26,11 +27,14 @@ from ray_nodeless.core.planner import Plan, Planner
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import (
-    BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, NoFeasibleOffering, TransientBackendError,
+    BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, ListingError, NoFeasibleOffering,
+    TransientBackendError,
 )
+from ray_nodeless.launch.budget import TAG_REQUEST, Budget, Hold
 from ray_nodeless.launch.catalog import PlanningCatalog
+from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.providers.base import (
-    TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, LaunchSpec,
+    TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, LaunchSpec, Machine,
     MachineBackend,
 )
 from ray_nodeless.registrations.base import Registration
@@ -40,12 +44,23 @@ logger = logging.getLogger(__name__)
 
 def request_token(cluster: str, launch_request: str, node_type: str, batch: int, offering: Offering,
                   count: int) -> str:
-    """A deterministic idempotency key per (launch request, node type, batch, offering): every batch Ray v2 sends
-    under one request id gets its own machines, a retry of the same batch and offering reuses the key (the cloud
-    returns the same machines), a fallback to the next offering gets a new one. 32 hex chars fit both EC2's
-    ClientToken (<= 64) and GCE's requestId (a UUID)."""
+    """A deterministic idempotency key per (launch request, node type, count, batch, offering), `batch` numbering
+    the calls of one count within a round of the request (`Launcher._ordinal`): every batch Ray v2 sends under one
+    request id gets its own machines; Ray's retry of the request (the same id, the same counts) gets the same keys,
+    so the cloud returns the machines the first round made; a fallback to the next offering gets a new one. 32 hex
+    chars fit both EC2's ClientToken (<= 64) and GCE's requestId (a UUID)."""
     text = f"{cluster}|{launch_request}|{node_type}|{batch}|{'|'.join(offering.key)}|{count}"
     return str(uuid.UUID(hashlib.sha256(text.encode()).hexdigest()[:32]))
+
+
+def retry_round_s() -> float:
+    """How long after a round's first call a call of the same (request id, node type) is still one of its batches
+    (ttls: half of Ray's request_status_timeout_s, read from Ray's own environment variable when set)."""
+    try:
+        timeout = float(os.environ.get(ttls.RAY_REQUEST_STATUS_TIMEOUT_ENV, ttls.RAY_REQUEST_STATUS_TIMEOUT_S))
+    except ValueError:
+        timeout = ttls.RAY_REQUEST_STATUS_TIMEOUT_S
+    return max(timeout, 1.0) / 2
 
 
 def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) -> dict[str, str]:
@@ -72,12 +87,21 @@ class Launcher:
     def __init__(self, cluster_name: str, catalog: PlanningCatalog, resolver: Resolver,
                  backend: MachineBackend, registration: Registration, unavailable: UnavailableOfferings,
                  terminate: Callable[[list[str]], None], hourly_cost: Callable[[], float] = lambda: 0.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, view: MachineView | None = None,
+                 price_of: Callable[[Machine], float] | None = None):
         self.cluster_name = cluster_name
         self.settings = resolver.settings
-        self._hourly_cost = hourly_cost    # what the cluster's live machines cost now, USD per hour
         self._clock = clock
-        self._batches: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
+        # The provider's view of its machines: the cost cap counts them (with what is reserved) and a retried
+        # launch whose machines it lists gets them from it. Without one, the cap counts `hourly_cost` only.
+        self._view = view
+        cap = self.settings.max_hourly_cost
+        self.budget = Budget(cap, view, price_of) if cap is not None and view is not None and price_of else None
+        self._hourly_cost = self.budget.hourly_cost if self.budget is not None else hourly_cost
+        # (request id, node type) -> (when its round started, count -> calls so far); the offering each slot's
+        # launch succeeded on, so Ray's retry of it walks straight to the same token.
+        self._rounds: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
+        self._slot_offerings: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
         self._batches_lock = threading.Lock()
         self._catalog = catalog          # loaded at the first plan: listing and terminating never need it
         self.resolver = resolver
@@ -107,35 +131,40 @@ class Launcher:
         plan = self.plan(node_type, resources, node_config, is_head)
         _, backend_config = split_node_config(node_config or {})
         launch_request = launch_request or uuid.uuid4().hex
-        batch = self._next_batch(launch_request, node_type)
+        batch = self._ordinal(launch_request, node_type, count)
+        slot = (launch_request, node_type, count, batch)
+        if self.budget is not None:
+            self._list_first(node_type)
+        shown = self._shown_tokens()
+        again = self._replay_offering(plan, slot, shown)
         started = self._clock()
         failures: list[str] = []
         skipped = over_budget = capped = 0
         tried: dict[str, int] = {}      # capacity type -> candidates tried
         last_category = "NoCapacity"
-        for offering in plan.candidates():
-            if self.unavailable.reason(offering) is not None:
-                skipped += 1
-                continue
-            elapsed = self._clock() - started
-            if elapsed > self.settings.launch_timeout_s:
-                last_category = "LaunchTimeout"
-                failures.append(f"stopped after {elapsed:.0f} s (launch_timeout_s)")
-                break
-            if tried.get(offering.capacity, 0) >= self.settings.max_candidates_per_launch:
-                # This capacity type has had its share: go on to the next one (spot -> on-demand) rather than
-                # walk every remaining spot offering in a drought.
-                capped += 1
-                continue
-            if self._exceeds_budget(offering, count):
-                over_budget += 1
-                continue
+        for offering in self._walk(plan, again):
+            token = request_token(self.cluster_name, launch_request, node_type, batch, offering, count)
+            if offering is not again:   # a retry of a launch that ran goes to its offering whatever happened since
+                if self.unavailable.reason(offering) is not None:
+                    skipped += 1
+                    continue
+                elapsed = self._clock() - started
+                if elapsed > self.settings.launch_timeout_s:
+                    last_category = "LaunchTimeout"
+                    failures.append(f"stopped after {elapsed:.0f} s (launch_timeout_s)")
+                    break
+                if tried.get(offering.capacity, 0) >= self.settings.max_candidates_per_launch:
+                    # This capacity type has had its share: go on to the next one (spot -> on-demand) rather than
+                    # walk every remaining spot offering in a drought.
+                    capped += 1
+                    continue
+            listed = sorted(shown.get(token, ()))
             tags = dict(ray_tags)
             tags.update(decision_tags(self.cluster_name, self.catalog.catalog_id, offering, plan.request.rule))
+            tags[TAG_REQUEST] = token    # the orphan accounting and a retry find this launch's machines by it
             spec = LaunchSpec(
                 cluster_name=self.cluster_name, node_type=node_type, offering=offering, count=count, tags=tags,
-                node_config=copy.deepcopy(backend_config),
-                request_token=request_token(self.cluster_name, launch_request, node_type, batch, offering, count),
+                node_config=copy.deepcopy(backend_config), request_token=token,
                 resources=instance_resources(offering.instance_type, resources),
                 # Ray's default labels say what the machine really is (market type, zone, region, GPU model),
                 # whatever the node type declared: a label we report is true.
@@ -143,9 +172,20 @@ class Launcher:
                 is_head=is_head,
             )
             spec = self.registration.prepare(spec)
+            if len(listed) >= count:
+                # Ray's retry of a launch that succeeded late: the listing shows what this token made. Those are
+                # the answer, with no call to the cloud (an endpoint without ClientToken would launch again).
+                logger.info("%s: request %s batch %d already launched %s; answering Ray's retry with them",
+                            node_type, launch_request, batch, ",".join(listed[:count]))
+                return Launched(offering=offering, machine_ids=listed[:count], spec=spec)
+            hold = self._reserve(token, offering, count - len(listed))
+            if hold is False:
+                over_budget += 1
+                continue
             try:
                 ids = self._launch_once(spec)
             except CapacityError as e:
+                self._end_hold(hold, made=False)
                 tried[offering.capacity] = tried.get(offering.capacity, 0) + 1
                 self._mark_unavailable(plan, offering, e)
                 failures.append(f"{offering.instance_type.name}/{offering.zone}/{offering.capacity}: {e.category}")
@@ -154,14 +194,26 @@ class Launcher:
                                offering.instance_type.name, offering.zone, offering.capacity, e.category)
                 continue
             except BackendError as e:   # throttling that outlasted retries, auth, bad request: not a capacity miss
+                self._end_hold(hold, made=isinstance(e, TransientBackendError))   # unknown outcome: an orphan
                 raise LaunchError(f"{node_type}: {e}", e.category) from e
+            except BaseException:
+                self._end_hold(hold, made=True)
+                raise
             try:
                 self.registration.after_launch(spec, ids)
             except BackendError as e:
                 # The machines exist but could not join: terminate them rather than leak them.
                 logger.error("%s: registration failed for %s (%s); terminating them", node_type, ids, e)
-                self._terminate(ids)
+                try:
+                    self._terminate(ids)
+                except BaseException:
+                    self._end_hold(hold, made=True, ids=ids)    # still running: counted until a listing says not
+                    raise
+                self._end_hold(hold, made=False)
                 raise LaunchError(f"{node_type}: {e}", e.category) from e
+            self._slot_offerings[slot] = offering
+            if hold is not None and self.budget is not None:
+                self.budget.landed(hold, [pending_machine(mid, spec.tags) for mid in ids])
             logger.info(
                 "launched %d x %s for node type %s %s in %s (%s, $%.4f/h) by rule %r; %d candidates, "
                 "%d failed, %d skipped as recently unavailable; catalog %s; ids %s",
@@ -172,7 +224,8 @@ class Launcher:
         if over_budget and not failures:
             desc = (f"{node_type}: refused: {count} more machine(s) would take the cluster over "
                     f"provider.max_hourly_cost = ${self.settings.max_hourly_cost:.4f}/h (now "
-                    f"${self._hourly_cost():.4f}/h; cheapest allowed candidate ${self._cheapest(plan):.4f}/h each)")
+                    f"${self._hourly_cost():.4f}/h with the launches in flight; cheapest allowed candidate "
+                    f"${self._cheapest(plan):.4f}/h each)")
             logger.warning(desc)
             raise LaunchError(desc, "MaxHourlyCostExceeded")
         desc = (f"{node_type}: every candidate failed for capacity ({len(failures)} tried, {skipped} skipped as "
@@ -180,6 +233,93 @@ class Launcher:
                 f"max_hourly_cost): " + "; ".join(failures[:10]))
         logger.error(desc)
         raise LaunchError(desc, last_category)
+
+    # ----- the cost cap (launch/budget.py) ----------------------------------------------------------------------
+
+    def _list_first(self, node_type: str) -> None:
+        """Under a cap, the machines that run are counted before anything launches: a fresh provider (a restarted
+        monitor, `ray up`) lists first (the view's cache keeps this to one listing per `list_cache_s`)."""
+        try:
+            self._view.refresh()
+        except ListingError as e:
+            raise LaunchError(f"{node_type}: refused: cannot count the cluster's machines for "
+                              f"provider.max_hourly_cost: {e}", e.category) from e
+
+    def _reserve(self, token: str, offering: Offering, count: int) -> Hold | None | bool:
+        """A reservation for `count` new machines of `offering` (held until `_end_hold` or `Budget.landed`); None
+        when there is nothing to hold (no cap, or no new machine), False when the cap has no room for them."""
+        if self.budget is None:
+            return None if not self._exceeds_budget(offering, count) else False
+        if count <= 0:
+            return None
+        hold = self.budget.reserve(token, offering.hourly_price or 0.0, count)
+        return False if hold is None else hold
+
+    def _end_hold(self, hold: Hold | None, made: bool, ids: list[str] | None = None) -> None:
+        """A launch attempt ended without machines to return: drop its reservation, or keep it as an orphan when
+        the attempt may have made machines (`made`)."""
+        if hold is None or self.budget is None:
+            return
+        if made:
+            self.budget.orphan(hold, ids or ())
+        else:
+            self.budget.release(hold)
+
+    # ----- idempotency keyed to what Ray retries ----------------------------------------------------------------
+
+    def _ordinal(self, launch_request: str, node_type: str, count: int) -> int:
+        """The number of this call among the calls of (launch request, node type) of this count in the current
+        round: 0, 1, 2, ... in call order. Batches of one count are interchangeable (v2 splits a request into
+        batches of 5 and one remainder), so the order they reach us in does not matter; a call more than
+        `retry_round_s()` after the round's first starts a new round from 0: Ray's retry of the same request
+        gets the first round's numbers, tokens and machines."""
+        now = self._clock()
+        key = (launch_request, node_type)
+        with self._batches_lock:
+            round_ = self._rounds.get(key)
+            if round_ is None or now - round_[0] >= retry_round_s():
+                round_ = (now, {})
+            n = round_[1].get(count, 0)
+            round_[1][count] = n + 1
+            self._rounds[key] = round_
+            return n
+
+    def _shown_tokens(self) -> dict[str, list[str]]:
+        """Request token -> the ids the view shows under it (nothing without a view)."""
+        if self._view is None:
+            return {}
+        out: dict[str, list[str]] = {}
+        for mid, m in self._view.cost_view()[1].items():
+            token = m.tags.get(TAG_REQUEST)
+            if token:
+                out.setdefault(token, []).append(mid)
+        return out
+
+    def _replay_offering(self, plan: Plan, slot: tuple[str, str, int, int],
+                         shown: dict[str, list[str]]) -> Offering | None:
+        """The offering this slot's launch succeeded on before (this object's memory, else a listed machine that
+        carries the slot's token for one of the plan's candidates, after a restart), or None: a retry goes there
+        first, so the walk cannot launch on an earlier candidate that has capacity again."""
+        remembered = self._slot_offerings.get(slot)
+        if remembered is not None:
+            for o in plan.candidates():
+                if o.key == remembered.key:
+                    return o
+        if not shown:
+            return None
+        launch_request, node_type, count, batch = slot
+        for o in plan.candidates():
+            if request_token(self.cluster_name, launch_request, node_type, batch, o, count) in shown:
+                return o
+        return None
+
+    @staticmethod
+    def _walk(plan: Plan, first: Offering | None):
+        if first is not None:
+            yield first
+        for o in plan.candidates():
+            if first is None or o.key != first.key:
+                yield o
 
     def _launch_once(self, spec: LaunchSpec) -> list[str]:
         """backend.launch, retried with the same request token when the outcome is unknown (a lost response,
@@ -196,14 +336,8 @@ class Launcher:
                 time.sleep(self.settings.launch_retry_backoff_s * (2 ** attempt))
         raise AssertionError("unreachable")
 
-    def _next_batch(self, launch_request: str, node_type: str) -> int:
-        """The batch number of this call within (launch request, node type): 0, 1, 2, ... in call order."""
-        with self._batches_lock:
-            n = self._batches.get((launch_request, node_type), 0)
-            self._batches[(launch_request, node_type)] = n + 1
-            return n
-
     def _exceeds_budget(self, offering: Offering, count: int) -> bool:
+        """The cap without a view (a launcher built without one): against `hourly_cost` alone, nothing reserved."""
         cap = self.settings.max_hourly_cost
         if cap is None:
             return False

@@ -237,6 +237,12 @@ class MachineView:
         with self._lock:
             return sum(price_of(m) for m in self._machines.values())
 
+    def cost_view(self) -> tuple[float, dict[str, Machine]]:
+        """(when the last good listing was applied, on `clock`; the machines shown now): what the cost cap counts
+        (launch/budget.py), read in one step."""
+        with self._lock:
+            return self._listed_at, dict(self._machines)
+
     # ----- writing ---------------------------------------------------------------------------------------------
 
     def set_tags(self, machine_id: str, tags: dict[str, str]) -> None:

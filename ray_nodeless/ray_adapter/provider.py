@@ -68,7 +68,7 @@ class NodelessProvider(NodeProvider):
                                 on_interrupted=self._on_interrupted)
         self.launcher = Launcher(cluster_name, self._catalog, self.resolver, self.backend,
                                  self.registration, self.unavailable, terminate=self.terminate_nodes,
-                                 hourly_cost=lambda: self.view.hourly_cost(machine_price))
+                                 view=self.view, price_of=machine_price)
         self._node_type_resources: dict[str, dict] = dict(self.settings.node_type_resources)
         self.interruptions: InterruptionQueue | None = None
         gcs = monitor_gcs_address()
