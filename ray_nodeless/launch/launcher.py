@@ -41,6 +41,9 @@ from ray_nodeless.registrations.base import Registration
 
 logger = logging.getLogger(__name__)
 
+# Every machine carries the slot of its launch: (launch request, node type, count, batch), without the offering.
+TAG_LAUNCH_SLOT = "nodeless-launch-slot"
+
 
 def request_token(cluster: str, launch_request: str, node_type: str, batch: int, offering: Offering,
                   count: int) -> str:
@@ -51,6 +54,11 @@ def request_token(cluster: str, launch_request: str, node_type: str, batch: int,
     chars fit both EC2's ClientToken (<= 64) and GCE's requestId (a UUID)."""
     text = f"{cluster}|{launch_request}|{node_type}|{batch}|{'|'.join(offering.key)}|{count}"
     return str(uuid.UUID(hashlib.sha256(text.encode()).hexdigest()[:32]))
+
+
+def launch_slot(cluster: str, launch_request: str, node_type: str, count: int, batch: int) -> str:
+    """The slot a launch fills, whatever offering it lands on (tagged on its machines as TAG_LAUNCH_SLOT)."""
+    return hashlib.sha256(f"{cluster}|{launch_request}|{node_type}|{count}|{batch}".encode()).hexdigest()[:32]
 
 
 def retry_round_s() -> float:
@@ -130,13 +138,14 @@ class Launcher:
                launch_request: str | None = None) -> Launched:
         plan = self.plan(node_type, resources, node_config, is_head)
         _, backend_config = split_node_config(node_config or {})
+        retriable = bool(launch_request)   # Ray v2 names its requests; a call without an id is never retried
         launch_request = launch_request or uuid.uuid4().hex
         batch = self._ordinal(launch_request, node_type, count)
         slot = (launch_request, node_type, count, batch)
         if self.budget is not None:
             self._list_first(node_type)
-        shown = self._shown_tokens()
-        again = self._replay_offering(plan, slot, shown)
+        slot_tag = launch_slot(self.cluster_name, *slot)
+        again, shown = self._replay(plan, slot, slot_tag) if retriable else (None, {})
         started = self._clock()
         failures: list[str] = []
         skipped = over_budget = capped = 0
@@ -161,7 +170,8 @@ class Launcher:
             listed = sorted(shown.get(token, ()))
             tags = dict(ray_tags)
             tags.update(decision_tags(self.cluster_name, self.catalog.catalog_id, offering, plan.request.rule))
-            tags[TAG_REQUEST] = token    # the orphan accounting and a retry find this launch's machines by it
+            tags[TAG_REQUEST] = token       # the orphan accounting and a retry find this launch's machines by it,
+            tags[TAG_LAUNCH_SLOT] = slot_tag    # and a restarted provider this slot's offering
             spec = LaunchSpec(
                 cluster_name=self.cluster_name, node_type=node_type, offering=offering, count=count, tags=tags,
                 node_config=copy.deepcopy(backend_config), request_token=token,
@@ -284,34 +294,30 @@ class Launcher:
             self._rounds[key] = round_
             return n
 
-    def _shown_tokens(self) -> dict[str, list[str]]:
-        """Request token -> the ids the view shows under it (nothing without a view)."""
-        if self._view is None:
-            return {}
-        out: dict[str, list[str]] = {}
-        for mid, m in self._view.cost_view()[1].items():
-            token = m.tags.get(TAG_REQUEST)
-            if token:
-                out.setdefault(token, []).append(mid)
-        return out
-
-    def _replay_offering(self, plan: Plan, slot: tuple[str, str, int, int],
-                         shown: dict[str, list[str]]) -> Offering | None:
-        """The offering this slot's launch succeeded on before (this object's memory, else a listed machine that
-        carries the slot's token for one of the plan's candidates, after a restart), or None: a retry goes there
-        first, so the walk cannot launch on an earlier candidate that has capacity again."""
+    def _replay(self, plan: Plan, slot: tuple[str, str, int, int],
+                slot_tag: str) -> tuple[Offering | None, dict[str, list[str]]]:
+        """Where this slot's launch succeeded before, if it did: the offering (this object's memory, else the
+        decision tags of a listed machine of the slot, after a restart), and token -> the ids the view shows
+        under it. A retry goes to that offering first, so the walk cannot launch on an earlier candidate that
+        has capacity again."""
+        listed = self._view.cost_view()[1] if self._view is not None else {}
+        mine = sorted(((mid, m) for mid, m in listed.items() if m.tags.get(TAG_LAUNCH_SLOT) == slot_tag),
+                      key=lambda item: item[0])
+        shown: dict[str, list[str]] = {}
+        for mid, m in mine:
+            shown.setdefault(m.tags.get(TAG_REQUEST, ""), []).append(mid)
         remembered = self._slot_offerings.get(slot)
         if remembered is not None:
-            for o in plan.candidates():
-                if o.key == remembered.key:
-                    return o
-        if not shown:
-            return None
-        launch_request, node_type, count, batch = slot
+            key = remembered.key
+        elif mine:
+            t = mine[0][1].tags
+            key = (t.get(TAG_INSTANCE_TYPE, ""), t.get(TAG_ZONE, ""), t.get(TAG_CAPACITY, ""))
+        else:
+            return None, shown
         for o in plan.candidates():
-            if request_token(self.cluster_name, launch_request, node_type, batch, o, count) in shown:
-                return o
-        return None
+            if o.key == key:
+                return o, shown
+        return None, shown
 
     @staticmethod
     def _walk(plan: Plan, first: Offering | None):
