@@ -183,8 +183,9 @@ class Launcher:
             )
             spec = self.registration.prepare(spec)
             if len(listed) >= count:
-                # Ray's retry of a launch that succeeded late: the listing shows what this token made. Those are
-                # the answer, with no call to the cloud (an endpoint without ClientToken would launch again).
+                # A retry of a batch whose machines are listed (a restarted provider does not know the request
+                # had a first round): those are the answer, with no call to the cloud (an endpoint without
+                # ClientToken would launch again).
                 logger.info("%s: request %s batch %d already launched %s; answering Ray's retry with them",
                             node_type, launch_request, batch, ",".join(listed[:count]))
                 return Launched(offering=offering, machine_ids=listed[:count], spec=spec)
@@ -280,19 +281,31 @@ class Launcher:
     def _ordinal(self, launch_request: str, node_type: str, count: int) -> int:
         """The number of this call among the calls of (launch request, node type) of this count in the current
         round: 0, 1, 2, ... in call order. Batches of one count are interchangeable (v2 splits a request into
-        batches of 5 and one remainder), so the order they reach us in does not matter; a call more than
-        `retry_round_s()` after the round's first starts a new round from 0: Ray's retry of the same request
-        gets the first round's numbers, tokens and machines."""
+        batches of 5 and one remainder), so the order they reach us in does not matter. A call more than
+        `retry_round_s()` after the round's first starts a retry round, numbered from 0 again so that Ray's retry
+        gets the first round's tokens and machines; it passes over the slots whose machines are all listed: Ray
+        has those (it allocates every listed machine before it times an instance out), so what it retries are
+        the others."""
         now = self._clock()
         key = (launch_request, node_type)
         with self._batches_lock:
             round_ = self._rounds.get(key)
-            if round_ is None or now - round_[0] >= retry_round_s():
-                round_ = (now, {})
+            retry = round_ is not None and now - round_[0] >= retry_round_s()
+            if round_ is None or retry:
+                round_ = (now, {}, retry)
             n = round_[1].get(count, 0)
+            while round_[2] and self._slot_listed(launch_slot(self.cluster_name, launch_request, node_type,
+                                                              count, n), count):
+                n += 1
             round_[1][count] = n + 1
             self._rounds[key] = round_
             return n
+
+    def _slot_listed(self, slot_tag: str, count: int) -> bool:
+        if self._view is None:
+            return False
+        machines = self._view.cost_view()[1]
+        return sum(1 for m in machines.values() if m.tags.get(TAG_LAUNCH_SLOT) == slot_tag) >= count
 
     def _replay(self, plan: Plan, slot: tuple[str, str, int, int],
                 slot_tag: str) -> tuple[Offering | None, dict[str, list[str]]]:

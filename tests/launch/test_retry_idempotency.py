@@ -2,16 +2,16 @@
 appeared for within its request_status_timeout_s and launches it again under the same request id; the request's
 batches (5 per node type, and a remainder) then come again with the same counts. Such a retry must get the
 machines the first round made, not new ones: the same tokens (the cloud returns the same machines, as EC2's
-ClientToken and GCE's requestId do, and as the in-memory cloud does), the first round's offering first, and the
-listed machines without a cloud call where the view shows them (moto, like any endpoint without ClientToken,
-would launch again)."""
+ClientToken and GCE's requestId do, and as the in-memory cloud does) for the batches Ray has not seen, the first
+round's offering first, and, for a provider that does not know the request (restarted), the listed machines of
+the slot without a cloud call (moto, like any endpoint without ClientToken, would launch again)."""
 from __future__ import annotations
 
 import pytest
 
 from ray_nodeless.core import ttls
 from ray_nodeless.launch.budget import TAG_REQUEST
-from ray_nodeless.launch.launcher import retry_round_s
+from ray_nodeless.launch.launcher import TAG_LAUNCH_SLOT, launch_slot, retry_round_s
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
@@ -68,15 +68,31 @@ def test_ray_v2_retry_of_a_request_whose_machines_were_never_listed_gets_the_sam
     assert len(p.non_terminated_nodes({})) == 12
 
 
-def test_a_retry_whose_machines_are_listed_gets_them_without_a_cloud_call(cloud):
+def test_a_retry_of_part_of_a_request_gets_the_batch_ray_has_not_seen(cloud):
+    """12 machines in batches 5, 5, 2; the second batch's machines are never listed, so Ray allocates 7 and
+    retries 5 under the same request id: the retry passes over the batch Ray has (all listed) and gets the
+    unseen batch's token, and the cloud answers it with that batch's machines: 12 machines, not 17."""
     p = NodelessProvider(dict(PROVIDER), "c1")
     clock = on_one_clock(p)
-    first = [sorted(p.create_node_with_resources_and_labels({}, tags("req-1"), n, GPU, {})) for n in (5, 5, 2)]
-    calls = cloud.calls["launch"]
+    unseen = launch_slot("c1", "req-1", "gpu_worker", 5, 1)
+    cloud.hide = lambda m: m.tags.get(TAG_LAUNCH_SLOT) == unseen
+    batches = [sorted(p.create_node_with_resources_and_labels({}, tags("req-1"), n, GPU, {})) for n in (5, 5, 2)]
+    clock.advance(retry_round_s() + 1)                     # past the launch grace too: the view drops the unseen
+    assert len(p.non_terminated_nodes({})) == 7
+    again = sorted(p.create_node_with_resources_and_labels({}, tags("req-1"), 5, GPU, {}))
+    assert again == batches[1] and len(cloud.machines) == 12
+    assert cloud.launches[-1].request_token == cloud.launches[1].request_token
+
+
+def test_a_retry_when_every_batch_is_listed_launches_anew(cloud):
+    """Ray retries only instances no machine appeared for; if every batch of the request is listed (another
+    request's instances took its machines), what it asks for is new machines."""
+    p = NodelessProvider(dict(PROVIDER), "c1")
+    clock = on_one_clock(p)
+    first = p.create_node_with_resources_and_labels({}, tags("req-1"), 5, GPU, {})
     clock.advance(retry_round_s() + 1)
-    again = [sorted(p.create_node_with_resources_and_labels({}, tags("req-1"), n, GPU, {})) for n in (5, 5, 2)]
-    assert sorted(again) == sorted(first) and cloud.calls["launch"] == calls
-    assert len(p.non_terminated_nodes({})) == 12
+    again = p.create_node_with_resources_and_labels({}, tags("req-1"), 5, GPU, {})
+    assert not set(first) & set(again) and len(p.non_terminated_nodes({})) == 10
 
 
 def test_batches_of_one_round_still_get_their_own_machines(cloud):
