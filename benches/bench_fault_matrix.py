@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Figures of the seeded fault matrix (ray_nodeless/testing/fault_matrix/) per backend, and of a spot drought.
 
-    .venv/bin/python benches/bench_fault_matrix.py [--backends fake aws gcp] [--seeds 1 2 3]
-        [--steps fake=600 aws=150 gcp=200]
+    .venv/bin/python benches/bench_fault_matrix.py [--backends fake aws aws-no-client-token gcp] [--seeds 1 2 3]
+        [--steps fake=600 aws=150 aws-no-client-token=150 gcp=200]
 
-Per backend (in-memory; the real AWS backend against moto; the real GCP backend against the fake Compute server):
-launch requests and create_node calls, faults injected by kind, per-create_node wall time (p50 / p99), wall time,
-and backend launch calls (RunInstances / instances.insert) for one create_node when every spot offering fails
-(and when every offering fails). The default steps are the test suite's (tests/launch/test_fault_matrix.py), so
+Per backend (in-memory; the real AWS backend against moto, with EC2's ClientToken semantics emulated on the wire
+and without them, as an endpoint that ignores the token; the real GCP backend against the fake Compute server):
+launch requests and create_node calls, faults injected by kind, duplicates (machines a batch made beyond its
+count), returned-but-terminated ids, offerings misread as interrupted, per-create_node wall time (p50 / p99), wall
+time, and backend launch calls (RunInstances / instances.insert) for one create_node when every spot offering
+fails (and when every offering fails). The default steps are the test suite's (tests/launch/test_fault_matrix.py), so
 `--seeds 1` for aws and gcp reproduces its figures.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ray.autoscaler.node_launch_exception import NodeLaunchException  # noqa: E4
 from ray_nodeless.testing.fault_matrix import WORKER_TAGS, FakeWorld, Matrix, Stats  # noqa: E402
 from ray_nodeless.testing.fault_matrix.world import World  # noqa: E402
 
-STEPS = {"fake": 600, "aws": 150, "gcp": 200}
+STEPS = {"fake": 600, "aws": 150, "aws-no-client-token": 150, "gcp": 200}
 
 
 def drought(world: World, fail_spot: Callable[[bool], None], launches: Callable[[], int], spot_only: bool) -> int:
@@ -63,14 +65,14 @@ def fake_backend_run(seeds: list[int], steps: int) -> tuple[list[Stats], tuple[i
                    drought(w, fail, lambda: fake_backend.CLOUD.calls.get("launch", 0), False))
 
 
-def aws_run(seeds: list[int], steps: int) -> tuple[list[Stats], tuple[int, int]]:
+def aws_run(seeds: list[int], steps: int, honour_token: bool = True) -> tuple[list[Stats], tuple[int, int]]:
     from ray_nodeless.testing.fault_matrix.aws import AwsWorld
     from ray_nodeless.testing.moto_server import start_moto_server
 
     srv = start_moto_server()
     try:
-        stats = [Matrix(AwsWorld(srv), s).run(steps) for s in seeds]
-        w = AwsWorld(srv)
+        stats = [Matrix(AwsWorld(srv, honour_token), s).run(steps) for s in seeds]
+        w = AwsWorld(srv, honour_token)
 
         def fail(spot_only: bool) -> None:
             w.wire.capacity.append(("*", "spot" if spot_only else "*"))
@@ -94,7 +96,8 @@ def gcp_run(seeds: list[int], steps: int) -> tuple[list[Stats], tuple[int, int]]
 
 
 RUNS: dict[str, Callable[[list[int], int], tuple[list[Stats], tuple[int, int]]]] = {
-    "fake": fake_backend_run, "aws": aws_run, "gcp": gcp_run}
+    "fake": fake_backend_run, "aws": aws_run,
+    "aws-no-client-token": lambda seeds, steps: aws_run(seeds, steps, honour_token=False), "gcp": gcp_run}
 
 
 def report(name: str, seeds: list[int], steps: int, stats: list[Stats], dry: tuple[int, int]) -> dict[str, Any]:
@@ -112,6 +115,9 @@ def report(name: str, seeds: list[int], steps: int, stats: list[Stats], dry: tup
     print(f"  launch requests {row['requests']}, create_node calls {row['calls']}, machines launched "
           f"{row['launched']}, calls refused {row['refused']}")
     print(f"  faults injected {sum(faults.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(faults.items())))
+    print(f"  duplicates {sum(s.duplicates for s in stats)}, returned-but-terminated "
+          f"{sum(s.returned_terminated for s in stats)}, offerings misread as interrupted "
+          f"{sum(s.misread_interruptions for s in stats)}")
     print(f"  per create_node wall time: p50 {q[49] * 1000:.2f} ms, p99 {q[98] * 1000:.2f} ms")
     print(f"  drought: {dry[0]} backend launch calls when every spot offering fails (then on-demand), "
           f"{dry[1]} when every offering fails")
