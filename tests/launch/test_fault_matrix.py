@@ -2,9 +2,11 @@
 step and every create_node call (see core.py): machines == requested, no duplicate, no leak after restarts and
 teardown, no foreign machine touched, no query exception, no forbidden offering.
 
-Split of the launch requests (seeds fixed, so the figures are stable): in-memory 3 x 600 steps (about 1,100
-requests, a few seconds), AWS backend against moto 150 steps (about 90), GCP backend against the fake Compute
-server 200 steps (about 115). Together about 1,300 requests; the wire-level backends get fewer because every step
+Split of the launch requests (seeds fixed, so the figures are stable): in-memory 3 x 600 steps (about 1,060
+requests, a few seconds), AWS backend against moto 150 steps (about 90), twice: with EC2's ClientToken semantics
+emulated and without them, GCP backend against the fake Compute server 200 steps (about 115). Every run also
+counts duplicates, returned-but-terminated ids and offerings misread as interrupted (core.py), asserted 0 where
+the backend can tell (not GCP's misread interruptions: no state reason once an instance is deleted). Together about 1,300 requests; the wire-level backends get fewer because every step
 costs several HTTP round trips (benches/bench_fault_matrix.py prints the figures per backend).
 """
 from __future__ import annotations
