@@ -28,12 +28,10 @@ from ray_nodeless.core.open_plan import Packer, Packing
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY, parse_requirements, split_node_config
 from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.providers.base import Machine
+from ray_nodeless.providers.base import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, Machine
 
 logger = logging.getLogger(__name__)
 
-TAG_NODE_TYPE = "ray-user-node-type"       # Ray's TAG_RAY_USER_NODE_TYPE
-TAG_NODE_KIND = "ray-node-type"            # Ray's TAG_RAY_NODE_KIND (head | worker)
 DROP_AFTER_S = 120.0
 
 
@@ -235,12 +233,12 @@ class OpenTypes:
                                     n.labels.get("ray.io/availability-zone", ""),
                                     has_gpu=n.total.get("GPU", 0) > 0 or ACCELERATOR_TYPE in n.labels))
         for mid, m in sorted(machines.items()):
-            if mid in joined or m.tags.get(TAG_NODE_KIND) == "head":
+            if mid in joined or m.tags.get(TAG_RAY_NODE_KIND) == "head":
                 continue
-            t = types.get(m.tags.get(TAG_NODE_TYPE, "")) or {}
+            t = types.get(m.tags.get(TAG_RAY_USER_NODE_TYPE, "")) or {}
             res = {k: float(v) for k, v in (t.get("resources") or {}).items()}
             labels = {str(k): str(v) for k, v in (t.get("labels") or {}).items()}
-            out.append(NodeCapacity(f"machine:{mid}", res, labels, m.tags.get(TAG_NODE_TYPE, ""),
+            out.append(NodeCapacity(f"machine:{mid}", res, labels, m.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
                                     labels.get("ray.io/availability-zone", ""), has_gpu=res.get("GPU", 0) > 0))
         return out
 
@@ -266,9 +264,9 @@ def _cap_at_max_workers(packing: Packing, max_workers: Any, workers: int) -> Non
 def _live_counts(machines: Mapping[str, Machine]) -> dict[str, int]:
     out: dict[str, int] = {}
     for m in machines.values():
-        if m.tags.get(TAG_NODE_KIND) == "head":
+        if m.tags.get(TAG_RAY_NODE_KIND) == "head":
             continue
-        name = m.tags.get(TAG_NODE_TYPE, "")
+        name = m.tags.get(TAG_RAY_USER_NODE_TYPE, "")
         out[name] = out.get(name, 0) + 1
     return out
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import (
-    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_UNSERVED, TAG_ZONE,
+    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RULE, TAG_UNSERVED,
+    TAG_ZONE,
 )
 
 
@@ -51,11 +52,11 @@ def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> 
         from ray_nodeless.registrations.kubernetes.status import machine_status
         extra = machine_status(bundle.registration_settings, cluster_config["cluster_name"], [m.id for m in machines])
     out = []
-    for m in sorted(machines, key=lambda m: (m.tags.get("ray-node-type") != "head", m.launched_at, m.id)):
+    for m in sorted(machines, key=lambda m: (m.tags.get(TAG_RAY_NODE_KIND) != "head", m.launched_at, m.id)):
         price = price_of(m.tags)
         uptime = max(0.0, now - m.launched_at) if m.launched_at else 0.0
         out.append(NodeStatus(
-            node_id=m.id, node_type=m.tags.get("ray-user-node-type", ""), kind=m.tags.get("ray-node-type", ""),
+            node_id=m.id, node_type=m.tags.get(TAG_RAY_USER_NODE_TYPE, ""), kind=m.tags.get(TAG_RAY_NODE_KIND, ""),
             instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""), zone=m.tags.get(TAG_ZONE, ""),
             capacity=m.tags.get(TAG_CAPACITY, ""), hourly_price=price, rule=m.tags.get(TAG_RULE, ""),
             uptime_s=round(uptime, 1), cost=None if price is None else round(price * uptime / 3600, 6),

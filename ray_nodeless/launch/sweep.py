@@ -26,13 +26,12 @@ from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.status import price_of
 from ray_nodeless.providers.base import (
-    TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_TERMINATING, TAG_ZONE, Machine, Recheck,
+    TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_TERMINATING,
+    TAG_ZONE, Machine, Recheck,
 )
 
 logger = logging.getLogger(__name__)
 
-NODE_KIND_TAG = "ray-node-type"          # Ray's TAG_RAY_NODE_KIND: head / worker
-NODE_TYPE_TAG = "ray-user-node-type"     # Ray's TAG_RAY_USER_NODE_TYPE
 
 
 @dataclass
@@ -231,8 +230,8 @@ class Sweep:
 
 
 def _machine_target(m: Machine, now: float) -> Target:
-    return Target(kind="machine", id=m.id, node_kind=m.tags.get(NODE_KIND_TAG, ""),
-                  node_type=m.tags.get(NODE_TYPE_TAG, ""), instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""),
+    return Target(kind="machine", id=m.id, node_kind=m.tags.get(TAG_RAY_NODE_KIND, ""),
+                  node_type=m.tags.get(TAG_RAY_USER_NODE_TYPE, ""), instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""),
                   zone=m.tags.get(TAG_ZONE, ""), capacity=m.tags.get(TAG_CAPACITY, ""), state=m.state,
                   uptime_s=round(max(0.0, now - m.launched_at), 1) if m.launched_at else None,
                   hourly_price=price_of(m.tags), machine_id=m.id)

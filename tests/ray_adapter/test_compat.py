@@ -56,6 +56,10 @@ def test_monitor_gcs_address_from_argv(monkeypatch: pytest.MonkeyPatch):
     assert process.monitor_gcs_address() == "10.0.0.2:6379"
     monkeypatch.setattr(sys, "argv", ["ray", "up"])
     assert process.monitor_gcs_address() is None
+    monkeypatch.setattr(sys, "argv", ["monitor.py", "--autoscaling-config=/h/ray_bootstrap_config.yaml",
+                                      "--logs-dir", "/tmp/ray/session_x/logs"])
+    assert process.monitor_config_path() == "/h/ray_bootstrap_config.yaml"
+    assert process.monitor_logs_dir() == "/tmp/ray/session_x/logs"
 
 
 def test_rays_aws_resources_take_credentials_and_endpoint_from_the_config():
@@ -126,3 +130,11 @@ def test_compat_imports_ray_only_when_called():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
                          check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_rays_tag_keys_named_once_for_the_layers_without_ray_match_rays():
+    from ray.autoscaler import tags
+
+    from ray_nodeless.providers.base import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
+
+    assert (TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE) == (tags.TAG_RAY_NODE_KIND, tags.TAG_RAY_USER_NODE_TYPE)

@@ -60,12 +60,7 @@ from ray_nodeless.providers.aws.settle import Settle, Tokens, may_have_run
 from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.providers.aws.subnets import Subnets
 from ray_nodeless.providers.base import (
-    TAG_CLUSTER,
-    LaunchSpec,
-    Machine,
-    MachineBackend,
-    Recheck,
-    tag_update,
+    TAG_CLUSTER, TAG_RAY_NODE_KIND, LaunchSpec, Machine, MachineBackend, Recheck, tag_update,
 )
 
 logger = logging.getLogger(__name__)
@@ -74,7 +69,6 @@ STOPPED_STATES = ("stopping", "stopped")
 LISTED_STATES = LIVE_STATES + STOPPED_STATES
 # The kind of a stopped instance in `leftovers()` (what `ray-nodeless sweep` shows and ends).
 STOPPED_KIND = "stopped-instance"
-TAG_NODE_KIND = "ray-node-type"      # Ray's TAG_RAY_NODE_KIND: head / worker
 # TerminateInstances accepts up to 1000 ids per call.
 TERMINATE_CHUNK = 1000
 # TerminateInstances calls per chunk while EC2 names ids that are gone (it fails the whole call for one): each
@@ -445,7 +439,7 @@ class AwsBackend(AwsConfig, AwsListing, MachineBackend):
             state = inst.get("State", {}).get("Name", "")
             if tags.get(TAG_CLUSTER) == self.cluster_name and state in STOPPED_STATES:
                 out.append({"kind": STOPPED_KIND, "name": inst["InstanceId"], "machine_id": inst["InstanceId"],
-                            "node_kind": tags.get(TAG_NODE_KIND, ""), "state": state})
+                            "node_kind": tags.get(TAG_RAY_NODE_KIND, ""), "state": state})
         return out
 
     def end_leftovers(self, leftovers: list[dict[str, str]]) -> None:

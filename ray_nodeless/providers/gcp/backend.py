@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError, ForeignMachineError, TransientBackendError
 from ray_nodeless.providers.base import (
-    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update,
+    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, TAG_RAY_NODE_KIND, LaunchSpec, Machine, MachineBackend, tag_update,
 )
 from ray_nodeless.providers.gcp.clients import ComputeClients
 from ray_nodeless.providers.gcp.errors import Classified, backend_error, classify_http_error
@@ -48,7 +48,6 @@ FIND_CHUNK = 50
 _GCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 # The kind of a stopped instance in `leftovers()` (what `ray-nodeless sweep` shows and ends).
 STOPPED_KIND = "stopped-instance"
-TAG_NODE_KIND = "ray-node-type"      # Ray's TAG_RAY_NODE_KIND: head / worker
 
 # GCE status -> machine state. Statuses not here (STOPPING, STOPPED, SUSPENDING, SUSPENDED, TERMINATED) are not
 # live machines for Ray: they are left out of the listing and reported by `leftovers()` (sweep deletes them).
@@ -254,7 +253,7 @@ class GcpBackend(GcpConfig, MachineBackend):
                 with self._known.lock:
                     self._known.zones[inst.name] = zone     # terminate may delete it (stopped, still ours)
                 out.append({"kind": STOPPED_KIND, "name": inst.name, "machine_id": inst.name,
-                            "node_kind": tags.get(TAG_NODE_KIND, ""), "state": inst.status})
+                            "node_kind": tags.get(TAG_RAY_NODE_KIND, ""), "state": inst.status})
         return sorted(out, key=lambda d: d["name"])
 
     def end_leftovers(self, leftovers: list[dict[str, str]]) -> None:

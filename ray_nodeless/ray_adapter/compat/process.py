@@ -23,37 +23,30 @@ def in_teardown() -> bool:
     return False
 
 
+def _monitor_flag(flag: str) -> str | None:
+    """The value of `flag` (`--flag=value` or `--flag value`) on this process's command line, else None."""
+    argv = sys.argv
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"{flag}="):
+            return arg.split("=", 1)[1] or None
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1] or None
+    return None
+
+
 def monitor_gcs_address() -> str | None:
     """The GCS address of the Ray monitor this process is (`--gcs-address` on monitor.py's command line, v1 and v2
     alike), else None. Ray hands a NodeProvider no GCS address; and only the monitor on the head should act on the
     cluster's nodes: `ray up` / `ray down` build provider objects too, on a laptop that may not reach GCS at all."""
-    argv = sys.argv
-    for i, arg in enumerate(argv):
-        if arg.startswith("--gcs-address="):
-            return arg.split("=", 1)[1] or None
-        if arg == "--gcs-address" and i + 1 < len(argv):
-            return argv[i + 1] or None
-    return None
+    return _monitor_flag("--gcs-address")
 
 
 def monitor_config_path() -> str | None:
     """The cluster config file this Ray monitor re-reads every loop (`--autoscaling-config` on monitor.py's command
     line, v1 and v2 alike; `ray up` writes it as ~/ray_bootstrap_config.yaml), else None."""
-    argv = sys.argv
-    for i, arg in enumerate(argv):
-        if arg.startswith("--autoscaling-config="):
-            return arg.split("=", 1)[1] or None
-        if arg == "--autoscaling-config" and i + 1 < len(argv):
-            return argv[i + 1] or None
-    return None
+    return _monitor_flag("--autoscaling-config")
 
 
 def monitor_logs_dir() -> str | None:
     """The session's logs directory of this Ray monitor (`--logs-dir`), where v2 writes its autoscaler events."""
-    argv = sys.argv
-    for i, arg in enumerate(argv):
-        if arg.startswith("--logs-dir="):
-            return arg.split("=", 1)[1] or None
-        if arg == "--logs-dir" and i + 1 < len(argv):
-            return argv[i + 1] or None
-    return None
+    return _monitor_flag("--logs-dir")

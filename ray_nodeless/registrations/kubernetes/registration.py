@@ -31,7 +31,7 @@ from kubernetes.client.rest import ApiException
 
 from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.providers.base import (
-    MACHINE_PENDING, TAG_INSTANCE_TYPE, LaunchSpec, Machine,
+    MACHINE_PENDING, TAG_INSTANCE_TYPE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, LaunchSpec, Machine,
 )
 from ray_nodeless.registrations.base import Registration
 from ray_nodeless.registrations.kubernetes import labels as L
@@ -44,8 +44,6 @@ logger = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = 30          # server-side watch timeout: the watch is re-opened from its resourceVersion
 RETRY_S = 1.0                 # after a failed list/watch (API server down), before listing again
-NODE_KIND_TAG = "ray-node-type"          # Ray's TAG_RAY_NODE_KIND (value "head" / "worker")
-NODE_TYPE_TAG = "ray-user-node-type"     # Ray's TAG_RAY_USER_NODE_TYPE
 
 
 @dataclass
@@ -169,8 +167,8 @@ class KubernetesRegistration(Housekeeping, Registration):
             t = self.machines.get(machine.id)
             if t is None:   # after a restart: rebuilt from the listing's tags and the Node / pod caches
                 t = self.machines[machine.id] = Tracked(
-                    machine.id, node_type=machine.tags.get(NODE_TYPE_TAG, ""),
-                    is_head=machine.tags.get(NODE_KIND_TAG) == "head",
+                    machine.id, node_type=machine.tags.get(TAG_RAY_USER_NODE_TYPE, ""),
+                    is_head=machine.tags.get(TAG_RAY_NODE_KIND) == "head",
                     launched_at=machine.launched_at or now, instance_type=machine.tags.get(TAG_INSTANCE_TYPE, ""))
             t.tags = {**t.tags, **machine.tags}
             t.last_seen = now
