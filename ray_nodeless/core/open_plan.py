@@ -26,7 +26,7 @@ from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Offering, RegionCatalog
 from ray_nodeless.core.gpus import canonical_gpu
 from ray_nodeless.core.demand import (
-    ACCELERATOR_RESOURCE, Demand, NodeCapacity, Selector, fits, offering_labels, take,
+    ACCELERATOR_RESOURCE, ACCELERATOR_TYPE, Demand, NodeCapacity, Selector, fits, offering_labels, take,
 )
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.plan import Plan
@@ -150,7 +150,10 @@ class OpenFitter:
             if selector is not None and not selector.matches(labels):
                 skipped_labels += 1
                 continue
-            if not fits(instance_resources(o.instance_type, {}), _node_view(want, o)):
+            # An accelerator demand is a fraction of the machine's one `accelerator_type:<model>` unit.
+            held = {k: min(v, 1.0) if k.startswith(ACCELERATOR_RESOURCE) else v
+                    for k, v in _held_as(want, o.instance_type.gpu_model).items()}
+            if not fits(instance_resources(o.instance_type, {}), held):
                 continue
             if self.unavailable is not None and self.unavailable.reason(o) is not None:
                 unavailable += 1
@@ -252,15 +255,6 @@ def _filtered(base: tuple, request: Request, need: tuple[float, float, int], pla
                 considered=plan.considered, _attribute=lambda: planner.plan(request).rejected)
 
 
-def _node_view(want: Mapping[str, float], o: Offering) -> dict[str, float]:
-    """The demand as the node's resources hold it (an accelerator demand is a fraction of the node's one unit)."""
-    out = {k: v for k, v in want.items() if not k.startswith(ACCELERATOR_RESOURCE)}
-    for k in want:
-        if k.startswith(ACCELERATOR_RESOURCE):
-            out[f"{ACCELERATOR_RESOURCE}{o.instance_type.gpu_model}"] = min(want[k], 1.0)
-    return out
-
-
 @dataclass
 class Packing:
     """What one pass decided: machines to open per generated type, and demands nothing allowed can serve."""
@@ -319,8 +313,11 @@ class Packer:
         order = bins if needs_gpu else sorted(bins, key=lambda b: b.has_gpu)
         for sel in d.selectors or (None,):
             for b in order:
-                if (sel is None or sel.matches(b.labels)) and fits(b.free, _bin_view(want, b)):
-                    take(b.free, _bin_view(want, b))
+                if sel is not None and not sel.matches(b.labels):
+                    continue
+                view = _bin_view(want, b)
+                if fits(b.free, view):
+                    take(b.free, view)
                     return 1
         t = self._open(d, out)
         if t is None:
@@ -337,8 +334,9 @@ class Packer:
                 best, units = g, m
         b = self._new_bin(best, out, bins)
         n = 0
-        while n < units and fits(b.free, _bin_view(want, b)):
-            take(b.free, _bin_view(want, b))
+        view = _bin_view(want, b)
+        while n < units and fits(b.free, view):
+            take(b.free, view)
             n += 1
         return max(n, 1)
 
@@ -424,22 +422,24 @@ class Packer:
         opened: list[OpenType] = []
         for u in units:
             want = u.res
-            spot = None
+            spot = view = None
             for b in bins:
                 if zone is not None and b.zone != zone:
                     continue
                 if spread and (id(b) in used or gid in b.hosts):
                     continue
-                if not u.accepts(b.labels) or not fits(free[id(b)], _bin_view(want, b)):
+                if not u.accepts(b.labels):
                     continue
-                spot = b
-                break
+                view = _bin_view(want, b)
+                if fits(free[id(b)], view):
+                    spot = b
+                    break
             if spot is not None:
-                take(free[id(spot)], _bin_view(want, spot))
+                take(free[id(spot)], view)
                 used.add(id(spot))
-                placed.append((spot, _bin_view(want, spot)))
+                placed.append((spot, view))
                 continue
-            t = self._open(u, out, zone) if zone is not None else self._open(u, out)
+            t = self._open(u, out, zone)
             if t is None:
                 return None
             opened.append(t)
@@ -455,20 +455,21 @@ def _group_sizes(remaining: int) -> list[int]:
     return out
 
 
-def _bin_view(want: Mapping[str, float], b: NodeCapacity) -> dict[str, float]:
-    """A demand as a node's resources hold it: `accelerator_type:<model>` is the node's GPU model resource."""
+def _held_as(want: Mapping[str, float], model: str, free: Mapping[str, float] | None = None) -> dict[str, float]:
+    """A demand as a machine with GPUs of `model` holds it: an `accelerator_type:<name>` of that model (in any
+    spelling the GPU vocabulary knows) is the machine's `accelerator_type:<model>` resource, unless the machine's
+    `free` resources have the demand's own spelling."""
     out = {}
     for k, v in want.items():
-        if k.startswith(ACCELERATOR_RESOURCE):
-            model = b.labels.get("ray.io/accelerator-type")
-            if model and k != f"{ACCELERATOR_RESOURCE}{model}" and f"{k}" not in b.free:
-                k = f"{ACCELERATOR_RESOURCE}{model}" if _same_model(k, model) else k
+        if (model and k.startswith(ACCELERATOR_RESOURCE) and (free is None or k not in free)
+                and canonical_gpu(k[len(ACCELERATOR_RESOURCE):]) == model):
+            k = f"{ACCELERATOR_RESOURCE}{model}"
         out[k] = v
     return out
 
 
-def _same_model(resource: str, model: str) -> bool:
-    return canonical_gpu(resource[len(ACCELERATOR_RESOURCE):]) == model
+def _bin_view(want: Mapping[str, float], b: NodeCapacity) -> dict[str, float]:
+    return _held_as(want, b.labels.get(ACCELERATOR_TYPE, ""), b.free)
 
 
 def _without_count(d: Demand) -> Demand:
