@@ -60,8 +60,8 @@ from ray_nodeless.core.planner import Planner  # noqa: E402
 from ray_nodeless.core.settings import Resolver  # noqa: E402
 from ray_nodeless.errors import NoFeasibleOffering  # noqa: E402
 from ray_nodeless.launch.config import catalog_for, load_provider  # noqa: E402
-from ray_nodeless.launch.open_types import TAG_NODE_KIND, TAG_NODE_TYPE, OpenTypes  # noqa: E402
-from ray_nodeless.providers.base import Machine  # noqa: E402
+from ray_nodeless.launch.open_types import OpenTypes  # noqa: E402
+from ray_nodeless.providers.base import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, Machine  # noqa: E402
 from ray_nodeless.ray_adapter.compat.demand import state_from_proto  # noqa: E402
 from ray_nodeless.ray_adapter.open_driver import YamlFileStore, snapshot_of  # noqa: E402
 
@@ -235,7 +235,7 @@ def in_flight(reply) -> tuple[list, dict[str, Machine]]:
             instances.append(AutoscalerInstance(im_instance=im.Instance(
                 instance_id=iid, instance_type=lr.instance_type, status=im.Instance.REQUESTED,
                 node_kind=im.NodeKind.WORKER)))
-            machines[iid] = Machine(iid, {TAG_NODE_TYPE: lr.instance_type, TAG_NODE_KIND: "worker"})
+            machines[iid] = Machine(iid, {TAG_RAY_USER_NODE_TYPE: lr.instance_type, TAG_RAY_NODE_KIND: "worker"})
     return instances, machines
 
 
@@ -258,7 +258,7 @@ def med(xs: list[float]) -> float:
 def measure(n: int, reps: int, vectorized: bool, tmp: Path) -> dict[str, Any]:
     state = cluster_state(n)
     head = head_instance(state)
-    head_machine = {"head-0": Machine("head-0", {TAG_NODE_TYPE: "head", TAG_NODE_KIND: "head"})}
+    head_machine = {"head-0": Machine("head-0", {TAG_RAY_USER_NODE_TYPE: "head", TAG_RAY_NODE_KIND: "head"})}
     three_yaml = yaml.safe_dump(three_type_config(), sort_keys=False)
     rows: dict[str, list[float]] = {}
 
