@@ -145,10 +145,6 @@ class OpenTypes:
         quotas: dict[str, int] = {}
         entries: dict[str, dict[str, Any]] = {}
         for name, t in sorted(generated.items()):
-            # Ray's own requests of a type hold its quota, unless the type's offering has just failed: Ray would
-            # then request it again and again, each failing at once, instead of the type the packing chose now.
-            held = 0 if self._unavailable(t, packing, name) else floor.get(name, 0)
-            quotas[name] = live.get(name, 0) + max(packing.new.get(name, 0), held)
             entries[name] = dict(t)
         for name in sorted(packing.new):
             if name in entries:
@@ -157,8 +153,12 @@ class OpenTypes:
                 logger.error("%s: not added: %d generated node types already (provider.max_open_node_types)",
                              name, len(entries))
                 continue
-            quotas[name] = live.get(name, 0) + max(packing.new[name], floor.get(name, 0))
             entries[name] = packing.types[name].node_type({"node_config": self.settings.open_node_config}, 0, 0)
+        for name, entry in entries.items():
+            # Ray's own requests of a type hold its quota, unless the type's offering has just failed: Ray would
+            # then request it again and again, each failing at once, instead of the type the packing chose now.
+            requested = 0 if self._unavailable(entry, packing, name) else floor.get(name, 0)
+            quotas[name] = live.get(name, 0) + max(packing.new.get(name, 0), requested)
         for name in sorted(entries):
             if quotas[name] > 0:
                 self._idle_since.pop(name, None)
