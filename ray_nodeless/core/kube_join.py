@@ -9,7 +9,8 @@ duck-typed, as the client's V1Pod), no Ray.
 - eks: a MIME multi-part document with an AL2023 `nodeadm` NodeConfig (`apiVersion: node.eks.aws/v1alpha1`); the
   Node's labels and taints are kubelet flags in it.
 - kubeadm: a bash script that writes a `JoinConfiguration` between `<<RAY_NODELESS_JOIN` markers and runs
-  `kubeadm join --config`.
+  `kubeadm join --config`. Its `apiVersion` must be one the node's kubeadm reads (`kubeadm_api_for`: v1beta2 for
+  1.15-1.21, v1beta3 for 1.22-1.30, v1beta4 from 1.31, whose `kubeletExtraArgs` is a list of {name, value}).
 - k3s: a bash script running the k3s installer as an agent with `--node-name`, `--node-label`, `--node-taint`.
 """
 from __future__ import annotations
@@ -25,7 +26,16 @@ import yaml
 
 NODECONFIG_API = "node.eks.aws/v1alpha1"
 NODECONFIG_TYPE = "application/node.eks.aws"
-KUBEADM_API = "kubeadm.k8s.io/v1beta3"
+KUBEADM_GROUP = "kubeadm.k8s.io"
+# The JoinConfiguration versions a kubeadm reads, by the server's (= its kubeadm's) minor version: v1beta2 from 1.15
+# (1.20 and 1.21 know only v1beta1/v1beta2), v1beta3 from 1.22 (v1beta2 is gone in 1.27), v1beta4 from 1.31
+# (kubernetes.io "kubeadm Configuration (v1beta4)": its change list starts at v1.31; v1beta3 is deprecated there).
+KUBEADM_APIS = ("v1beta2", "v1beta3", "v1beta4")
+KUBEADM_API_SINCE = {"v1beta2": (1, 15), "v1beta3": (1, 22), "v1beta4": (1, 31)}
+KUBEADM_API = f"{KUBEADM_GROUP}/v1beta3"    # the default when the server's version is unknown
+# nodeRegistration.criSocket: kubeadm 1.20 looks only at /var/run/{dockershim.sock,containerd/containerd.sock,...}
+# and otherwise assumes docker; from v1beta3 on kubeadm wants a URL (a bare path is deprecated).
+DEFAULT_CRI_SOCKET = "/run/containerd/containerd.sock"
 JOIN_FILE = "/etc/ray-nodeless/kubeadm-join.yaml"
 JOIN_HEREDOC = "RAY_NODELESS_JOIN"          # the heredoc marker around the kubeadm JoinConfiguration
 K3S_INSTALLER = "https://get.k3s.io"
@@ -37,6 +47,33 @@ MACHINE_ID_VAR = "${MACHINE_ID}"
 # Kubernetes' own names a kubelet sets.
 HOSTNAME = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def server_minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a Kubernetes version string: "v1.20.2", "1.31", "v1.28.3-eks-4f4795d", "v1.22+"."""
+    m = re.match(r"^v?(\d+)\.(\d+)", str(version).strip())
+    if not m:
+        raise ValueError(f"not a Kubernetes version: {version!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def kubeadm_api_for(server_version: str) -> str:
+    """The kubeadm.k8s.io version (v1beta2 / v1beta3 / v1beta4) a node of a cluster at `server_version` reads
+    (its kubeadm is that version: kubeadm supports joining a control plane of its own minor). ValueError for a
+    server older than 1.15, whose kubeadm reads none of them."""
+    ver = server_minor(server_version)
+    fits = [v for v in KUBEADM_APIS if ver >= KUBEADM_API_SINCE[v]]
+    if not fits:
+        raise ValueError(f"a {server_version} server's kubeadm reads none of {', '.join(KUBEADM_APIS)}")
+    return fits[-1]
+
+
+def cri_socket_for(api: str, socket: str | None) -> str:
+    """nodeRegistration.criSocket for JoinConfiguration version `api`: `socket` as given, else containerd's
+    default (a path for v1beta2, a unix:// URL from v1beta3 on)."""
+    if socket:
+        return socket
+    return DEFAULT_CRI_SOCKET if api == "v1beta2" else "unix://" + DEFAULT_CRI_SOCKET
 
 
 def dns_name(value: str) -> str:
@@ -126,7 +163,9 @@ def _parse_kubeadm(script: str) -> JoinedNode:
     end = lines.index(JOIN_HEREDOC, start + 1)
     cfg = yaml.safe_load("\n".join(lines[start + 1:end]))
     reg = cfg["nodeRegistration"]
-    extra = dict(reg.get("kubeletExtraArgs") or {})
+    raw = reg.get("kubeletExtraArgs") or {}
+    # v1beta4: a list of {name, value} (duplicates allowed); before: a map
+    extra = ({a["name"]: a.get("value", "") for a in raw} if isinstance(raw, list) else dict(raw))
     taints = [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]} for t in reg.get("taints") or []]
     return JoinedNode("kubeadm", str(reg["name"]), parse_labels_flag(extra.pop("node-labels", "")), taints,
                       [f"--{k}={v}" for k, v in extra.items()],

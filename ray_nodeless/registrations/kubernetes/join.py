@@ -6,8 +6,10 @@ exactly as parsed from it, so the labels and taints a test sees are the ones the
   Node's name is the instance's private DNS name (EKS's node authorizer requires it) and its `spec.providerID`
   `aws:///<zone>/<instance id>`; a NodeConfig cannot expand variables, so the machine-id label is added by the
   registration from the providerID when the Node first appears.
-- kubeadm: a bash script that writes a `JoinConfiguration` (nodeRegistration: name = machine id, kubelet node-labels
-  and taints) and runs `kubeadm join --config`.
+- kubeadm: a bash script that writes a `JoinConfiguration` (nodeRegistration: name = machine id, criSocket, kubelet
+  node-labels and taints) and runs `kubeadm join --config`. Its apiVersion is `join.kubeadm_api`, or with `auto`
+  the one the API server's version calls for (`kubeadm_api_version`): kubeadm 1.20 refuses v1beta3 ("no kind
+  JoinConfiguration is registered for version kubeadm.k8s.io/v1beta3"), kubeadm 1.27+ refuses v1beta2.
 - k3s: a bash script running the k3s installer as an agent with `--node-name`, `--node-label`, `--node-taint`.
 
 Several machines can share one launch's user data, so kubeadm and k3s read the machine id at boot from the
@@ -18,11 +20,13 @@ from __future__ import annotations
 import shlex
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
+from typing import Any, Callable
 
 import yaml
 
 from ray_nodeless.core.kube_join import (
-    JOIN_FILE, JOIN_HEREDOC, K3S_INSTALLER, KUBEADM_API, NODECONFIG_API, NODECONFIG_TYPE,
+    JOIN_FILE, JOIN_HEREDOC, K3S_INSTALLER, KUBEADM_GROUP, NODECONFIG_API, NODECONFIG_TYPE, cri_socket_for,
+    kubeadm_api_for,
 )
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import LaunchSpec
@@ -47,16 +51,30 @@ def check_join(join: JoinSettings) -> None:
             raise ConfigError(f"{KEY}.{k}", f"is required for join method {join.method!r}")
 
 
+def kubeadm_api_version(join: JoinSettings, server_version: Callable[[], str]) -> str:
+    """The JoinConfiguration version (v1beta2 / v1beta3 / v1beta4): `join.kubeadm_api`, or with `auto` the one
+    `server_version()` (the API server's gitVersion, asked only then) calls for. ConfigError naming the key when the
+    server's version fits none."""
+    if join.kubeadm_api != "auto":
+        return join.kubeadm_api
+    version = server_version()
+    try:
+        return kubeadm_api_for(version)
+    except ValueError as e:
+        raise ConfigError(f"{KEY}.kubeadm_api", f"auto: {e}; set one of v1beta2, v1beta3, v1beta4") from None
+
+
 # ----------------------------------------------------------------------------------------------- generation
 
-def user_data(join: JoinSettings, spec: LaunchSpec, cluster: str, cloud: str) -> str:
+def user_data(join: JoinSettings, spec: LaunchSpec, cluster: str, cloud: str, kubeadm_api: str = "v1beta3") -> str:
+    """The machine's join user data; `kubeadm_api` (kubeadm only) from `kubeadm_api_version`."""
     taints = [L.cluster_taint(cluster)]
     if join.method == "eks":
         return _eks(join, L.node_labels(spec, cluster, None, "eks"), taints)
     labels = L.node_labels(spec, cluster, L.MACHINE_ID_VAR, join.method)
     snippet = instance_id_snippet(cloud, "MACHINE_ID") or DEFAULT_MACHINE_ID_SNIPPET
     if join.method == "kubeadm":
-        return _kubeadm(join, labels, taints, snippet)
+        return _kubeadm(join, labels, taints, snippet, kubeadm_api)
     return _k3s(join, labels, taints, snippet)
 
 
@@ -77,17 +95,21 @@ def _eks(join: JoinSettings, labels: dict[str, str], taints: list[dict[str, str]
     return msg.as_string()
 
 
-def _kubeadm(join: JoinSettings, labels: dict[str, str], taints: list[dict[str, str]], snippet: str) -> str:
+def _kubeadm(join: JoinSettings, labels: dict[str, str], taints: list[dict[str, str]], snippet: str,
+             api: str) -> str:
     extra = {"node-labels": L.labels_flag(labels)}
     for f in join.kubelet_flags:
         k, _, v = f.lstrip("-").partition("=")
         extra[k] = v
     endpoint = join.endpoint.split("://", 1)[-1].rstrip("/")
+    # v1beta4 made kubeletExtraArgs a list of {name, value}
+    extra_args: Any = [{"name": k, "value": v} for k, v in extra.items()] if api == "v1beta4" else extra
     cfg = {
-        "apiVersion": KUBEADM_API, "kind": "JoinConfiguration",
+        "apiVersion": f"{KUBEADM_GROUP}/{api}", "kind": "JoinConfiguration",
         "discovery": {"bootstrapToken": {"apiServerEndpoint": endpoint, "token": join.token,
                                          "caCertHashes": [join.ca_cert_hash]}},
-        "nodeRegistration": {"name": L.MACHINE_ID_VAR, "kubeletExtraArgs": extra, "taints": taints},
+        "nodeRegistration": {"name": L.MACHINE_ID_VAR, "criSocket": cri_socket_for(api, join.cri_socket),
+                             "kubeletExtraArgs": extra_args, "taints": taints},
     }
     body = yaml.safe_dump(cfg, sort_keys=False, width=10_000)
     return "\n".join([

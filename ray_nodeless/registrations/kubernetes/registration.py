@@ -36,7 +36,7 @@ from ray_nodeless.providers.base import (
 from ray_nodeless.registrations.base import Registration
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.housekeeping import Housekeeping, _created, _label, _node_ready
-from ray_nodeless.registrations.kubernetes.join import check_join, user_data
+from ray_nodeless.registrations.kubernetes.join import check_join, kubeadm_api_version, user_data
 from ray_nodeless.registrations.kubernetes.pods import pod_name, ray_pod
 from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
 
@@ -107,6 +107,7 @@ class KubernetesRegistration(Housekeeping, Registration):
         self.terminated: dict[str, float] = {}     # machine id -> when we ended it
         self._listing: tuple[float, set[str]] | None = None
         self._last_describe = 0.0
+        self._kubeadm_api_version: str | None = None
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._watches: list[watch.Watch] = []
@@ -142,8 +143,18 @@ class KubernetesRegistration(Housekeeping, Registration):
 
     def prepare(self, spec: LaunchSpec) -> LaunchSpec:
         if not spec.is_head:
-            spec.boot_script = user_data(self.k.join, spec, self.cluster_name, self.cloud)
+            spec.boot_script = user_data(self.k.join, spec, self.cluster_name, self.cloud, self._kubeadm_api())
         return spec
+
+    def _kubeadm_api(self) -> str:
+        """kubeadm joins: the JoinConfiguration version for this API server (asked once, then kept: a cluster's
+        version changes only with an upgrade of its control plane, after which the provider restarts)."""
+        if self.k.join.method != "kubeadm":
+            return ""
+        if self._kubeadm_api_version is None:
+            self._kubeadm_api_version = kubeadm_api_version(
+                self.k.join, lambda: client.VersionApi(self.api).get_code().git_version)
+        return self._kubeadm_api_version
 
     def after_launch(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
         if spec.is_head:

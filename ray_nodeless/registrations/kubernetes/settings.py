@@ -14,6 +14,9 @@
           cidr: 10.100.0.0/16          # eks: the service CIDR
           token: abcdef.0123456789abcdef   # kubeadm bootstrap token / k3s node token
           ca_cert_hash: sha256:...     # kubeadm discovery-token-ca-cert-hash
+          kubeadm_api: auto            # kubeadm: the JoinConfiguration version, auto (from the API server's version:
+                                       #   v1beta2 for 1.15-1.21, v1beta3 for 1.22-1.30, v1beta4 from 1.31) or one of them
+          cri_socket: /run/containerd/containerd.sock   # kubeadm: nodeRegistration.criSocket (default: containerd's)
         pod_template: {...}            # the Ray pod, like a KubeRay group's `template` (metadata + spec)
         join_timeout_s: 600            # a machine whose Node is not Ready by then is reported overdue
         pod_grace_s: 30                # terminationGracePeriod of the Ray pod on terminate
@@ -57,6 +60,9 @@ class JoinSettings(_Strict):
     ca_cert_hash: str | None = Field(None, min_length=1)
     cidr: str | None = Field(None, min_length=1)
     k3s_version: str | None = Field(None, min_length=1)
+    # kubeadm: the JoinConfiguration's version (core/kube_join.py kubeadm_api_for); auto asks the API server once
+    kubeadm_api: Literal["auto", "v1beta2", "v1beta3", "v1beta4"] = "auto"
+    cri_socket: str | None = Field(None, min_length=1)
     kubelet_flags: list[str] = Field(default_factory=list)   # extra kubelet flags, every method
 
 
