@@ -368,8 +368,9 @@ def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: Gro
     neg = op == "NotIn"
     if label in INSTANCE_TYPE_KEYS:
         names = list(values)
-        if cloud == "gcp":           # the catalog names a GCE type with attached GPUs `<machine_type>+<n>x<model>`
-            names += sorted(t.name for t in types if t.machine_type in values and t.name not in values)
+        # The catalog names a host with attached GPUs (GCE) `<machine_type>+<n>x<model>`: the Node's label is the
+        # host's machine type, so those variants are the same selection.
+        names += sorted(t.name for t in types if t.machine_type in values and t.name not in values)
         (acc.exclude if neg else acc.allow)("exclude_instance_types" if neg else "instance_types", names, key)
     elif label == "karpenter.k8s.aws/instance-family" or label == "cloud.google.com/machine-family":
         fams = [v.lower() for v in values]
