@@ -3,27 +3,30 @@ ray_nodeless rules. Pure (no Ray, no Kubernetes client, no catalog read): the br
 kuberay-autoscaler`, which reads the live RayCluster every loop) and `ray-nodeless convert` (which patches a manifest
 for the bridge) both read a RayCluster through this module, so a manifest means the same to both.
 
-The annotation. ray_nodeless's provider keys live in one annotation of the RayCluster's metadata (of the RayCluster
+The annotation. ray_nodeless's settings live in one annotation of the RayCluster's metadata (of the RayCluster
 a RayJob / RayService creates: `spec.rayClusterSpec` / `spec.rayClusterConfig` have no metadata of their own, so
 there it is the RayJob's / RayService's, which KubeRay copies onto the RayCluster it creates):
 
     metadata:
       annotations:
-        ray-nodeless.io/provider: |
+        ray-nodeless.io/config: |
           cloud: aws
           region: us-west-2
           max_hourly_cost: 40
           exclude: {gpus: [K80, M60]}
-          rules:
-          - name: gpu-group
-            match: {node_type: gpu-group}
-            capacity: [spot, on-demand]
-            gpus: [A10G, L4]
+          kubernetes: {join: {method: eks, cluster: my-eks}}
+          groups:
+            gpu-group:
+              minWorkers: 1                  # the group's minimum (its minReplicas must be 0: see below)
+              node_config: {capacity: [spot, on-demand], gpus: [A10G, L4]}
 
 Its value is a YAML (or JSON) mapping of provider keys (README "How a node type becomes an instance"), exactly as
-in a cluster YAML's `provider:` block, minus the keys the bridge sets: `type` and `module` (always
-ray_nodeless's) and `registration` (always `kubernetes`). A `kubernetes:` block in it is merged over the bridge's
-in-cluster defaults. Errors name the key as `metadata.annotations["ray-nodeless.io/provider"].<key>`.
+in a cluster YAML's `provider:` block, minus the keys the bridge sets: `type` and `module` (always ray_nodeless's),
+`registration` (always `kubernetes`), `kubernetes.namespace` / `pod_template(s)` (the RayCluster's namespace and
+groups' templates); plus `groups`: per worker group its `minWorkers` and `node_config` (constraint keys). A group's
+`replicas` and `minReplicas` stay 0, since the KubeRay operator itself creates clamp(replicas, minReplicas,
+maxReplicas) x numOfHosts pods of a group (its GetWorkerGroupDesiredReplicas); the minimum moves to `minWorkers`.
+Errors name the key as `metadata.annotations["ray-nodeless.io/config"].<key>`.
 
 A group's scheduling (`group_rules`): what the worker group's pod template says about the node it must land on,
 turned into constraint keys of the group's node type (`node_config`: instance_types, families, gpus, capacity,
@@ -47,11 +50,15 @@ from ray_nodeless.core.catalog.model import InstanceType
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
 from ray_nodeless.errors import ConfigError
 
-ANNOTATION = "ray-nodeless.io/provider"
+ANNOTATION = "ray-nodeless.io/config"
 MODULE = "ray_nodeless.NodelessProvider"
 # Keys of the provider block the bridge sets itself: an annotation that names them is refused (naming the key),
 # since a different value could only break the bridge.
 BRIDGE_KEYS = {"type": "external", "module": MODULE, "registration": "kubernetes"}
+# Keys of the `kubernetes:` block that come from the RayCluster itself.
+BRIDGE_KUBERNETES_KEYS = ("namespace", "pod_template", "pod_templates")
+GROUPS = "groups"                   # the annotation's per-group settings: {<groupName>: {minWorkers, node_config}}
+GROUP_KEYS = ("minWorkers", "node_config")
 
 API_VERSION = "ray.io/v1"
 # kind -> where the RayCluster spec is in that kind's `spec` (None: `spec` itself).
@@ -67,7 +74,7 @@ def annotation_key(key: str | None = None) -> str:
 
 def rekey(error: ConfigError) -> ConfigError:
     """A ConfigError about the provider block the annotation became (`provider.rules[0].capacity`), naming the
-    annotation instead (`metadata.annotations["ray-nodeless.io/provider"].rules[0].capacity`)."""
+    annotation instead (`metadata.annotations["ray-nodeless.io/config"].rules[0].capacity`)."""
     key = error.key
     if key == "provider" or key.startswith("provider.") or key.startswith("provider["):
         rest = key[len("provider"):].lstrip(".")
@@ -103,12 +110,41 @@ def parse_annotation(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
             raise ConfigError(annotation_key(str(k)), "provider keys are strings")
         if k in BRIDGE_KEYS:
             raise ConfigError(annotation_key(k), f"set by the bridge (always {BRIDGE_KEYS[k]!r}); remove it")
+    kube = doc.get("kubernetes")
+    if kube is not None and not isinstance(kube, dict):
+        raise ConfigError(annotation_key("kubernetes"), "must be a mapping")
+    for k in BRIDGE_KUBERNETES_KEYS:
+        if k in (kube or {}):
+            raise ConfigError(annotation_key(f"kubernetes.{k}"), "comes from the RayCluster (its namespace and each "
+                                                                 "worker group's template)")
+    groups = doc.get(GROUPS, {})
+    if not isinstance(groups, dict):
+        raise ConfigError(annotation_key(GROUPS), "must map worker group names to {minWorkers, node_config}")
+    for name in sorted(groups, key=str):
+        g, gk = groups[name], annotation_key(f"{GROUPS}.{name}")
+        if not isinstance(g, dict):
+            raise ConfigError(gk, f"takes {' and '.join(GROUP_KEYS)}")
+        for k in sorted(g, key=str):
+            if k not in GROUP_KEYS:
+                raise ConfigError(f"{gk}.{k}", f"unknown key; a group takes {', '.join(GROUP_KEYS)}")
+        m = g.get("minWorkers", 0)
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ConfigError(f"{gk}.minWorkers", f"must be an integer >= 0, got {m!r}")
+        if not isinstance(g.get("node_config", {}), dict):
+            raise ConfigError(f"{gk}.node_config", "must be a mapping of constraint keys")
     return doc
+
+
+def split_groups(annotation: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the provider keys, the `groups` settings) of a parsed annotation."""
+    provider = {k: v for k, v in annotation.items() if k != GROUPS}
+    return provider, dict(annotation.get(GROUPS) or {})
 
 
 def provider_block(annotation: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The provider block the bridge runs with: `defaults` (the bridge's: in-cluster `kubernetes:` block, head
-    address, ...), the annotation's keys over them (a `kubernetes:` mapping merged key by key), and BRIDGE_KEYS."""
+    address, ...), the annotation's provider keys (without `groups`: split_groups) over them (a `kubernetes:`
+    mapping merged key by key), and BRIDGE_KEYS."""
     out: dict[str, Any] = {**BRIDGE_KEYS}
     for k, v in (defaults or {}).items():
         if k not in BRIDGE_KEYS:
@@ -126,7 +162,7 @@ def load_annotated(metadata: Mapping[str, Any] | None, defaults: Mapping[str, An
     `defaults`; every error names the annotation's key."""
     from ray_nodeless.launch.config import load_provider
 
-    block = provider_block(parse_annotation(metadata), defaults)
+    block = provider_block(split_groups(parse_annotation(metadata))[0], defaults)
     try:
         return load_provider(block, planning=True)
     except ConfigError as e:

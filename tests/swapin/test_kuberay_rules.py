@@ -198,6 +198,9 @@ def test_annotation_round_trip_and_block():
     over = K.provider_block({"kubernetes": {"namespace": "jobs"}}, {"kubernetes": {"namespace": "ray", "x": 1}})
     assert over["kubernetes"] == {"namespace": "jobs", "x": 1}
     assert K.parse_annotation({}) == {} and K.parse_annotation(None) == {}
+    with_groups = {**provider, "groups": {"g": {"minWorkers": 1, "node_config": {"capacity": ["spot"]}}}}
+    parsed = K.parse_annotation({"annotations": {K.ANNOTATION: K.render_annotation(with_groups)}})
+    assert K.split_groups(parsed) == (provider, with_groups["groups"])
 
 
 @pytest.mark.parametrize("value,key", [
@@ -205,6 +208,11 @@ def test_annotation_round_trip_and_block():
     ("cloud: [aws", K.annotation_key()),
     ("type: external\ncloud: aws", K.annotation_key("type")),
     ("registration: vm", K.annotation_key("registration")),
+    ("kubernetes: {namespace: x}", K.annotation_key("kubernetes.namespace")),
+    ("groups: [a]", K.annotation_key("groups")),
+    ("groups: {g: {minWorkers: -1}}", K.annotation_key("groups.g.minWorkers")),
+    ("groups: {g: {min: 1}}", K.annotation_key("groups.g.min")),
+    ("groups: {g: {node_config: [1]}}", K.annotation_key("groups.g.node_config")),
     (7, K.annotation_key()),
 ])
 def test_bad_annotations_name_the_key(value, key):
