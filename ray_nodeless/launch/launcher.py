@@ -248,10 +248,14 @@ class Launcher:
     # ----- the cost cap (launch/budget.py) ----------------------------------------------------------------------
 
     def _list_first(self, node_type: str) -> None:
-        """Under a cap, the machines that run are counted before anything launches: a fresh provider (a restarted
-        monitor, `ray up`) lists first (the view's cache keeps this to one listing per `list_cache_s`)."""
+        """Under a cap, the machines that run are counted before anything launches, from a listing taken now (not
+        the view's cached one): a fresh provider (a restarted monitor, `ray up`) counts what already runs, and so
+        does one that overlaps another object of the cluster (an old monitor, a laptop's `ray up`): every machine
+        the cloud lists with this cluster's tag counts, pending ones included, whoever launched it. What no listing
+        can show yet is another object's launch in flight (README "Reliability" states the bound). Concurrent
+        calls share one listing (`MachineView.refresh` answers a caller that arrives during one from it)."""
         try:
-            self._view.refresh()
+            self._view.refresh(force=True)
         except ListingError as e:
             raise LaunchError(f"{node_type}: refused: cannot count the cluster's machines for "
                               f"provider.max_hourly_cost: {e}", e.category) from e

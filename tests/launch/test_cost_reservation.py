@@ -166,3 +166,55 @@ def test_an_orphan_is_counted_until_a_listing_past_the_launch_grace_does_not_sho
     p.non_terminated_nodes({})
     assert p.launcher.budget.hourly_cost() == 0.0
     p.create_node_with_resources_and_labels({}, tags("req-2"), 5, GPU, {})   # the room is back
+
+
+# ----- overlapping provider objects (two monitors, a laptop's `ray up` beside the head's monitor) ---------------
+
+OVERLAP = dict(CAPPED, list_cache_s=3600)   # a cached listing must not hide the other object's machines
+
+
+def test_two_provider_objects_taking_turns_never_sum_past_the_cap(cloud):
+    """Each object counts every machine the cloud lists with the cluster's tag (a listing taken at each capped
+    launch, not its cache), so the other object's machines are counted as soon as the cloud lists them."""
+    a, b = NodelessProvider(dict(OVERLAP), "c1"), NodelessProvider(dict(OVERLAP), "c1")
+    a.non_terminated_nodes({}), b.non_terminated_nodes({})     # both have a cached listing of an empty cluster
+    refused = []
+    for i in range(12):
+        try:
+            (a if i % 2 == 0 else b).create_node_with_resources_and_labels({}, tags(f"turn-{i}"), 1, GPU, {})
+        except NodeLaunchException as e:
+            refused.append(e.category)
+        assert cloud_cost(cloud) <= CAP + 1e-9
+    price = cloud_cost(cloud) / len(cloud.machines)
+    assert len(cloud.machines) == int(CAP // price) and set(refused) == {"MaxHourlyCostExceeded"}
+
+
+def test_two_provider_objects_launching_at_once_stay_within_the_documented_bound(cloud):
+    """What no listing shows yet is the other object's launch in flight: with two objects launching at the same
+    moment the cluster reaches at most 2 x cap (README "Reliability"), each object's own launches within the cap;
+    once the cloud lists them, both refuse until the cost is back under the cap."""
+    a, b = NodelessProvider(dict(OVERLAP), "c1"), NodelessProvider(dict(OVERLAP), "c1")
+    gate = threading.Barrier(2)
+    entered = {"n": 0}
+
+    def hook() -> None:         # both objects' first launches are in flight together
+        entered["n"] += 1
+        if entered["n"] <= 2:
+            gate.wait(timeout=10)
+    cloud.hooks["launch"] = hook
+    out: dict[str, list[str]] = {}
+
+    def one(p: NodelessProvider, name: str) -> None:
+        out[name] = p.create_node_with_resources_and_labels({}, tags(f"at-once-{name}"), 9, GPU, {}) or []
+    threads = [threading.Thread(target=one, args=(p, n)) for p, n in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cost = cloud_cost(cloud)
+    assert CAP < cost <= 2 * CAP + 1e-9                        # the bound, reached: each saw an empty cluster
+    for p in (a, b):
+        with pytest.raises(NodeLaunchException) as e:
+            p.create_node_with_resources_and_labels({}, tags("after"), 1, GPU, {})
+        assert e.value.category == "MaxHourlyCostExceeded"
+    assert cloud_cost(cloud) == pytest.approx(cost)
