@@ -222,3 +222,41 @@ def test_preempt_and_delete(fake: FakeGce, ic: compute_v1.InstancesClient) -> No
         ic.delete_unary(project=PROJECT, zone=ZONE, instance="vm-1")
     with pytest.raises(gexc.NotFound):
         ic.get(project=PROJECT, zone=ZONE, instance="vm-1")
+
+
+# ----------------------------------------------------------------------------------------- the zone's record
+
+
+def test_every_route_is_a_compute_method_of_the_discovery_document() -> None:
+    """The fake serves only methods the real API has, at the real API's paths and HTTP methods."""
+    import re
+
+    from ray_nodeless.testing.fake_gce import discovery
+
+    resources = discovery()["resources"]
+    for verb, rx, name in FakeGce._ROUTES:
+        resource, method = name.split(".")
+        m = resources[resource]["methods"][method]
+        assert m["httpMethod"] == verb, name
+        path = re.sub(r"\{(\w+)\}", "x", m["path"].replace("{+", "{"))
+        assert path.startswith("projects/x/") and rx.fullmatch(path[len("projects/x/"):]), (name, m["path"])
+
+
+def test_zone_operations_list_records_deletes_and_preemptions(fake: FakeGce, ic: compute_v1.InstancesClient) -> None:
+    zo = compute_v1.ZoneOperationsClient(**client_kwargs(fake))
+    fake.add_instance("vm-1")
+    fake.add_instance("vm-2")
+    fake.add_instance("vm-3", zone="us-central1-b")
+    ic.delete_unary(project=PROJECT, zone=ZONE, instance="vm-1")
+    fake.preempt("vm-2")
+    fake.preempt("vm-3")
+    ops = list(zo.list(request=compute_v1.ListZoneOperationsRequest(
+        project=PROJECT, zone=ZONE, filter='targetLink eq ".*/instances/(vm-1|vm-2)"')))
+    assert [(o.operation_type, o.target_link.rsplit("/", 1)[-1]) for o in ops] == [
+        ("delete", "vm-1"), ("compute.instances.preempted", "vm-2")]
+    assert ops[1].user == "system" and ops[1].status == compute_v1.Operation.Status.DONE
+    preempted = list(zo.list(request=compute_v1.ListZoneOperationsRequest(
+        project=PROJECT, zone="us-central1-b", filter='operationType = "compute.instances.preempted"')))
+    assert [o.target_link.rsplit("/", 1)[-1] for o in preempted] == ["vm-3"]
+    fake.page_size = 1
+    assert len(list(zo.list(project=PROJECT, zone=ZONE))) == 2          # the pager follows nextPageToken

@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
@@ -33,6 +34,7 @@ from ray_nodeless.providers.gcp.operations import PendingOp, wait_all
 from ray_nodeless.providers.gcp.retries import CallPolicy
 from ray_nodeless.providers.gcp.config import GcpConfig
 from ray_nodeless.providers.gcp.settings import GcpSettings
+from ray_nodeless.providers.gcp.vanished import REASON_CHUNK, reasons, target_filter
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,9 @@ SET_TAGS_ATTEMPTS = 3
 FIND_CHUNK = 50
 # A GCE instance name (RFC 1035 label): an id not of this form cannot name an instance, so it is gone.
 _GCE_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+# Instances whose zone the backend remembers after they left the listing (`vanished_reasons` asks that zone): far
+# more than a cluster's machines, so a vanished one is always among them.
+SEEN_ZONES_LIMIT = 20_000
 # The kind of a stopped instance in `leftovers()` (what `ray-nodeless sweep` shows and ends).
 STOPPED_KIND = "stopped-instance"
 
@@ -71,10 +76,20 @@ def _parse_time(ts: str) -> float:
 
 @dataclass
 class _Known:
-    """What the backend remembers about this cluster's instances between calls (name -> zone)."""
+    """What the backend remembers about this cluster's instances between calls: name -> zone of those listed now,
+    and of every one seen (bounded, oldest forgotten first), so the zone of an instance that left the listing is
+    known when asking the zone why it went (`vanished_reasons`)."""
 
     zones: dict[str, str] = field(default_factory=dict)
+    seen: OrderedDict[str, str] = field(default_factory=OrderedDict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def saw(self, name: str, zone: str) -> None:
+        """Caller holds `lock`."""
+        self.seen[name] = zone
+        self.seen.move_to_end(name)
+        while len(self.seen) > SEEN_ZONES_LIMIT:
+            self.seen.popitem(last=False)
 
 
 class GcpBackend(GcpConfig, MachineBackend):
@@ -145,6 +160,7 @@ class GcpBackend(GcpConfig, MachineBackend):
             with self._known.lock:
                 for p in issued:
                     self._known.zones[p.name] = zone
+                    self._known.saw(p.name, zone)
             logger.info("%s: created %s", what, [p.name for p in issued])
             return [p.name for p in issued]
         # Never leave a machine behind when raising: delete every instance of this launch that may exist,
@@ -238,7 +254,37 @@ class GcpBackend(GcpConfig, MachineBackend):
                 zones[m.id] = zone
         with self._known.lock:
             self._known.zones = zones
+            for name, zone in zones.items():
+                self._known.saw(name, zone)
         return machines
+
+    def vanished_reasons(self, machine_ids: list[str]) -> dict[str, str]:
+        """Why these instances went, from their zones' operations (`vanished.py`): a preemption recorded ->
+        "interrupted", a delete call (from anyone) -> "terminated"; an instance whose zone the backend never saw,
+        or with neither recorded, is left out. One zoneOperations.list per zone and chunk of names."""
+        from google.cloud import compute_v1
+
+        with self._known.lock:
+            by_zone: dict[str, list[str]] = {}
+            for m in machine_ids:
+                if m in self._known.seen:
+                    by_zone.setdefault(self._known.seen[m], []).append(m)
+        out: dict[str, str] = {}
+        for zone in sorted(by_zone):
+            names = sorted(set(by_zone[zone]))
+            for i in range(0, len(names), REASON_CHUNK):
+                chunk = names[i:i + REASON_CHUNK]
+                request = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone,
+                                                               filter=target_filter(chunk))
+                what = f"operations on {len(chunk)} instance(s) in {zone}"
+                try:
+                    ops = list(self._policy.call(what, self._clients.zone_operations.list, request=request))
+                except BackendError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - API, requests and google.auth errors, on any page
+                    raise TransientBackendError(f"{what}: {e}", category=classify_http_error(e).category) from e
+                out.update(reasons(ops, chunk))
+        return out
 
     def leftovers(self) -> list[dict[str, str]]:
         """Instances labelled with this cluster that are not live (STOPPING, TERMINATED = stopped, SUSPENDING,
@@ -308,6 +354,7 @@ class GcpBackend(GcpConfig, MachineBackend):
                 ours.append((m, zone))
                 with self._known.lock:
                     self._known.zones[m] = zone
+                    self._known.saw(m, zone)
             else:
                 foreign.append(m)
         return ours, gone, foreign

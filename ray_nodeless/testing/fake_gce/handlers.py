@@ -1,6 +1,7 @@
-"""The Compute endpoints the fake serves (zones, machine types, accelerator types, instances, zone operations) and
-the resources they return, with GCE's observable semantics: requestId idempotency, fingerprints on labels and
-metadata, paging, operations that complete synchronously unless `op_delay_polls` says otherwise."""
+"""The Compute endpoints the fake serves (zones, machine types, accelerator types, instances, zone operations: get,
+wait, list) and the resources they return, with GCE's observable semantics: requestId idempotency, fingerprints on
+labels and metadata, paging, operations that complete synchronously unless `op_delay_polls` says otherwise, and
+the zone's record of what happened to an instance (its insert, delete and preemption operations)."""
 from __future__ import annotations
 
 import copy
@@ -266,6 +267,15 @@ class ComputeHandlers:
         return out
 
     # ---- handlers: operations
+    def _zoneOperations_list(self, q: dict, body: Any, zone: str) -> dict:
+        """The zone's operations, oldest first (GCE keeps them for a while; the fake keeps all): inserts,
+        deletes, label writes, and what the system did (`compute.instances.preempted`), filtered and paged."""
+        terms = parse_filter(q["filter"]) if q.get("filter") else []
+        with self.lock:
+            ops = [copy.deepcopy(op) for op in self.operations.values()
+                   if op["zone"].endswith("/" + zone) and filter_match(op, terms)]
+        return self._page(sorted(ops, key=lambda o: int(o["id"])), q, "compute#operationList")
+
     def _zoneOperations_get(self, q: dict, body: Any, zone: str, op: str) -> dict:
         return self._poll(op, zone)
 

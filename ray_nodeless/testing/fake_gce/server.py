@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ray_nodeless.testing.fake_gce.faults import Fault, FaultInjection
-from ray_nodeless.testing.fake_gce.handlers import ComputeHandlers, last_segment
+from ray_nodeless.testing.fake_gce.handlers import ComputeHandlers, last_segment, now_timestamp
 from ray_nodeless.testing.fake_gce.schema import ApiError, discovery
 from ray_nodeless.testing.fake_gce.semantics import MachineTypeSpec
 
@@ -161,9 +161,14 @@ class FakeGce(FaultInjection, ComputeHandlers):
             return copy.deepcopy(inst)
 
     def preempt(self, name: str) -> None:
-        """The instance disappears out of band (spot preemption with instanceTerminationAction DELETE)."""
+        """The instance disappears out of band (spot preemption with instanceTerminationAction DELETE), and the
+        zone records it as GCE does: an operation of type `compute.instances.preempted` by the system."""
         with self.lock:
-            self.instances.pop(name, None)
+            inst = self.instances.pop(name, None)
+            if inst is not None:
+                op = self._new_op(last_segment(inst["zone"]), "compute.instances.preempted", name)
+                op.update(status="DONE", progress=100, endTime=now_timestamp(), user="system",
+                          statusMessage="Instance was preempted.")
 
     def set_status(self, name: str, status: str) -> None:
         with self.lock:
@@ -195,6 +200,7 @@ class FakeGce(FaultInjection, ComputeHandlers):
         ("POST", re.compile(r"zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/setMetadata"),
          "instances.setMetadata"),
         ("GET", re.compile(r"aggregated/instances"), "instances.aggregatedList"),
+        ("GET", re.compile(r"zones/(?P<zone>[^/]+)/operations"), "zoneOperations.list"),
         ("GET", re.compile(r"zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)"), "zoneOperations.get"),
         ("POST", re.compile(r"zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)/wait"), "zoneOperations.wait"),
     ]

@@ -5,7 +5,8 @@ Faults are the server's answers: an insert operation that ends ZONE_RESOURCE_POO
 for spot or standard instances), a regional GPU quota 403, throttling (429 once, or on every insert for one
 call), a 503 that did nothing, a lost response (the insert runs, then 503: the client re-sends the same requestId
 and GCE answers with the first operation), refused deletes, failed / unauthorised / empty aggregated listings.
-Spot preemption deletes the instance out of band. The cloud's truth is the server's own state (no request).
+Spot preemption deletes the instance out of band and records a `compute.instances.preempted` zone operation, as
+GCE does. The cloud's truth is the server's own state (no request).
 """
 from __future__ import annotations
 
@@ -69,9 +70,8 @@ class GcpWorld(World):
     shapes = SHAPES
     max_count = 7
     max_live = 12
-    # The GCP backend cannot tell a deletion by another provider object from a preemption once the instance is
-    # gone (no vanished_reasons): such marks are counted (Stats.misread_interruptions), not asserted.
-    judges_reasons = False
+    # The GCP backend tells a deletion (by any provider object) from a preemption by the zone's operations
+    # (providers/gcp/vanished.py; the fake records both), so misread interruptions are asserted 0 here too.
 
     def __init__(self, fake: RecordingGce):
         super().__init__(provider_config(fake))
