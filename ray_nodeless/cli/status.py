@@ -13,11 +13,23 @@ from ray_nodeless.core.cluster_plan import load_cluster_yaml
 @click.command("status")
 @click.argument("cluster_yaml", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
-def status_command(cluster_yaml: str, as_json: bool) -> None:
+@click.option("--events", "events", is_flag=True,
+              help="The provider's decisions (launches, fallbacks, capacity errors, cost-cap refusals, "
+                   "interruptions, drains, unservable demands) instead of the machines.")
+@click.option("--since", default=None, metavar="AGE", help="With --events: only the last AGE (30s, 10m, 2h, 1d).")
+def status_command(cluster_yaml: str, as_json: bool, events: bool, since: str | None) -> None:
     """The live machines of a cluster: node type, instance, zone, capacity, price, uptime, cost so far."""
     # Imported here: only `status` lists machines; the other commands start without the launch layer.
-    from ray_nodeless.launch.status import status_document
+    from ray_nodeless.launch.status import events_document, status_document
 
+    if since is not None and not events:
+        raise click.UsageError("--since goes with --events")
+    if events:
+        age = _age(since)
+        with user_errors():
+            doc = events_document(load_cluster_yaml(cluster_yaml), age)
+        _print_events(doc, as_json)
+        return
     with user_errors():
         doc = status_document(load_cluster_yaml(cluster_yaml))
     if as_json:
@@ -41,3 +53,32 @@ def _k8s(n: dict) -> str:
         return ""
     ready = {True: "Ready", False: "NotReady", None: "-"}[n["k8s_ready"]]
     return f"  node {n['k8s_node'] or '-'} {ready}  pod {n['pod'] or '-'} {n['pod_phase'] or '-'}"
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _age(text: str | None) -> float | None:
+    if text is None:
+        return None
+    t = text.strip()
+    try:
+        n = float(t[:-1]) if t and t[-1] in _UNITS else float(t)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an age like 30s, 10m, 2h or 1d", param_hint="--since")
+    if n < 0:
+        raise click.BadParameter(f"{text!r} is negative", param_hint="--since")
+    return n * _UNITS.get(t[-1], 1)
+
+
+def _print_events(doc: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    import datetime
+
+    where = doc["log"] if doc["log_found"] else f"{doc['log']} not on this machine: machine tags only"
+    click.echo(f"cluster {doc['cluster_name']}: {len(doc['events'])} event(s) (log {where})")
+    for e in doc["events"]:
+        when = datetime.datetime.fromtimestamp(e["ts"], datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        click.echo(f"  {when} {e['kind']:19} {e['message']}")

@@ -126,6 +126,9 @@ class CoreSettings(Section):
     max_open_node_types: int = Field(32, ge=1, le=256)
     # A placement group's new machines in one zone (cross-zone traffic costs money); false: each its cheapest.
     single_zone_gangs: bool = True
+    # The monitor's Prometheus endpoint for ray_nodeless_* metrics (ray_nodeless/metrics/; Ray's own autoscaler
+    # metrics are on 44217); null: not exported.
+    metrics_port: int | None = Field(44218, ge=1, le=65535)
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
     node_type_resources: dict[str, Any] = Field(default_factory=dict)
     worker_boot: dict[str, Any] = Field(default_factory=dict)

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ray_nodeless.launch.config import load_provider
+from ray_nodeless.metrics.events import events_from_machines, events_path, merged_events, read_log
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RULE, TAG_UNSERVED,
     TAG_ZONE,
@@ -39,13 +40,17 @@ def price_of(tags: dict[str, str]) -> float | None:
         return None
 
 
-def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> list[NodeStatus]:
+def _list(cluster_config: dict[str, Any]):
     bundle = load_provider(cluster_config.get("provider"))
     backend = bundle.make_backend(cluster_config["cluster_name"])
     try:
-        machines = backend.list_machines()
+        return bundle, list(backend.list_machines())
     finally:
         backend.close()
+
+
+def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> list[NodeStatus]:
+    bundle, machines = _list(cluster_config)
     now = time.time() if now is None else now
     extra: dict[str, dict] = {}
     if bundle.core.registration == "kubernetes":
@@ -79,3 +84,16 @@ def _flat(n: NodeStatus) -> dict:
     d = asdict(n)
     d.update(d.pop("registration"))
     return d
+
+
+def events_document(cluster_config: dict[str, Any], since_s: float | None = None, now: float | None = None) -> dict:
+    """The provider's decisions: the head's bounded event log (on the machine the monitor runs on: a local cluster,
+    or the head itself) and what the cluster's machines carry in their tags (anywhere), from `since_s` ago on."""
+    now = time.time() if now is None else now
+    name = cluster_config["cluster_name"]
+    _, machines = _list(cluster_config)
+    path = events_path(name)
+    events = merged_events(read_log(path), events_from_machines(machines, now),
+                           None if since_s is None else now - since_s)
+    return {"cluster_name": name, "log": str(path), "log_found": path.exists(),
+            "events": [e.record() for e in events]}

@@ -31,11 +31,13 @@ from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
+from ray_nodeless.metrics.wiring import ProviderInstruments
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED, Machine
 from ray_nodeless.ray_adapter import bootstrap
 from ray_nodeless.core.open_plan import OpenFitter, Packer
 from ray_nodeless.launch.open_types import OpenTypes
 from ray_nodeless.ray_adapter.compat import monitor_config_path, monitor_gcs_address, monitor_logs_dir
+from ray_nodeless.ray_adapter.compat.demand import autoscaler_event_sink
 from ray_nodeless.ray_adapter.open_driver import OpenDriver, YamlFileStore
 
 logger = logging.getLogger(__name__)
@@ -57,33 +59,41 @@ class NodelessProvider(NodeProvider):
         # The provider block is read here once; every part below gets its parsed piece of the bundle.
         self.bundle = load_provider(provider_config)
         self.settings = self.bundle.core
+        gcs = monitor_gcs_address()
+        # Metrics and decision events wrap the parts below (ray_nodeless/metrics/); exported only in the monitor.
+        self.instruments = ProviderInstruments(
+            cluster_name, self.settings, gcs_address=gcs,
+            event_sink=autoscaler_event_sink(monitor_logs_dir()) if gcs else None)
+        inst = self.instruments
         # Loaded at the first launch: `ray down` and `sweep` list and terminate without it (a gone catalog file,
         # or a live catalog's price lists, must not keep machines running).
-        self._catalog = PlanningCatalog(lambda: catalog_result(self.settings, self.bundle.backend_settings))
+        self._catalog = inst.planning(
+            PlanningCatalog(lambda: catalog_result(self.settings, self.bundle.backend_settings)))
         self.backend = self.bundle.make_backend(cluster_name)
+        metered = inst.backend(self.backend)    # the view and the launcher call the cloud through the metrics
         self.registration = self.bundle.make_registration(cluster_name)
         self.resolver = Resolver(self.settings, self.bundle.requirement_overrides)
         self.unavailable = UnavailableOfferings(self.settings.unavailable_ttl_s)
-        self.view = MachineView(self.backend, self.registration, cluster_name, self.settings.list_cache_s,
-                                on_interrupted=self._on_interrupted)
-        self.launcher = Launcher(cluster_name, self._catalog, self.resolver, self.backend,
-                                 self.registration, self.unavailable, terminate=self.terminate_nodes,
-                                 view=self.view, price_of=machine_price)
+        self.view = inst.view(MachineView(metered, self.registration, cluster_name, self.settings.list_cache_s,
+                                          on_interrupted=inst.on_interrupted(self._on_interrupted)))
+        self.launcher = inst.launcher(Launcher(cluster_name, self._catalog, self.resolver, metered,
+                                               self.registration, self.unavailable, terminate=self.terminate_nodes,
+                                               view=self.view, price_of=machine_price))
+        inst.watch(self.view, self.unavailable)
         self._node_type_resources: dict[str, dict] = dict(self.settings.node_type_resources)
         self.interruptions: InterruptionQueue | None = None
-        gcs = monitor_gcs_address()
         self.open: OpenDriver | None = None
         config_path = monitor_config_path()
         if gcs and config_path and self.settings.open_shapes is not False:
             # Only in the monitor: shape-open node types live in the config file it re-reads (open_driver.py).
             self.open = OpenDriver(self._open_types(config_path), gcs, monitor_logs_dir(),
-                                   on_unserved=self._record_unserved)
+                                   on_unserved=inst.on_unserved(self._record_unserved))
         if self.settings.interruption_queue_url and gcs:
             # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
             # nor wait on a GCS they may not reach.
             url = self.settings.interruption_queue_url
             sqs = self.backend.interruption_queue_client(url, self.bundle.backend_settings)   # AWS: SQS
-            self.interruptions = InterruptionQueue(sqs, url, RayDrainer(gcs))
+            self.interruptions = inst.interruptions(InterruptionQueue(sqs, url, RayDrainer(gcs)))
 
     def _open_types(self, config_path: str) -> OpenTypes:
         fitter = OpenFitter(self.resolver, lambda: self.planner, self.unavailable, self.settings.open_node_config)

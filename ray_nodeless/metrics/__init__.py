@@ -1,0 +1,4 @@
+"""Operators' view of the provider: Prometheus metrics (registry.py), decision events (events.py), and the decorators
+that produce both around the launcher, backend, view, planner and interruption queue (instrument.py, wired per
+provider object by wiring.py). Sits between ray_adapter/ (which wires it) and launch/ (whose objects it wraps);
+imports no Ray."""

@@ -1,0 +1,153 @@
+"""The provider's decisions as events: one record per decision, kept in a bounded log on the head and read back by
+`ray-nodeless status CLUSTER_YAML --events`.
+
+Kinds (`KINDS`): a launch chosen (and why: rule, price, candidate), a fallback to a later candidate, a capacity error
+remembered, a cost-cap refusal, a machine interrupted, an interruption notice and its drain, unservable demands.
+Each also goes to Ray's autoscaler event channel (the sink the provider hands in, `compat.demand`).
+
+The log is a JSON-lines file per cluster in `~/.ray-nodeless/events/` on the machine the monitor runs on (the head),
+appended under a file lock and cut to its newest `MAX_EVENTS` records, so it outlives a monitor restart. What the
+machines carry themselves (their decision tags, the head's unserved-demands tag) is read back from any machine that
+can list the cluster, log or not (`events_from_machines`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from filelock import FileLock
+
+from ray_nodeless.providers.base import (
+    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RAY_USER_NODE_TYPE, TAG_RULE, TAG_UNSERVED, TAG_ZONE, Machine,
+)
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("launch", "fallback", "capacity_error", "cost_cap_refusal", "interruption", "interruption_notice", "drain",
+         "unservable")
+MAX_EVENTS = 1000
+EVENTS_DIR = "~/.ray-nodeless/events"
+
+
+@dataclass(frozen=True)
+class Event:
+    ts: float                  # wall clock (time.time), seconds
+    kind: str                  # one of KINDS
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    source: str = "log"        # "log" (the head's event log) or "tags" (read from the machines)
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def events_path(cluster_name: str, events_dir: str = EVENTS_DIR) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", cluster_name)
+    return Path(os.path.expanduser(events_dir)) / f"{safe}.jsonl"
+
+
+class EventLog:
+    """The bounded event log of one cluster (append, and cut to the newest `max_events` records)."""
+
+    def __init__(self, path: Path, max_events: int = MAX_EVENTS, clock: Callable[[], float] = time.time):
+        self.path = path
+        self.max_events = max_events
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._file_lock = FileLock(str(path) + ".lock")
+        self._lines: int | None = None
+
+    def append(self, kind: str, message: str, **fields: Any) -> Event:
+        event = Event(ts=round(self.clock(), 3), kind=kind, message=message, fields=fields)
+        line = json.dumps(event.record(), sort_keys=True) + "\n"
+        try:
+            with self._lock:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with self._file_lock:
+                    if self._lines is None:
+                        self._lines = _count_lines(self.path)
+                    with open(self.path, "a") as f:
+                        f.write(line)
+                    self._lines += 1
+                    if self._lines > 2 * self.max_events:   # cut rarely: the log is a ring of max..2*max records
+                        self._lines = _keep_newest(self.path, self.max_events)
+        except OSError as e:     # a full disk must not stop a launch
+            logger.warning("events: cannot write %s: %s", self.path, e)
+        return event
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def _keep_newest(path: Path, n: int) -> int:
+    lines = path.read_text().splitlines(keepends=True)[-n:]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(lines))
+    os.replace(tmp, path)
+    return len(lines)
+
+
+def read_log(path: Path) -> list[Event]:
+    """The events of a log file (unreadable lines skipped), oldest first."""
+    out: list[Event] = []
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+            out.append(Event(ts=float(d["ts"]), kind=str(d["kind"]), message=str(d["message"]),
+                             fields=dict(d.get("fields") or {}), source="log"))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def events_from_machines(machines: Iterable[Machine], now: float) -> list[Event]:
+    """What the machines' own tags say: each machine's launch decision, and the unserved demands on the head."""
+    out = []
+    for m in machines:
+        t = m.tags
+        if t.get(TAG_INSTANCE_TYPE):
+            out.append(Event(
+                ts=float(m.launched_at or now), kind="launch", source="tags",
+                message=(f"{m.id} ({t.get(TAG_RAY_USER_NODE_TYPE, '')}) runs {t[TAG_INSTANCE_TYPE]} in "
+                         f"{t.get(TAG_ZONE, '')} ({t.get(TAG_CAPACITY, '')}, ${t.get(TAG_PRICE, '?')}/h) by rule "
+                         f"{t.get(TAG_RULE, '')!r}"),
+                fields={"machine_ids": [m.id], "node_type": t.get(TAG_RAY_USER_NODE_TYPE, ""),
+                        "instance_type": t[TAG_INSTANCE_TYPE], "zone": t.get(TAG_ZONE, ""),
+                        "capacity": t.get(TAG_CAPACITY, ""), "rule": t.get(TAG_RULE, "")}))
+        if t.get(TAG_UNSERVED):
+            out.append(Event(ts=now, kind="unservable", source="tags", message=f"unserved now: {t[TAG_UNSERVED]}",
+                             fields={"machine_ids": [m.id]}))
+    return out
+
+
+def merged_events(logged: list[Event], from_tags: list[Event], since: float | None = None) -> list[Event]:
+    """The log's events and the machines' (a launch the log has is not repeated from its machine's tags), from
+    `since` on, oldest first."""
+    logged_ids = {mid for e in logged if e.kind == "launch" for mid in e.fields.get("machine_ids", ())}
+    logged_unserved = any(e.kind == "unservable" for e in logged)
+    out = list(logged)
+    for e in from_tags:
+        if e.kind == "launch" and set(e.fields.get("machine_ids", ())) & logged_ids:
+            continue
+        if e.kind == "unservable" and logged_unserved and since is not None:
+            continue
+        out.append(e)
+    if since is not None:
+        out = [e for e in out if e.ts >= since]
+    return sorted(out, key=lambda e: (e.ts, e.kind, e.message))

@@ -1,0 +1,297 @@
+"""Metrics and events around the provider's parts, as decorators (as Karpenter wraps its cloud provider): the
+launcher, the machine backend, the machine view, the planner and the interruption queue keep no metrics code; each
+is wrapped here and the wrapper counts what passes through it and records the decision as an event.
+
+- `MeteredBackend.launch`: a `CapacityError` -> capacity_errors_total{instance_type,zone,capacity,code} and a
+  "capacity_error" event (the launcher remembers the offering as unavailable); `list_machines` failing ->
+  listing_errors_total.
+- `MeteredLauncher.launch`: launches_total{node_type,capacity,result}, launch_duration_seconds, a "launch" event
+  (offering, price, rule), a "fallback" event and launch_fallbacks_total when it landed after capacity errors,
+  cost_cap_refusals_total and a "cost_cap_refusal" event when `provider.max_hourly_cost` refused it.
+- `MeteredView.refresh`: integrates the listed machines' hourly price into cost_dollars_total (one sum per
+  listing); the gauges are read at scrape time (`registry.StateCollector`).
+- `MeteredPlanning`: plan_duration_seconds around each `Planner.plan`.
+- `interrupted` / `MeteredInterruptions.poll`: interruptions_total and "interruption", "interruption_notice",
+  "drain" events; `unserved`: an "unservable" event when the unserved demands change.
+
+Attribute reads and writes other than the wrapped calls go to the wrapped object, so code and tests that reach
+into `provider.view.clock` or `provider.launcher.settings` see the real object.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from ray_nodeless.errors import CapacityError, LaunchError
+from ray_nodeless.metrics.events import EventLog
+from ray_nodeless.metrics.registry import Metrics, StateSnapshot
+from ray_nodeless.providers.base import (
+    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, Machine,
+)
+
+logger = logging.getLogger(__name__)
+
+NO_OFFERING = ("NoFeasibleOffering", "ConfigError")
+COST_CAP = "MaxHourlyCostExceeded"
+
+
+def _price(m: Machine) -> float:
+    try:
+        return float(m.tags.get(TAG_PRICE, "0"))
+    except ValueError:
+        return 0.0
+
+
+class _Delegate:
+    """Everything not overridden goes to the wrapped object (reads and writes alike)."""
+
+    _own: tuple[str, ...] = ("_inner", "_rec")
+
+    def __init__(self, inner: Any, recorder: "Recorder"):
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_rec", recorder)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_inner"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in type(self)._own:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._inner, name, value)
+
+    @property
+    def wrapped(self) -> Any:
+        return self._inner
+
+
+class _Attempt:
+    __slots__ = ("capacity_errors",)
+
+    def __init__(self):
+        self.capacity_errors: list[str] = []
+
+
+class Recorder:
+    """Counts into `metrics`, records events in `events` (the head's log) and `sink` (Ray's event channel)."""
+
+    def __init__(self, metrics: Metrics, events: EventLog | None = None, sink: Callable[[str], None] | None = None,
+                 unavailable_ttl_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
+        self.metrics = metrics
+        self.events = events
+        self.sink = sink
+        self.unavailable_ttl_s = unavailable_ttl_s
+        self.clock = clock
+        self._local = threading.local()
+        self._cost_lock = threading.Lock()
+        self._cost_total = 0.0
+        self._cost_at: float | None = None
+        self._hourly = 0.0
+
+    # ----- events ----------------------------------------------------------------------------------------------
+
+    def event(self, kind: str, message: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.append(kind, message, **fields)
+        if self.sink is not None:
+            self.sink(f"ray_nodeless: {message}")
+
+    # ----- one launch call's capacity errors (the backend's calls run in the launcher's thread) ------------------
+
+    def begin(self) -> _Attempt:
+        a = _Attempt()
+        self._local.attempt = a
+        return a
+
+    def end(self) -> None:
+        self._local.attempt = None
+
+    def capacity_error(self, spec: Any, e: CapacityError) -> None:
+        o = spec.offering
+        self.metrics.capacity_errors.labels(o.instance_type.name, o.zone, o.capacity, e.category).inc()
+        what = f"{o.instance_type.name}/{o.zone}/{o.capacity}"
+        a = getattr(self._local, "attempt", None)
+        if a is not None:
+            a.capacity_errors.append(what)
+        remembered = (f"; skipped for {self.unavailable_ttl_s:.0f} s (unavailable_ttl_s)"
+                      if self.unavailable_ttl_s > 0 else "")
+        self.event("capacity_error", f"{spec.node_type}: capacity error {e.category} on {what}{remembered}",
+                   node_type=spec.node_type, instance_type=o.instance_type.name, zone=o.zone, capacity=o.capacity,
+                   code=e.category)
+
+    def launched(self, node_type: str, launched: Any, attempt: _Attempt, seconds: float) -> None:
+        o = launched.offering
+        m = self.metrics
+        m.launches.labels(node_type, o.capacity, "launched").inc()
+        m.launch_duration.labels("launched").observe(seconds)
+        rule = launched.spec.tags.get(TAG_RULE, "")
+        ids = sorted(launched.machine_ids)
+        why = "the first candidate of the plan's order (cheapest fit under the rule) the cloud accepted"
+        if attempt.capacity_errors:
+            m.fallbacks.labels(node_type).inc()
+            self.event("fallback", f"{node_type}: fell back to {o.instance_type.name}/{o.zone}/{o.capacity} after "
+                       f"capacity errors on {', '.join(attempt.capacity_errors)}", node_type=node_type,
+                       instance_type=o.instance_type.name, zone=o.zone, capacity=o.capacity,
+                       failed=list(attempt.capacity_errors))
+        self.event("launch", f"{node_type}: launched {len(ids)} x {o.instance_type.name} in {o.zone} ({o.capacity}, "
+                   f"${o.hourly_price or 0.0:.4f}/h) by rule {rule!r}: {why}; ids {','.join(ids)}",
+                   node_type=node_type, instance_type=o.instance_type.name, zone=o.zone, capacity=o.capacity,
+                   price=o.hourly_price, rule=rule, machine_ids=ids)
+
+    def launch_failed(self, node_type: str, e: LaunchError, attempt: _Attempt, seconds: float) -> None:
+        m = self.metrics
+        if e.category == COST_CAP:
+            result = "cost_cap"
+            m.cost_cap_refusals.labels(node_type).inc()
+            self.event("cost_cap_refusal", str(e), node_type=node_type, code=e.category)
+        elif e.category in NO_OFFERING:
+            result = "no_offering"
+        elif attempt.capacity_errors:
+            result = "no_capacity"
+        else:
+            result = "error"
+        m.launches.labels(node_type, "none", result).inc()
+        m.launch_duration.labels(result).observe(seconds)
+
+    # ----- listings, interruptions, unserved demands ------------------------------------------------------------
+
+    def listed(self, machines: Mapping[str, Machine]) -> None:
+        """Integrate the cost of what was listed until now, and start the next interval at this listing's price."""
+        hourly = sum(_price(m) for m in machines.values())
+        now = self.clock()
+        with self._cost_lock:
+            if self._cost_at is not None:
+                self._cost_total += self._hourly * max(0.0, now - self._cost_at) / 3600.0
+            self._cost_at, self._hourly = now, hourly
+
+    def cost_total(self) -> float:
+        now = self.clock()
+        with self._cost_lock:
+            if self._cost_at is None:
+                return self._cost_total
+            return self._cost_total + self._hourly * max(0.0, now - self._cost_at) / 3600.0
+
+    def interrupted(self, m: Machine) -> None:
+        capacity = m.tags.get(TAG_CAPACITY, "") or "none"
+        self.metrics.interruptions.labels(capacity, "vanished").inc()
+        self.event("interruption", f"machine {m.id} ({m.tags.get(TAG_INSTANCE_TYPE, '')} {m.tags.get(TAG_ZONE, '')} "
+                   f"{capacity}) vanished without a terminate: treated as interrupted", machine_ids=[m.id],
+                   instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""), zone=m.tags.get(TAG_ZONE, ""), capacity=capacity)
+
+    def notices(self, report: Any, machines: Mapping[str, Machine]) -> None:
+        for mid, node in sorted(getattr(report, "drained", {}).items()):
+            m = machines.get(mid)
+            capacity = (m.tags.get(TAG_CAPACITY, "") if m else "") or "none"
+            self.metrics.interruptions.labels(capacity, "notice").inc()
+            self.event("interruption_notice", f"interruption notice for machine {mid}", machine_ids=[mid],
+                       capacity=capacity)
+            self.event("drain", f"drained Ray node {node} of machine {mid} ahead of its interruption",
+                       machine_ids=[mid], ray_node=node)
+
+    def unserved(self, summary: str) -> None:
+        if summary:
+            self.event("unservable", f"demands no allowed offering can serve: {summary}")
+        else:
+            self.event("unservable", "no unservable demand left")
+
+
+class MeteredBackend(_Delegate):
+    def launch(self, spec: Any) -> list[str]:
+        try:
+            return self._inner.launch(spec)
+        except CapacityError as e:
+            self._rec.capacity_error(spec, e)
+            raise
+
+    def list_machines(self) -> list[Machine]:
+        try:
+            return list(self._inner.list_machines())
+        except Exception:
+            self._rec.metrics.listing_errors.inc()
+            raise
+
+
+class MeteredLauncher(_Delegate):
+    def launch(self, node_type: str, *args: Any, **kwargs: Any) -> Any:
+        rec = self._rec
+        attempt = rec.begin()
+        started = time.perf_counter()
+        try:
+            launched = self._inner.launch(node_type, *args, **kwargs)
+        except LaunchError as e:
+            rec.launch_failed(node_type, e, attempt, time.perf_counter() - started)
+            raise
+        finally:
+            rec.end()
+        rec.launched(node_type, launched, attempt, time.perf_counter() - started)
+        return launched
+
+
+class MeteredView(_Delegate):
+    def refresh(self, force: bool = False) -> dict[str, Machine]:
+        machines = self._inner.refresh(force)
+        self._rec.listed(machines)
+        return machines
+
+
+class MeteredPlanner(_Delegate):
+    def plan(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self._inner.plan(*args, **kwargs)
+        finally:
+            self._rec.metrics.plan_duration.observe(time.perf_counter() - started)
+
+
+class MeteredPlanning(_Delegate):
+    """Around `launch.catalog.PlanningCatalog`: its planner, metered (one wrapper per planner object)."""
+
+    _own = ("_inner", "_rec", "_planners")
+
+    def __init__(self, inner: Any, recorder: Recorder):
+        super().__init__(inner, recorder)
+        object.__setattr__(self, "_planners", {})
+
+    @property
+    def planner(self) -> Any:
+        p = self._inner.planner
+        metered = self._planners.get(id(p))
+        if metered is None or metered.wrapped is not p:
+            metered = MeteredPlanner(p, self._rec)
+            self._planners.clear()
+            self._planners[id(p)] = metered
+        return metered
+
+
+class MeteredInterruptions(_Delegate):
+    def poll(self, machines: Mapping[str, Machine]) -> Any:
+        report = self._inner.poll(machines)
+        if report is not None:
+            try:
+                self._rec.notices(report, machines)
+            except Exception as e:      # never into Ray's loop
+                logger.warning("metrics: recording interruption notices failed: %s", e)
+        return report
+
+
+def state_source(view: Any, unavailable: Any, recorder: Recorder) -> Callable[[], StateSnapshot]:
+    """What the scrape-time gauges read: the view's machines now, the capacity memory, the integrated cost."""
+
+    def snapshot() -> StateSnapshot:
+        _, machines = view.cost_view()
+        counts: dict[tuple[str, str, str], int] = {}
+        hourly = 0.0
+        for m in machines.values():
+            t = m.tags
+            key = (t.get(TAG_INSTANCE_TYPE, "") or "unknown", t.get(TAG_CAPACITY, "") or "unknown",
+                   t.get(TAG_ZONE, "") or "unknown")
+            counts[key] = counts.get(key, 0) + 1
+            hourly += _price(m)
+        blocked: dict[tuple[str, str], int] = {}
+        for (_, _, capacity), reason in unavailable.snapshot().items():
+            blocked[(capacity, reason)] = blocked.get((capacity, reason), 0) + 1
+        return StateSnapshot(counts, round(hourly, 6), recorder.cost_total(), blocked)
+
+    return snapshot

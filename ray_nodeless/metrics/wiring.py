@@ -1,0 +1,69 @@
+"""One provider object's instruments: the process's metrics, this cluster's event log, and the wrappers
+(`instrument.py`) the provider builds its parts with. The endpoint and the event log exist only in the monitor
+(`in_monitor`): `ray up` and `ray down` build provider objects too, on machines that are not the head."""
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Callable
+
+from ray_nodeless.core.settings import CoreSettings
+from ray_nodeless.metrics.events import EventLog, events_path
+from ray_nodeless.metrics.instrument import (
+    MeteredBackend, MeteredInterruptions, MeteredLauncher, MeteredPlanning, MeteredView, Recorder, state_source,
+)
+from ray_nodeless.metrics.registry import process_metrics, serve
+
+
+def bind_address(gcs_address: str | None) -> str:
+    """Where the endpoint listens: loopback for a head on loopback (a local cluster), else every interface, as Ray's
+    monitor does for its own metrics."""
+    host = (gcs_address or "").rsplit(":", 1)[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return "127.0.0.1" if loopback else "0.0.0.0"
+
+
+class ProviderInstruments:
+    def __init__(self, cluster_name: str, settings: CoreSettings, *, gcs_address: str | None,
+                 event_sink: Callable[[str], None] | None = None):
+        self.metrics = process_metrics()
+        in_monitor = gcs_address is not None
+        events = EventLog(events_path(cluster_name)) if in_monitor else None
+        self.recorder = Recorder(self.metrics, events, event_sink if in_monitor else None,
+                                 settings.unavailable_ttl_s)
+        self.endpoint = None
+        if in_monitor and settings.metrics_port:
+            self.endpoint = serve(self.metrics, settings.metrics_port, bind_address(gcs_address))
+
+    def backend(self, backend: Any) -> Any:
+        return MeteredBackend(backend, self.recorder)
+
+    def planning(self, catalog: Any) -> Any:
+        return MeteredPlanning(catalog, self.recorder)
+
+    def view(self, view: Any) -> Any:
+        return MeteredView(view, self.recorder)
+
+    def launcher(self, launcher: Any) -> Any:
+        return MeteredLauncher(launcher, self.recorder)
+
+    def interruptions(self, queue: Any) -> Any:
+        return MeteredInterruptions(queue, self.recorder)
+
+    def on_interrupted(self, callback: Callable[[Any], None]) -> Callable[[Any], None]:
+        def interrupted(machine: Any) -> None:
+            self.recorder.interrupted(machine)
+            callback(machine)
+        return interrupted
+
+    def on_unserved(self, callback: Callable[..., None]) -> Callable[..., None]:
+        def unserved(summary: str, machines: Any) -> None:
+            callback(summary, machines)      # raises when the tag write failed: tried (and recorded) next loop
+            self.recorder.unserved(summary)
+        return unserved
+
+    def watch(self, view: Any, unavailable: Any) -> None:
+        """The scrape-time gauges read this provider object's view and capacity memory from now on."""
+        self.metrics.state.set_source(state_source(view, unavailable, self.recorder))
