@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench catalog clean k8s wheel
+.PHONY: demo test install bench catalog clean k8s wheel prometheus
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,9 +36,14 @@ wheel: $(BIN)/python
 k8s:
 	bash scripts/k8s/build.sh
 
+# A real Prometheus (and promtool) for tests/e2e/test_prometheus.py and the dashboard's test: Debian's package, unpacked
+# once into ~/.cache/ray-nodeless/prometheus (seconds; then instant).
+prometheus:
+	bash scripts/prometheus/install.sh
+
 # Two pytest workers (the machine's 2 cores): tests/e2e (whole Ray clusters) runs on one worker in turn, the other
 # modules whole on either (see pytest_xdist_make_scheduler in tests/conftest.py).
-test: $(STAMP) k8s
+test: $(STAMP) k8s prometheus
 	$(BIN)/python -m pytest -q -n 2
 
 bench: $(STAMP)
