@@ -8,16 +8,26 @@ by a stub that records the attempt: a config that gets that far was not refused,
 (and the instance listing proves nothing launched either way). Errors Ray raises itself before our
 `bootstrap_config` runs (its JSON-schema check names the key as a path) count when they name the key; a crash in
 Ray's code that names nothing fails the case. `test_rates` prints named/total per corpus.
+
+The `ray` CLI runs ray_nodeless_up_guard first (its .pth start-up hook): for the shapes Ray's own code crashes on
+before any plugin code runs (RAY_CRASHES), it exits 1 naming the key. `ray_up` here does what that CLI process does:
+the guard's `refusal` on the same command line, then Ray's `create_or_update_cluster` when it stands aside.
+`test_the_ray_cli_runs_the_guard` proves the installed CLI does the first step (a real `ray up` subprocess per shape,
+no instance afterwards); `test_ray_crashes_where_documented` that Ray alone still crashes on each.
 """
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
 
+import ray_nodeless_up_guard
 from ray_nodeless.testing.fake_gce import FakeGce
 from ray_nodeless.testing.moto_server import MotoServer
 from tests.config.corpus import COMMON, PER_BACKEND, base
@@ -42,7 +52,7 @@ RESULTS: dict[tuple[str, str], list[bool]] = {}
 # validate_docker_config, fill_node_type_min_max_workers), the config cache's hash of the prepared config, and only
 # then the provider class's import (`_NODE_PROVIDERS["external"]` -> `provider.module`) and its bootstrap_config.
 # name -> (the Ray function whose line raises, the exception, why). test_ray_crashes_where_documented checks each
-# against the installed Ray's traceback; the corpus cases stay strict xfails (counted as not named).
+# against the installed Ray's traceback; ray_nodeless_up_guard names each before Ray runs.
 RAY_CRASHES: dict[str, tuple[str, type[BaseException], str]] = {
     "provider-missing": ("create_or_update_cluster", KeyError,
                          "reads config['provider']['type'] to pick the provider, before _bootstrap_config"),
@@ -62,9 +72,7 @@ RAY_CRASHES: dict[str, tuple[str, type[BaseException], str]] = {
 }
 
 def _param(b: str, corpus: str, name: str, mutate: Callable, key: str) -> Any:
-    marks = [pytest.mark.xfail(strict=True, reason=f"Ray's {RAY_CRASHES[name][0]} crashes before any plugin code "
-                                                   f"runs: {RAY_CRASHES[name][2]}")] if name in RAY_CRASHES else []
-    return pytest.param(b, corpus, name, mutate, key, marks=marks, id=f"{b}-{name}")
+    return pytest.param(b, corpus, name, mutate, key, id=f"{b}-{name}")
 
 
 class HeadWouldLaunch(Exception):
@@ -80,7 +88,11 @@ def _message(e: BaseException) -> str:
     return text
 
 
-def ray_up(path: Path, monkeypatch: pytest.MonkeyPatch) -> BaseException | None:
+UP_ARGV = ["ray", "up", "-y", "--no-config-cache"]
+
+
+def ray_up_without_guard(path: Path, monkeypatch: pytest.MonkeyPatch) -> BaseException | None:
+    """Ray's `ray up -y --no-config-cache path` in-process, its head step stubbed (see the module docstring)."""
     from ray.autoscaler._private import commands
 
     def head_step(*args: Any, **kwargs: Any) -> None:
@@ -95,6 +107,14 @@ def ray_up(path: Path, monkeypatch: pytest.MonkeyPatch) -> BaseException | None:
     except BaseException as e:    # noqa: BLE001 - every outcome is judged, SystemExit included
         return e
     return None
+
+
+def ray_up(path: Path, monkeypatch: pytest.MonkeyPatch) -> BaseException | None:
+    """What the `ray up` process does: the start-up guard on its command line, then Ray's code."""
+    refused = ray_nodeless_up_guard.refusal([*UP_ARGV, str(path)])
+    if refused is not None:
+        return refused
+    return ray_up_without_guard(path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -167,12 +187,65 @@ def test_ray_crashes_where_documented(b, name, tmp_path: Path, monkeypatch: pyte
     mutate(cfg)
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
-    e = ray_up(path, monkeypatch)
+    e = ray_up_without_guard(path, monkeypatch)
     assert isinstance(e, exc_type), f"{name}: {e!r}"
     frames = traceback.extract_tb(e.__traceback__)
     assert not [f for f in frames if "/ray_nodeless/" in f.filename], f"{name}: our code ran: {frames}"
     ray_frames = [f for f in frames if f"{Path('ray', 'autoscaler')}" in f.filename]
     assert ray_frames and ray_frames[-1].name == function, f"{name}: {[f.name for f in ray_frames]}"
+
+
+RAY_BIN = Path(sys.executable).with_name("ray")
+
+
+def _hook_installed() -> bool:
+    import site
+    return any(Path(d, "ray_nodeless_up_guard.pth").is_file() for d in site.getsitepackages())
+
+
+@pytest.mark.parametrize("b", ["aws", "gcp"])
+@pytest.mark.parametrize("name", sorted(RAY_CRASHES))
+def test_the_ray_cli_runs_the_guard(b, name, request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The installed `ray` CLI itself (`.venv/bin/ray up -y --no-config-cache file.yaml`, a subprocess) on each
+    RAY_CRASHES shape, pointed at moto / the fake GCE: exit 1, `ray-nodeless: <file>: <key>: ...`, no traceback,
+    no instance afterwards."""
+    assert _hook_installed(), "ray_nodeless_up_guard.pth is not in site-packages: run `make install`"
+    [(mutate, key)] = [(m, k) for c, _corpus, n, m, k in CASES if c == b and n == name]
+    if b == "aws":
+        moto = request.getfixturevalue("moto")
+        point = _aws_target(moto, tmp_path, monkeypatch)
+        instances = lambda: all_instances(moto)  # noqa: E731
+    else:
+        gce = request.getfixturevalue("gce")
+        gce.instances.clear()
+        point = _gcp_target(gce)
+        instances = lambda: list(gce.instances)  # noqa: E731
+    cfg = copy.deepcopy(base(b))
+    if isinstance(cfg.get("provider"), dict):
+        point(cfg)
+    mutate(cfg)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = subprocess.run([str(RAY_BIN), "up", "-y", "--no-config-cache", str(path)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.startswith(f"ray-nodeless: {path}: {key}: "), r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    assert instances() == []
+
+
+def test_the_ray_cli_runs_ray_when_the_guard_stands_aside(tmp_path: Path):
+    """A config the guard does not model (an unknown provider type) reaches Ray, whose own message answers."""
+    assert _hook_installed(), "ray_nodeless_up_guard.pth is not in site-packages: run `make install`"
+    cfg = copy.deepcopy(base("aws"))
+    cfg["provider"]["type"] = "nope"
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([str(RAY_BIN), "up", "-y", "--no-config-cache", str(path)], capture_output=True, text=True,
+                       env={**os.environ, "HOME": str(tmp_path)}, timeout=300)
+    assert r.returncode != 0 and "Unknown provider type" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "ray-nodeless:" not in r.stderr
 
 
 def test_rates(capsys):
