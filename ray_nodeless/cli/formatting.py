@@ -14,6 +14,14 @@ def price(p: float | None) -> str:
     return "unknown" if p is None else f"${p:.4f}/h"
 
 
+def offer_price(o: Offering) -> str:
+    """An offering's effective price, with its list price beside it where a price override changed it."""
+    lp, p = o.listed, o.hourly_price
+    if lp is not None and p is not None and abs(lp - p) > 5e-7:
+        return f"{price(p)} (list {price(lp)})"
+    return price(p)
+
+
 # ----- `plan` of demands (cli/plan_open.py) -------------------------------------------------------------------------
 
 def _labels(labels: Mapping[str, str]) -> str:
@@ -29,7 +37,7 @@ def _resources(res: Mapping[str, float]) -> str:
 def offering_text(o: Offering) -> str:
     t = o.instance_type
     gpu = f", {t.gpu_count}x{t.gpu_model}" if t.gpu_count else ""
-    return f"{t.name} ({t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}) {o.zone} {o.capacity} {price(o.hourly_price)}"
+    return f"{t.name} ({t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}) {o.zone} {o.capacity} {offer_price(o)}"
 
 
 def open_type_lines(t: OpenType, indent: str = "    ") -> list[str]:

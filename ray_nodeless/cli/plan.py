@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from ray_nodeless.cli.errors import BAD_INPUT, user_errors
-from ray_nodeless.cli.formatting import demand_dict, demand_lines, menu_lines, price
+from ray_nodeless.cli.formatting import demand_dict, demand_lines, menu_lines, offer_price
 from ray_nodeless.cli.plan_open import OpenPreview, offering_dict, parse_cli_demand
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.demand import Demand
@@ -31,12 +31,12 @@ def _plan_lines(name: str | None, plan: Plan, alternatives: int = 3) -> list[str
     head = f"{name}: " if name else ""
     lines = [
         f"{head}{plan.request.shape.describe()} -> {t.name} ({t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}) "
-        f"{o.zone} {o.capacity} {price(o.hourly_price)}",
+        f"{o.zone} {o.capacity} {offer_price(o)}",
         f"    rule: {plan.request.rule}; {len(plan)} candidates of {plan.considered} offerings; "
         f"rejected: " + (", ".join(f"{k}={v}" for k, v in plan.rejected.items()) or "none"),
     ]
     for alt in plan.top(alternatives + 1)[1:]:
-        lines.append(f"    alternative: {alt.instance_type.name} {alt.zone} {alt.capacity} {price(alt.hourly_price)}")
+        lines.append(f"    alternative: {alt.instance_type.name} {alt.zone} {alt.capacity} {offer_price(alt)}")
     return lines
 
 

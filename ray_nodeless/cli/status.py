@@ -35,16 +35,24 @@ def status_command(cluster_yaml: str, as_json: bool, events: bool, since: str | 
     if as_json:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
-    click.echo(f"cluster {doc['cluster_name']}: {len(doc['nodes'])} machine(s), ${doc['hourly_cost']:.4f}/h, "
+    listed = doc.get("list_hourly_cost")
+    at_list = (f" (list ${listed:.4f}/h)" if listed is not None and abs(listed - doc["hourly_cost"]) > 5e-7 else "")
+    click.echo(f"cluster {doc['cluster_name']}: {len(doc['nodes'])} machine(s), ${doc['hourly_cost']:.4f}/h{at_list}, "
                f"${doc['accumulated_cost']:.4f} so far")
     for n in doc["nodes"]:
         click.echo(f"  {n['node_id']:24} {n['kind']:6} {n['node_type']:14} {n['instance_type']:18} {n['zone']:14} "
-                   f"{n['capacity']:9} {price(n['hourly_price']):>14} up {n['uptime_s']:>8.0f}s "
+                   f"{n['capacity']:9} {price(n['hourly_price']):>14}{_list(n)} up {n['uptime_s']:>8.0f}s "
                    f"${(n['cost'] or 0):.4f}  rule {n['rule']}" + _k8s(n))
     for n in doc["nodes"]:
         if n.get("unserved"):
             # Reported by the autoscaler's provider (shape-open clusters): these demands wait for a change of rules.
             click.echo(f"unserved demands: {n['unserved']}")
+
+
+def _list(n: dict) -> str:
+    """The list price beside the effective one, where a price override made them differ."""
+    lp, p = n.get("list_price"), n.get("hourly_price")
+    return f" (list {price(lp)})" if lp is not None and p is not None and abs(lp - p) > 5e-7 else ""
 
 
 def _k8s(n: dict) -> str:

@@ -18,6 +18,7 @@ from ray_nodeless.core.settings import CoreSettings, Resolver, node_types_of, pa
 from ray_nodeless.core.cost import ClusterCost, cluster_cost, node_type_cost
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
 from ray_nodeless.core.planner import Plan, Planner
+from ray_nodeless.core.prices import priced
 
 # Names Ray and the backends write into tags and labels. The strictest limit among them: GCE label values and
 # Kubernetes label values hold at most 63 characters (a longer name would be cut, and two clusters or node types
@@ -150,7 +151,8 @@ def plan_cluster(cluster_config: Mapping[str, Any],
     priced as `simulate_cloud` (core.settings.parse_provider: the core does not know which backends are clouds)."""
     check_names(cluster_config)
     settings = settings or parse_provider(cluster_config.get("provider") or {})
-    catalog = catalog or load_catalog(settings.catalog)
+    # At effective prices (core/prices.py): the ranking, the cost preview and the cost cap all read them.
+    catalog = priced(catalog or load_catalog(settings.catalog), settings.price_overrides)
     planner = planner_for(catalog)
     resolver = Resolver(settings, backend_overrides)
     node_types = node_types_of(cluster_config)

@@ -122,6 +122,7 @@ def _offering_record(o: Offering) -> dict:
     t = o.instance_type
     return {
         "instance_type": t.name, "zone": o.zone, "capacity": o.capacity, "hourly_price": o.hourly_price,
+        "list_price": o.listed,     # the catalog's price; hourly_price is the effective one (core/prices.py)
         "vcpus": t.vcpus, "memory_gib": t.memory_gib, "gpu_model": t.gpu_model or None, "gpu_count": t.gpu_count,
     }
 

@@ -14,6 +14,7 @@
       interruption_queue_url: https://sqs.us-west-2.amazonaws.com/123456789012/spot   # aws: EventBridge warnings
       exclude: {...}             # see requirements.py
       rules: [...]               # see rules.py
+      price_overrides: [...]     # discounts / fixed prices, first match wins: see prices.py
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog.refresh import DEFAULT_TTL_S as CATALOG_TTL_S
+from ray_nodeless.core.prices import PriceBook, parse_price_overrides
 from ray_nodeless.core.requirements import (
     OPEN_SHAPE_KEY,
     Request, Requirements, Shape, parse_exclude, parse_requirements, split_node_config,
@@ -116,6 +118,8 @@ class CoreSettings(Section):
     # `exclude` is declared before `rules`: the rules' validator folds the parsed exclusions into the RuleSet.
     exclude: Requirements = Field(default_factory=Requirements)   # requirements.parse_exclude (names nested keys)
     rules: RuleSet = Field(None, validate_default=True)            # rules.parse_rules, plus `exclude`
+    # Effective prices (core/prices.py): discounts and fixed prices, first match wins, applied before the ranking.
+    price_overrides: PriceBook = Field(default_factory=PriceBook)
     # Shape-open provisioning (core/open_plan.py, launch/open_types.py): every pending demand that no declared
     # worker type serves gets its cheapest-fit machine, as a node type generated into the config the monitor
     # re-reads. None = on exactly when the cluster declares no worker node type (a head, limits and rules).
@@ -141,6 +145,11 @@ class CoreSettings(Section):
     def _parse_exclude(cls, value: Any) -> Requirements:
         return parse_exclude(value, "provider.exclude")        # a ConfigError passes through parse_section as is
 
+    @field_validator("price_overrides", mode="plain")
+    @classmethod
+    def _parse_price_overrides(cls, value: Any) -> PriceBook:
+        return parse_price_overrides(value, "provider.price_overrides")
+
     @field_validator("rules", mode="plain")
     @classmethod
     def _parse_rules(cls, value: Any, info: ValidationInfo) -> RuleSet:
@@ -157,7 +166,7 @@ class CoreSettings(Section):
 CORE_KEYS = declared_keys(CoreSettings)
 # The keys only planning reads (which offering a launch gets): listing, tagging and terminating never need them, so
 # a teardown reads the block without them when they do not parse (parse_provider's `planning=False`).
-PLANNING_KEYS = ("exclude", "rules")
+PLANNING_KEYS = ("exclude", "rules", "price_overrides")
 
 # The name the core's settings had when a dataclass copied the fields of CoreSettings; kept for callers of it.
 ProviderSettings = CoreSettings

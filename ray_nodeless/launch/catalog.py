@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from ray_nodeless.core.catalog.refresh import (
 )
 from ray_nodeless.core.cluster_plan import load_catalog, planner_for
 from ray_nodeless.core.planner import Planner
+from ray_nodeless.core.prices import priced
 from ray_nodeless.core.schema import Section
 from ray_nodeless.core.settings import ProviderSettings
 from ray_nodeless.errors import CatalogError, ConfigError
@@ -32,7 +34,7 @@ def catalog_for(settings: ProviderSettings) -> catalog_mod.Catalog:
     except CatalogError as e:
         raise ConfigError("provider.catalog", str(e)) from e
     _check_region(catalog, settings)
-    return catalog
+    return priced(catalog, settings.price_overrides)
 
 
 def _check_region(catalog: catalog_mod.Catalog, settings: ProviderSettings) -> None:
@@ -59,7 +61,7 @@ def catalog_result(settings: ProviderSettings, backend_settings: Section, *, cac
     result = resolve_live(live, ttl_s=settings.catalog_ttl_s, cache_dir=cache_dir, clock=clock, force=force,
                           memory=memory, no_live_reason=f"the {settings.cloud} backend has no live catalog")
     _check_region(result.catalog, settings)
-    return result
+    return dataclasses.replace(result, catalog=priced(result.catalog, settings.price_overrides))
 
 
 class PlanningCatalog:

@@ -34,8 +34,8 @@ from ray_nodeless.launch.budget import TAG_REQUEST, Budget, Hold
 from ray_nodeless.launch.catalog import PlanningCatalog
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.providers.base import (
-    TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, LaunchSpec, Machine,
-    MachineBackend,
+    TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_LIST_PRICE, TAG_PRICE, TAG_RULE, TAG_ZONE,
+    LaunchSpec, Machine, MachineBackend,
 )
 from ray_nodeless.registrations.base import Registration
 
@@ -72,8 +72,9 @@ def retry_round_s() -> float:
 
 
 def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) -> dict[str, str]:
-    """The tags that record a launch decision on the machine (the state rebuilt after a restart)."""
-    return {
+    """The tags that record a launch decision on the machine (the state rebuilt after a restart). The price is the
+    effective one (what the cost cap counts); the list price is tagged beside it only when an override changed it."""
+    tags = {
         TAG_CLUSTER: cluster,
         TAG_INSTANCE_TYPE: offering.instance_type.name,
         TAG_ZONE: offering.zone,
@@ -82,6 +83,10 @@ def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) 
         TAG_RULE: rule,
         TAG_CATALOG: catalog_id,
     }
+    listed = offering.listed
+    if offering.list_price is not None and (offering.hourly_price is None or abs(listed - offering.hourly_price) > 5e-7):
+        tags[TAG_LIST_PRICE] = f"{listed:.6f}" if listed is not None else "unknown"
+    return tags
 
 
 @dataclass(frozen=True)

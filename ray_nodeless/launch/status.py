@@ -12,8 +12,8 @@ from typing import Any
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.metrics.events import events_from_machines, events_path, merged_events, read_log
 from ray_nodeless.providers.base import (
-    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RULE, TAG_UNSERVED,
-    TAG_ZONE,
+    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_LIST_PRICE, TAG_PRICE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RULE,
+    TAG_UNSERVED, TAG_ZONE,
 )
 
 
@@ -31,13 +31,19 @@ class NodeStatus:
     cost: float | None
     registration: dict = field(default_factory=dict)    # e.g. k8s_node, k8s_ready, pod, pod_phase
     unserved: str = ""        # the head of a shape-open cluster: demands nothing allowed can serve, and why
+    list_price: float | None = None   # the catalog's price; differs from hourly_price where an override applied
 
 
-def price_of(tags: dict[str, str]) -> float | None:
+def price_of(tags: dict[str, str], key: str = TAG_PRICE) -> float | None:
     try:
-        return float(tags.get(TAG_PRICE, ""))
+        return float(tags.get(key, ""))
     except ValueError:
         return None
+
+
+def list_price_of(tags: dict[str, str]) -> float | None:
+    """The list price a machine was launched at: its own tag where a price override changed it, else its price."""
+    return price_of(tags, TAG_LIST_PRICE) if TAG_LIST_PRICE in tags else price_of(tags)
 
 
 def _list(cluster_config: dict[str, Any]):
@@ -65,7 +71,8 @@ def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> 
             instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""), zone=m.tags.get(TAG_ZONE, ""),
             capacity=m.tags.get(TAG_CAPACITY, ""), hourly_price=price, rule=m.tags.get(TAG_RULE, ""),
             uptime_s=round(uptime, 1), cost=None if price is None else round(price * uptime / 3600, 6),
-            registration=extra.get(m.id, {}), unserved=m.tags.get(TAG_UNSERVED, "")))
+            registration=extra.get(m.id, {}), unserved=m.tags.get(TAG_UNSERVED, ""),
+            list_price=list_price_of(m.tags)))
     return out
 
 
@@ -75,6 +82,7 @@ def status_document(cluster_config: dict[str, Any]) -> dict:
         "cluster_name": cluster_config.get("cluster_name"),
         "nodes": [_flat(n) for n in nodes],
         "hourly_cost": round(sum(n.hourly_price or 0.0 for n in nodes), 6),
+        "list_hourly_cost": round(sum(n.list_price or 0.0 for n in nodes), 6),
         "accumulated_cost": round(sum(n.cost or 0.0 for n in nodes), 6),
     }
 

@@ -100,7 +100,8 @@ TAG_RAY_USER_NODE_TYPE = "ray-user-node-type"
 TAG_INSTANCE_TYPE = "nodeless-instance-type"
 TAG_ZONE = "nodeless-zone"
 TAG_CAPACITY = "nodeless-capacity"
-TAG_PRICE = "nodeless-hourly-price"
+TAG_PRICE = "nodeless-hourly-price"          # the effective price (provider.price_overrides applied)
+TAG_LIST_PRICE = "nodeless-list-price"       # the catalog's price, only where an override changed it
 TAG_RULE = "nodeless-rule"
 TAG_CATALOG = "nodeless-catalog"
 # Set just before this cluster terminates a machine: a machine that vanishes with it was ended by us (by any

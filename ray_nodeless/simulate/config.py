@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from ray_nodeless.core.catalog import Catalog
 from ray_nodeless.core.cluster_plan import load_catalog, load_cluster_yaml, plan_cluster, planner_for
+from ray_nodeless.core.prices import priced
 from ray_nodeless.core.requirements import GIB
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
@@ -67,7 +68,7 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
                     if n != cp.head_node_type and not is_open_type(cp.node_types[n])}
         for n in [n for n in node_types if is_open_type(cp.node_types[n])]:
             del node_types[n], offers[n]
-        planner = planner_for(catalog or load_catalog(cp.settings.catalog))
+        planner = planner_for(priced(catalog or load_catalog(cp.settings.catalog), cp.settings.price_overrides))
         open_cluster = OpenCluster.build(cp.settings, planner, declared, bundle.requirement_overrides)
     idle_min = raw.get("idle_timeout_minutes")
     if idle_min is None:

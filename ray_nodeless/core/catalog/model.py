@@ -56,13 +56,23 @@ class InstanceType:
 
 @dataclass(frozen=True, slots=True)
 class Offering:
-    """An instance type in one zone, on one capacity type, at a price (None = unknown, never chosen)."""
+    """An instance type in one zone, on one capacity type, at a price (None = unknown, never chosen).
+
+    `hourly_price` is what the user pays (the effective price: core/prices.py's `price_overrides` applied);
+    `list_price` the catalog's own price on a catalog seen through price overrides, else None (`listed` reads
+    either)."""
 
     instance_type: InstanceType
     region: str
     zone: str
     capacity: str
     hourly_price: float | None
+    list_price: float | None = None
+
+    @property
+    def listed(self) -> float | None:
+        """The catalog's list price of this offering (before any price override)."""
+        return self.hourly_price if self.list_price is None else self.list_price
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -1,0 +1,50 @@
+"""`provider.price_overrides` in the launch layer and the commands: the launcher reserves and tags effective prices
+(the list price beside them), `ray-nodeless plan` prints both."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from ray_nodeless.cli.main import main as cli
+from ray_nodeless.launch.status import list_price_of, price_of
+from ray_nodeless.providers.base import TAG_CLUSTER
+from ray_nodeless.ray_adapter.provider import NodelessProvider
+from ray_nodeless.testing import fake_backend
+from tests.ray_adapter.test_provider import PROVIDER as FAKE, WORKER_TAGS
+
+
+def test_launched_machines_are_tagged_and_capped_at_effective_prices():
+    cloud = fake_backend.reset()
+    od = copy.deepcopy(FAKE)
+    od["rules"][0]["capacity"] = ["on-demand"]
+    listed = 0.526                                            # g4dn.xlarge on demand, us-west-2
+    # At the list price a $1.10 cap holds two workers; at the fixed price of $0.35 it holds three.
+    p = NodelessProvider(dict(od, max_hourly_cost=1.10, launch_retry_backoff_s=0, price_overrides=[
+        {"instance_types": ["g4dn.xlarge"], "capacity": ["on-demand"], "hourly_price": 0.35}]), "c1")
+    for i in range(4):
+        try:
+            p.create_node_with_resources_and_labels({}, dict(WORKER_TAGS, **{"ray-launch-request": f"r{i}"}), 1,
+                                                    {"CPU": 4, "GPU": 1}, {})
+        except Exception:   # noqa: BLE001 - the fourth is refused by the cap
+            pass
+    with cloud.lock:
+        machines = [m for m in cloud.machines.values() if m.tags.get(TAG_CLUSTER) == "c1"]
+    assert len(machines) == 3
+    for m in machines:
+        assert price_of(m.tags) == 0.35 and list_price_of(m.tags) == listed
+
+
+def test_plan_prints_the_effective_and_the_list_price(tmp_path):
+    cfg = yaml.safe_load(open(Path(__file__).parents[2] / "cluster-configs" / "aws-cpu-head.yaml"))
+    cfg["provider"]["rules"][1]["capacity"] = ["on-demand"]
+    cfg["provider"]["price_overrides"] = [{"instance_types": ["g4dn.xlarge"], "hourly_price": 0.35}]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = CliRunner().invoke(cli, ["plan", str(path)])
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.output.splitlines() if x.startswith("[workers"))
+    assert "g4dn.xlarge" in line and "$0.3500/h (list $0.5260/h)" in line
+    assert "+prices@" in out.output.splitlines()[0]
