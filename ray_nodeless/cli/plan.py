@@ -17,6 +17,7 @@ from ray_nodeless.cli.formatting import demand_dict, demand_lines, menu_lines, o
 from ray_nodeless.cli.plan_open import OpenPreview, offering_dict, parse_cli_demand
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.demand import Demand
+from ray_nodeless.core.idle import SOURCE_BREAK_EVEN, SOURCE_CLUSTER, SOURCE_NODE_TYPE, IdleTimeout
 from ray_nodeless.core.cluster_plan import ClusterPlan, load_cluster_yaml, plan_cluster, planner_for
 from ray_nodeless.core.planner import Plan
 from ray_nodeless.core.requirements import GIB, Request, Shape, parse_requirements
@@ -146,6 +147,8 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
             role = f"workers {int(nt.get('min_workers', 0))}..{int(nt.get('max_workers', cp.global_max_workers))}"
         lines = _plan_lines(name, p, alternatives)
         lines[0] = f"[{role}] " + lines[0]
+        if name in cp.idle:
+            lines.append(f"    {_idle_line(cp.idle[name], cfg)}")
         lines += [f"    {note}" for note in backend.plan_notes(nt.get("node_config") or {})]
         click.echo("\n".join(lines))
     if menu is not None:
@@ -153,6 +156,19 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
     c = cp.cost
     click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "
                f"ceiling: ${c.ceiling_cost_per_hour:.4f}/h (at max_workers)")
+
+
+def _idle_line(idle: IdleTimeout, cfg: dict[str, Any]) -> str:
+    """How long an idle worker of the type is kept (core/idle.py), and what Ray's v1 autoscaler does instead."""
+    when = "never released" if idle.seconds is None else f"{idle.seconds:g} s"
+    why = {SOURCE_BREAK_EVEN: "break-even of keeping it idle against relaunching it",
+           SOURCE_NODE_TYPE: "the node type's idle_timeout_s",
+           SOURCE_CLUSTER: "idle_timeout_minutes"}[idle.source]
+    line = f"idle release: {when} ({why})"
+    if idle.source != SOURCE_CLUSTER:
+        minutes = cfg.get("idle_timeout_minutes")
+        line += f"; Ray v1 reads only idle_timeout_minutes ({'none' if minutes is None else f'{minutes:g} min'})"
+    return line
 
 
 def _plan_demand(path: str, demand: Demand, alternatives: int, as_json: bool) -> int:

@@ -11,7 +11,7 @@ import click
 from ray_nodeless.cli.errors import user_errors
 from ray_nodeless.core.cluster_plan import load_catalog
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.simulate.config import CAPACITY_VARIANTS, build_configs
+from ray_nodeless.simulate.config import CAPACITY_VARIANTS, IDLE_RELEASE, build_configs
 from ray_nodeless.simulate.engine import simulate
 from ray_nodeless.simulate.model import DEFAULT_LAUNCH_MINUTES
 from ray_nodeless.simulate.plot import plot_results
@@ -37,11 +37,15 @@ from ray_nodeless.trace.model import load_trace
 @click.option("--seed", type=int, default=0, show_default=True, help="RNG seed (spot interruptions).")
 @click.option("--catalog", "catalog_spec", default="embedded", show_default=True,
               help="Catalog pricing the fixed baselines ('embedded' or a file). Cluster configs use their own.")
+@click.option("--idle-release", type=click.Choice(IDLE_RELEASE + ("both",)), default="as-configured",
+              show_default=True, help="as-configured: each worker type's idle timeout as the plan decides it (the "
+                                      "per-type idle_timeout_s Ray v2 reads: cost-aware break-even unless the type "
+                                      "sets one); cluster-wide: Ray v1's one idle_timeout_minutes; both: each way.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a timeline PNG.")
 def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple[str, ...], capacity: str,
                      schedule: str | None, launch_minutes: float, spot_interruptions_per_hour: float, seed: int,
-                     catalog_spec: str, as_json: bool, plot_path: str | None) -> None:
+                     catalog_spec: str, idle_release: str, as_json: bool, plot_path: str | None) -> None:
     """Replay TRACE under each --config and --baseline: elapsed time, cost, idle cost, node-hours."""
     with user_errors():
         if not configs and not baselines:
@@ -50,7 +54,8 @@ def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple
             raise ConfigError("--launch-minutes/--spot-interruptions-per-hour", "must be >= 0")
         trace = load_trace(trace_path)
         catalog = load_catalog(catalog_spec)
-        cfgs = build_configs(trace, configs, baselines, capacity, schedule, catalog)
+        idle = IDLE_RELEASE if idle_release == "both" else (idle_release,)
+        cfgs = build_configs(trace, configs, baselines, capacity, schedule, catalog, idle_release=idle)
         results = [simulate(trace, c, launch_latency_ms=int(round(launch_minutes * 60_000)),
                             spot_interruptions_per_hour=spot_interruptions_per_hour, seed=seed) for c in cfgs]
     baseline = next((r for r in results if r.config.kind == "fixed"), None)
@@ -58,7 +63,7 @@ def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple
         plot_results(results, plot_path)
     if as_json:
         params = report_params(launch_minutes=launch_minutes, spot_interruptions_per_hour=spot_interruptions_per_hour,
-                               seed=seed, capacity=capacity)
+                               seed=seed, capacity=capacity, idle_release=idle_release)
         click.echo(json.dumps(report_dict(trace, results, params), indent=2, sort_keys=True))
     else:
         click.echo(report_text(trace, results, baseline))

@@ -5,7 +5,7 @@ same errors the CLI shows, before anything launches.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -18,6 +18,7 @@ from ray_nodeless.core.settings import CoreSettings, Resolver, node_types_of, pa
 from ray_nodeless.core.cost import ClusterCost, cluster_cost, node_type_cost
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
 from ray_nodeless.core.planner import Plan, Planner
+from ray_nodeless.core.idle import IdleTimeout, cluster_idle_s, idle_timeout
 from ray_nodeless.core.prices import priced
 
 # Names Ray and the backends write into tags and labels. The strictest limit among them: GCE label values and
@@ -125,6 +126,7 @@ class ClusterPlan:
     node_types: dict[str, dict[str, Any]]
     cost: ClusterCost
     global_max_workers: int
+    idle: dict[str, IdleTimeout] = field(default_factory=dict)   # worker node type -> idle timeout (core/idle.py)
 
     def to_dict(self) -> dict:
         types = {}
@@ -134,6 +136,8 @@ class ClusterPlan:
             rec["is_head"] = name == self.head_node_type
             rec["min_workers"] = 0 if rec["is_head"] else int(nt.get("min_workers", 0))
             rec["max_workers"] = 0 if rec["is_head"] else int(nt.get("max_workers", self.global_max_workers))
+            if name in self.idle:
+                rec.update(self.idle[name].to_dict())
             types[name] = rec
         return {"cloud": self.settings.cloud, "price_cloud": self.settings.price_cloud,
                 "region": self.settings.region, "catalog_id": self.catalog_id,
@@ -177,8 +181,13 @@ def plan_cluster(cluster_config: Mapping[str, Any],
         costs.append(node_type_cost(name, nt, plan, is_head, default_max_workers=int(global_max or 0)))
     cost = cluster_cost(costs, global_max)
     check_cost_cap(settings.max_hourly_cost, head, plans[head], cost)
+    cluster_s = cluster_idle_s(cluster_config)
+    idle = {name: idle_timeout(nt, plans[name].chosen.hourly_price, cost_aware=settings.cost_aware_idle,
+                               launch_latency_s=settings.expected_launch_s,
+                               relaunch_overhead_usd=settings.relaunch_overhead_usd, cluster_s=cluster_s)
+            for name, nt in node_types.items() if name != head}
     return ClusterPlan(settings=settings, catalog_id=catalog.catalog_id, head_node_type=head, plans=plans,
-                       node_types=node_types, cost=cost, global_max_workers=int(global_max or 0))
+                       node_types=node_types, cost=cost, global_max_workers=int(global_max or 0), idle=idle)
 
 
 def check_cost_cap(cap: float | None, head: str, head_plan: Plan, cost: ClusterCost) -> None:

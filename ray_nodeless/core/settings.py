@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog.refresh import DEFAULT_TTL_S as CATALOG_TTL_S
+from ray_nodeless.core.idle import DEFAULT_LAUNCH_LATENCY_S
 from ray_nodeless.core.prices import PriceBook, parse_price_overrides
 from ray_nodeless.core.requirements import (
     OPEN_SHAPE_KEY,
@@ -120,6 +121,12 @@ class CoreSettings(Section):
     rules: RuleSet = Field(None, validate_default=True)            # rules.parse_rules, plus `exclude`
     # Effective prices (core/prices.py): discounts and fixed prices, first match wins, applied before the ranking.
     price_overrides: PriceBook = Field(default_factory=PriceBook)
+    # Cost-aware idle release (core/idle.py): each worker type's idle_timeout_s is the break-even of keeping an idle
+    # machine against relaunching it (expected_launch_s + 3600 x relaunch_overhead_usd / price); a node type's own
+    # idle_timeout_s wins; false: Ray's cluster-wide idle_timeout_minutes for every type.
+    cost_aware_idle: bool = True
+    expected_launch_s: float = Field(DEFAULT_LAUNCH_LATENCY_S, ge=0)   # request -> Ray node ready
+    relaunch_overhead_usd: float = Field(0.0, ge=0)                    # fixed cost of a relaunch beyond its boot
     # Shape-open provisioning (core/open_plan.py, launch/open_types.py): every pending demand that no declared
     # worker type serves gets its cheapest-fit machine, as a node type generated into the config the monitor
     # re-reads. None = on exactly when the cluster declares no worker node type (a head, limits and rules).
@@ -271,6 +278,10 @@ def node_types_of(cluster_config: Mapping[str, Any]) -> dict[str, dict[str, Any]
             v = t.get(field)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigError(f"{key}.{field}", f"must be a whole number >= 0, got {v!r}")
+        v = t.get("idle_timeout_s")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
+                              or v == float("inf")):
+            raise ConfigError(f"{key}.idle_timeout_s", f"must be a number of seconds >= 0, got {v!r}")
         if isinstance(t.get("min_workers"), int) and isinstance(t.get("max_workers"), int) \
                 and t["min_workers"] > t["max_workers"]:
             raise ConfigError(f"{key}.min_workers", f"{t['min_workers']} is more than max_workers {t['max_workers']}")

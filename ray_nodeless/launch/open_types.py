@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Protocol
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, fits
 from ray_nodeless.core.open_plan import Packer, Packing
+from ray_nodeless.core.idle import break_even_s
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY, parse_requirements, split_node_config
 from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.errors import ConfigError
@@ -153,7 +154,11 @@ class OpenTypes:
                 logger.error("%s: not added: %d generated node types already (provider.max_open_node_types)",
                              name, len(entries))
                 continue
-            entries[name] = packing.types[name].node_type({"node_config": self.settings.open_node_config}, 0, 0)
+            template: dict[str, Any] = {"node_config": self.settings.open_node_config}
+            idle_s = self._idle_s(packing.types[name].offering)
+            if idle_s is not None:
+                template["idle_timeout_s"] = idle_s     # cost-aware idle release, as for declared types
+            entries[name] = packing.types[name].node_type(template, 0, 0)
         for name, entry in entries.items():
             # Ray's own requests of a type hold its quota, unless the type's offering has just failed: Ray would
             # then request it again and again, each failing at once, instead of the type the packing chose now.
@@ -184,6 +189,14 @@ class OpenTypes:
                 self._reported.add(d)
                 reports.append(f"cannot serve {d.describe()}: {why}")
         return StepResult(packing, quotas, written, reports)
+
+    def _idle_s(self, offering: Offering) -> float | None:
+        """A generated type's idle_timeout_s: the break-even of its one offering (core/idle.py), or None (off, or
+        no price to divide by) to leave Ray's cluster-wide idle_timeout_minutes in charge."""
+        if not self.settings.cost_aware_idle:
+            return None
+        s = break_even_s(offering.hourly_price, self.settings.expected_launch_s, self.settings.relaunch_overhead_usd)
+        return None if s is None else round(s, 3)
 
     def _offering(self, entry: Mapping[str, Any], name: str, packing: Packing) -> Offering | None:
         """The one offering a generated type is pinned to (cached: the catalog lookup scans a region)."""

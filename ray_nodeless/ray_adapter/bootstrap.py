@@ -6,6 +6,7 @@ import copy
 import logging
 from typing import Any
 
+from ray_nodeless.core.idle import SOURCE_BREAK_EVEN
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
@@ -72,6 +73,10 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
             o = p.chosen
             logger.info("%s: %s in %s (%s) at $%.4f/h by rule %r", name, o.instance_type.name, o.zone,
                         o.capacity, o.hourly_price or 0.0, p.request.rule)
+        # Cost-aware idle release (core/idle.py): Ray v2 reads a per-type idle_timeout_s; a type's own value stays.
+        for name, idle in cp.idle.items():
+            if idle.source == SOURCE_BREAK_EVEN:
+                config["available_node_types"][name]["idle_timeout_s"] = round(idle.seconds, 3)
     # Workers that start Ray from their own boot script (registrations/vm.py) run these commands. Ray's
     # prepare_config has already prepended setup_commands to worker_setup_commands; do not run them twice.
     setup = list(config.get("setup_commands") or [])

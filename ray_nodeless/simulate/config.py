@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from ray_nodeless.core.catalog import Catalog
 from ray_nodeless.core.cluster_plan import load_catalog, load_cluster_yaml, plan_cluster, planner_for
+from ray_nodeless.core.idle import break_even_s
 from ray_nodeless.core.prices import priced
 from ray_nodeless.core.requirements import GIB
 from ray_nodeless.errors import ConfigError
@@ -43,7 +44,17 @@ def force_on_demand(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Catalog | None = None) -> SimConfig:
+# `--idle-release` -> how idle workers are released: each node type's timeout as the cluster plan decides it (what
+# Ray v2 does with the per-type idle_timeout_s bootstrap_config writes), or Ray v1's one idle_timeout_minutes.
+IDLE_RELEASE = ("as-configured", "cluster-wide")
+
+
+def _ms(seconds: float | None) -> int:
+    return -1 if seconds is None else int(round(seconds * 1000))
+
+
+def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Catalog | None = None,
+                        idle_release: str = "as-configured") -> SimConfig:
     raw = load_cluster_yaml(path)
     cfg = force_on_demand(raw) if on_demand else raw
     # The provider block read by the launch layer's loader, as `ray up` reads it: the backend registry says which
@@ -77,11 +88,23 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
         idle_ms = -1
     else:
         idle_ms = int(round(float(idle_min) * 60_000))
-    label = Path(path).stem + (":on-demand" if on_demand else "")
+    by_type: dict[str, int] = {}
+    open_idle = None
+    if idle_release == "as-configured":
+        by_type = {name: _ms(idle.seconds) for name, idle in cp.idle.items() if name in node_types}
+        s = cp.settings
+        if s.cost_aware_idle:
+            # As launch/open_types.py: a generated type gets the break-even of its one offering.
+            def open_idle(price: float | None) -> int:
+                be = break_even_s(price, s.expected_launch_s, s.relaunch_overhead_usd)
+                return idle_ms if be is None else _ms(round(be, 3))
+    label = Path(path).stem + (":on-demand" if on_demand else "") + (
+        ":cluster-idle" if idle_release == "cluster-wide" else "")
     return SimConfig(label=label, kind="autoscaled", schedule=schedule, head_node_type=cp.head_node_type,
                      node_types=node_types, offers=offers, max_workers=cp.global_max_workers,
                      upscaling_speed=float(raw.get("upscaling_speed", 1.0)), idle_timeout_ms=idle_ms,
-                     idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path), open=open_cluster)
+                     idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path), open=open_cluster,
+                     idle_timeout_ms_by_type=by_type, open_idle_ms=open_idle)
 
 
 _FIXED = re.compile(r"^fixed:(\d+)x([A-Za-z0-9.\-_+]+?)(?:@([a-z0-9\-]+))?$")
@@ -123,7 +146,8 @@ def _split_schedule(spec: str) -> tuple[str, str | None]:
 
 
 def build_configs(trace: Trace, configs: Iterable[str], baselines: Iterable[str], capacity: str,
-                  schedule: str | None, catalog: Catalog) -> list[SimConfig]:
+                  schedule: str | None, catalog: Catalog,
+                  idle_release: Iterable[str] = ("as-configured",)) -> list[SimConfig]:
     out: list[SimConfig] = []
     for spec in baselines:
         s, sched = _split_schedule(spec)
@@ -132,7 +156,8 @@ def build_configs(trace: Trace, configs: Iterable[str], baselines: Iterable[str]
         path, sched = _split_schedule(spec)
         sched = sched or schedule or trace.default_schedule
         for od in CAPACITY_VARIANTS[capacity]:
-            out.append(config_from_cluster(path, sched, od, catalog=catalog))
+            for idle in idle_release:
+                out.append(config_from_cluster(path, sched, od, catalog=catalog, idle_release=idle))
     labels = [c.label for c in out]
     for c in out:
         if labels.count(c.label) > 1:

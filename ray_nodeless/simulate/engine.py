@@ -14,13 +14,18 @@ What is modelled, and how (the "why" is in docs/trace-format.md):
   is only evaluated on ticks after something changed (its answer is a function of the state, so the skipped
   ticks would return the same thing);
 - a launched node is billed from the launch request and can run tasks `launch_latency` later;
-- a worker that has run nothing for `idle_timeout_minutes` is terminated on the next tick (never below
-  `min_workers`); the head is up for the whole run and billed until the workload ends;
+- a worker that has run nothing for its node type's idle timeout is terminated on the next tick (never below
+  `min_workers`): the per-type `idle_timeout_s` Ray v2 reads, as the cluster plan decides it (core/idle.py: the
+  type's own value, the cost-aware break-even, or `idle_timeout_minutes`); `--idle-release cluster-wide` replays
+  v1's single `idle_timeout_minutes`. The head is up for the whole run and billed until the workload ends;
 - tasks are placed FIFO on ready nodes where they fit (head first, then oldest node; CPU-only tasks avoid GPU
   nodes as Ray's `scheduler_avoid_gpu_nodes` does); a task that fits nowhere does not block the others;
 - head-only phases run on the head, one at a time, outside Ray's resource accounting (they are driver code);
 - spot nodes may be interrupted (Poisson, `--spot-interruptions-per-hour`, RNG seeded per configuration and
-  node): the work of the tasks on them is lost and they rerun from the start.
+  node): the work of the tasks on them is lost and they rerun from the start;
+- `policies`: objects with `on_tick(sim)`, called after every autoscaler update (idle release, launches), may
+  launch (`sim.launch(node_type)`) and terminate (`sim.release(node)`) nodes: the hook a replacement policy such as
+  on-demand -> spot reversion plugs into without changing the loop.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import dataclasses
 import heapq
 import logging
 import random
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ray_nodeless.core.demand import NodeCapacity
 from ray_nodeless.ray_adapter.compat.scheduler import demand_scheduler, no_availability, quiet_scheduler
@@ -65,10 +70,12 @@ class Simulator:
     """One replay of one trace schedule under one configuration. Deterministic: integer time, seeded RNG."""
 
     def __init__(self, trace: Trace, config: SimConfig, *, launch_latency_ms: int = int(DEFAULT_LAUNCH_MINUTES * 60_000),
-                 spot_interruptions_per_hour: float = 0.0, seed: int = 0):
+                 spot_interruptions_per_hour: float = 0.0, seed: int = 0, policies: Sequence[Any] = ()):
         self.trace = trace
         # The run's own copy: a shape-open cluster adds the node types it opens (the input config is reused).
-        self.cfg = dataclasses.replace(config, node_types=dict(config.node_types), offers=dict(config.offers))
+        self.cfg = dataclasses.replace(config, node_types=dict(config.node_types), offers=dict(config.offers),
+                                       idle_timeout_ms_by_type=dict(config.idle_timeout_ms_by_type))
+        self.policies = tuple(policies)
         self._opened: set[str] = set()
         self.launch_latency_ms = launch_latency_ms
         self.spot_rate = spot_interruptions_per_hour
@@ -120,7 +127,24 @@ class Simulator:
             self._at(n.interrupt_ms, "interrupt", n.seq)
         return n
 
+    def launch(self, node_type: str) -> SimNode:
+        """A worker of `node_type` requested now, ready one launch latency later (for `policies`)."""
+        self._dirty = True
+        return self._add_node(node_type, False, self.now + self.launch_latency_ms)
+
+    def release(self, n: SimNode) -> None:
+        """Terminate worker `n` now; its running tasks are lost and rerun, as on an interruption (for `policies`)."""
+        if n.end_ms is None:
+            lost = [self.tasks[s] for s in sorted(n.running)]
+            self._terminate(n)
+            for tr in lost:
+                tr.lost_ms += self.now - tr.start_ms
+                tr.state, tr.node = "pending", None
+            self.pending = sorted(self.pending + lost, key=lambda t: (t.submit_ms, t.seq))
+            self._dirty = True
+
     def _terminate(self, n: SimNode) -> None:
+        n.idle_until(self.now)
         n.end_ms = self.now
         self.live.pop(n.node_id, None)
 
@@ -225,6 +249,7 @@ class Simulator:
             for k, v in need.items():
                 node.available[k] = node.available.get(k, 0.0) - v
             node.running.add(tr.seq)
+            node.idle_until(self.now)
             node.idle_since_ms = None
             tr.state, tr.node, tr.ran_on, tr.start_ms = "running", node.seq, node.seq, self.now
             tr.attempts += 1
@@ -313,28 +338,31 @@ class Simulator:
                                                "max_workers": self.cfg.max_workers}
                 o = t.offering
                 self.cfg.offers[t.name] = Offer(o.instance_type.name, o.capacity, o.zone, float(o.hourly_price or 0))
+                if self.cfg.open_idle_ms is not None:
+                    self.cfg.idle_timeout_ms_by_type[t.name] = self.cfg.open_idle_ms(o.hourly_price)
             for _ in range(count):
                 self._add_node(t.name, False, self.now + self.launch_latency_ms)
                 logger.debug("%s t=%.3fh open %s", self.cfg.label, self.now / MS_PER_HOUR, t.name)
 
     def _autoscale(self) -> None:
-        # Idle termination first, as v1's update does before launching.
-        if self.cfg.idle_timeout_ms >= 0:
-            counts: dict[str, int] = {}
-            for n in self.live.values():
-                counts[n.node_type] = counts.get(n.node_type, 0) + (0 if n.is_head else 1)
-            for n in sorted(self.live.values(), key=lambda n: n.seq):
-                if n.is_head or n.running or n.idle_since_ms is None:
-                    continue
-                if self.now - n.idle_since_ms >= self.cfg.idle_timeout_ms and \
-                        counts[n.node_type] > self.cfg.node_types[n.node_type]["min_workers"]:
-                    counts[n.node_type] -= 1
-                    self._terminate(n)
-                    self._dirty = True
+        # Idle termination first, as v1's update does before launching; each type's own timeout (-1: never).
+        counts: dict[str, int] = {}
+        for n in self.live.values():
+            counts[n.node_type] = counts.get(n.node_type, 0) + (0 if n.is_head else 1)
+        for n in sorted(self.live.values(), key=lambda n: n.seq):
+            if n.is_head or n.running or n.idle_since_ms is None:
+                continue
+            timeout = self.cfg.idle_ms(n.node_type)
+            if timeout >= 0 and self.now - n.idle_since_ms >= timeout and \
+                    counts[n.node_type] > self.cfg.node_types[n.node_type]["min_workers"]:
+                counts[n.node_type] -= 1
+                self._terminate(n)
+                self._dirty = True
         min_short = any(
             nt["min_workers"] > sum(1 for n in self.live.values() if n.node_type == name and not n.is_head)
             for name, nt in self.cfg.node_types.items())
         if not self.pending and not min_short:
+            self._run_policies()
             return
         self.scheduler_calls += 1
         pending = self.pending
@@ -343,6 +371,7 @@ class Simulator:
             pending = [t for t in self.pending if self.cfg.open.declared_holds(t.spec.resource_dict)]
             self._open_launch([t for t in self.pending if not self.cfg.open.declared_holds(t.spec.resource_dict)])
             if not pending and not min_short:
+                self._run_policies()
                 return
         # Ray's scheduler sees the nodes of the types it knows (a shape-open cluster's opened ones are not).
         known = [n for n in sorted(self.live.values(), key=lambda n: n.seq) if n.node_type not in self._opened]
@@ -363,6 +392,11 @@ class Simulator:
                 self._add_node(node_type, False, self.now + self.launch_latency_ms)
                 logger.debug("%s t=%.3fh launch %s (%s)", self.cfg.label, self.now / MS_PER_HOUR, node_type,
                              self.cfg.offers[node_type].key)
+        self._run_policies()
+
+    def _run_policies(self) -> None:
+        for policy in self.policies:
+            policy.on_tick(self)
 
     def _next_tick(self, ran_tick: bool) -> None:
         if self.cfg.kind != "autoscaled":
@@ -373,21 +407,20 @@ class Simulator:
             if g == self.now and ran_tick:
                 g += TICK_MS
             want.append(g)
-        if self.cfg.idle_timeout_ms >= 0:
-            workers: dict[str, int] = {}
-            for n in self.live.values():
-                if not n.is_head:
-                    workers[n.node_type] = workers.get(n.node_type, 0) + 1
-            for n in self.live.values():
-                if n.is_head or n.running or n.idle_since_ms is None:
-                    continue
-                # A type at its min_workers floor terminates nothing, so its idle workers need no tick: asking for
-                # one would ask again at every tick, forever once the workload has ended. When the type grows
-                # above its floor, that launch happens on a tick, and this runs again after it.
-                if workers[n.node_type] <= self.cfg.node_types[n.node_type]["min_workers"]:
-                    continue
-                due = max(n.idle_since_ms + self.cfg.idle_timeout_ms, self.now + (1 if ran_tick else 0))
-                want.append(-(-due // TICK_MS) * TICK_MS)
+        workers: dict[str, int] = {}
+        for n in self.live.values():
+            if not n.is_head:
+                workers[n.node_type] = workers.get(n.node_type, 0) + 1
+        for n in self.live.values():
+            if n.is_head or n.running or n.idle_since_ms is None or self.cfg.idle_ms(n.node_type) < 0:
+                continue
+            # A type at its min_workers floor terminates nothing, so its idle workers need no tick: asking for
+            # one would ask again at every tick, forever once the workload has ended. When the type grows
+            # above its floor, that launch happens on a tick, and this runs again after it.
+            if workers[n.node_type] <= self.cfg.node_types[n.node_type]["min_workers"]:
+                continue
+            due = max(n.idle_since_ms + self.cfg.idle_ms(n.node_type), self.now + (1 if ran_tick else 0))
+            want.append(-(-due // TICK_MS) * TICK_MS)
         for t in want:
             self._tick_at(t)
 
@@ -451,6 +484,7 @@ class Simulator:
         # were terminated by their idle timeout above, after the end, and are billed until then.
         for n in self.nodes:
             if n.end_ms is None:
+                n.idle_until(max(self.workload_end, n.launch_ms))
                 n.end_ms = max(self.workload_end, n.launch_ms)
         return SimResult(config=self.cfg, elapsed_ms=self.workload_end, nodes=self.nodes, tasks=self.tasks,
                          head_phase_ms=self.head_phase_ms, interruptions=self.interruptions,

@@ -48,13 +48,23 @@ class SimConfig:
     offers: dict[str, Offer]                   # node type -> instance
     max_workers: int
     upscaling_speed: float
-    idle_timeout_ms: int
+    idle_timeout_ms: int                       # Ray's cluster-wide idle_timeout_minutes (-1: never)
     idle_cost_per_hour: float
     fixed_count: int = 0                       # fixed baselines: this many nodes of the head type, always on
     source: str = ""
     # A shape-open cluster: simulate/open.py's OpenCluster (the monitor's packing) decides its launches; the node
     # types it opens are added to a run's copy of node_types/offers as the replay goes.
     open: Any = None
+    # Per worker node type: its idle timeout as the cluster plan decided it (core/idle.py: the node type's own
+    # idle_timeout_s, the cost-aware break-even, or the cluster-wide one), -1 = never. A type not here (a fixed
+    # baseline's) uses idle_timeout_ms. Ray v2 honours these; `--idle-release cluster-wide` replays v1's one timeout.
+    idle_timeout_ms_by_type: dict[str, int] = field(default_factory=dict)
+    # A shape-open cluster's generated types: the break-even idle timeout of an offering at a price (ms, or None
+    # for the cluster-wide one), as launch/open_types.py gives the types it generates.
+    open_idle_ms: Any = None
+
+    def idle_ms(self, node_type: str) -> int:
+        return self.idle_timeout_ms_by_type.get(node_type, self.idle_timeout_ms)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -75,6 +85,12 @@ class SimNode:
     running: set[int] = field(default_factory=set)
     idle_since_ms: int | None = None
     interrupt_ms: int | None = None
+    idle_ms: int = 0                  # ready and running nothing (the idle tails), up to its end
+
+    def idle_until(self, now: int) -> None:
+        """Count the idle time since `idle_since_ms` (from when it was ready) up to `now`."""
+        if self.idle_since_ms is not None:
+            self.idle_ms += max(0, now - max(self.idle_since_ms, self.ready_ms))
 
     @property
     def node_id(self) -> str:

@@ -78,8 +78,61 @@ class SimResult:
                 total += p * t.useful_ms / MS_PER_HOUR
         return total
 
+    @property
+    def head_cost(self) -> float:
+        """The head for the run: what the cluster costs even when nothing else runs (a fixed baseline's first
+        node, which also runs tasks, is its head)."""
+        return sum(n.offer.hourly_price * self.node_ms(n) for n in self.nodes if n.is_head) / MS_PER_HOUR
+
+    def head_credit(self) -> float:
+        """What the head could have run for free: per task shape, the useful task-hours the head's resources hold
+        at once for the whole run (at most the shape's useful hours), at that shape's cheapest slot price. Zero for
+        a head that holds none of the tasks (a CPU head under GPU trials); a GPU head or a fixed cluster's head
+        runs trials, and the bound must not charge those hours twice (once as the head, once as task-hours)."""
+        heads = [n for n in self.nodes if n.is_head]
+        if not heads:
+            return 0.0
+        head = heads[0]
+        hours: dict[tuple, float] = {}
+        for t in self.tasks:
+            key = tuple(sorted(t.spec.resource_dict.items()))
+            hours[key] = hours.get(key, 0.0) + t.useful_ms / MS_PER_HOUR
+        credit = 0.0
+        for key in sorted(hours):
+            shape = dict(key)
+            slots = min((math.floor(head.total.get(k, 0.0) / v + EPS) for k, v in shape.items() if v > 0),
+                        default=0)
+            price = self.slot_price(shape)
+            if slots > 0 and price is not None:
+                credit += price * min(hours[key], slots * self.elapsed_hours)
+        return credit
+
+    @property
+    def bound_with_head(self) -> float:
+        """The lower bound the cluster is judged against: every useful task-hour on its cheapest allowed offering
+        (`lower_bound`) plus the head for the run, less what the head itself could have run (`head_credit`)."""
+        return max(self.lower_bound() - self.head_credit(), 0.0) + self.head_cost
+
+    @property
+    def distance_to_bound(self) -> float | None:
+        """How far the workload cost is above `bound_with_head`, as a fraction (0.03 = 3 % over)."""
+        b = self.bound_with_head
+        return None if b <= 0 else self.workload_cost / b - 1.0
+
+    def worker_hours(self) -> tuple[float, float, float]:
+        """Workers' (node-hours, launch-latency hours: billed before ready, idle hours: ready and running
+        nothing). What is neither is busy time."""
+        workers = [n for n in self.nodes if not n.is_head]
+        total = sum(self.node_ms(n) for n in workers)
+        launching = sum(max(0, min(n.ready_ms, n.end_ms if n.end_ms is not None else self.elapsed_ms) - n.launch_ms)
+                        for n in workers)
+        idle = sum(n.idle_ms for n in workers)
+        return total / MS_PER_HOUR, launching / MS_PER_HOUR, idle / MS_PER_HOUR
+
     def to_dict(self) -> dict[str, Any]:
         gpu = self.gpu_utilisation
+        worker_h, launch_h, idle_h = self.worker_hours()
+        dist = self.distance_to_bound
         return {
             "kind": self.config.kind,
             "source": self.config.source,
@@ -92,6 +145,14 @@ class SimResult:
             "node_hours": {k: round(v, 6) for k, v in self.node_hours().items()},
             "gpu_utilisation": None if gpu is None else round(gpu, 6),
             "lower_bound_cost": round(self.lower_bound(), 6),
+            "head_cost": round(self.head_cost, 6),
+            "bound_with_head": round(self.bound_with_head, 6),
+            "distance_to_bound_pct": None if dist is None else round(dist * 100, 4),
+            "worker_node_hours": round(worker_h, 6),
+            "launch_latency_hours": round(launch_h, 6),
+            "idle_hours": round(idle_h, 6),
+            "idle_timeouts_s": {k: (None if v < 0 else v / 1000)
+                                for k, v in sorted(self.config.idle_timeout_ms_by_type.items())},
             "useful_task_hours": round(self.useful_task_hours, 6),
             "lost_task_hours": round(self.lost_task_hours, 6),
             "head_only_hours": round(self.head_phase_ms / MS_PER_HOUR, 6),

@@ -204,7 +204,9 @@ def _one_job(tasks: list[dict], **job) -> dict:
 def test_launch_latency_and_idle_timeout_exact(tmp_path):
     trace = parse_trace(_one_job([{"name": "g", "resources": {"GPU": 1}, "hours": 1}]))
     path = _cluster_yaml(tmp_path, head_res={"CPU": 4}, worker_res={"CPU": 4, "GPU": 1}, idle_minutes=5)
-    r = simulate(trace, config_from_cluster(path, "all-parallel", False), launch_latency_ms=180_000)
+    # Ray v1's one idle_timeout_minutes (the per-type break-even is tests/simulate/test_idle_release.py's).
+    r = simulate(trace, config_from_cluster(path, "all-parallel", False, idle_release="cluster-wide"),
+                 launch_latency_ms=180_000)
     worker = next(n for n in r.nodes if not n.is_head)
     # Tick at t=0 launches; ready 3 min later; runs 1 h; idle 5 min; terminated on the 5-s tick grid.
     assert worker.launch_ms == 0 and worker.ready_ms == 180_000
@@ -333,7 +335,7 @@ def test_cli_json_is_deterministic_and_complete(tmp_path):
     assert confs["fixed:3xg4dn.4xlarge"]["idle_cost_per_hour"] == 3.612
     assert doc["trace"] == "automl-published" and doc["published"]
     assert doc["parameters"] == {"launch_minutes": 3.0, "spot_interruptions_per_hour": 0.0, "seed": 0,
-                                 "capacity": "both", "tick_seconds": 5,
+                                 "capacity": "both", "tick_seconds": 5, "idle_release": "as-configured",
                                  "autoscaler": "ray v1 ResourceDemandScheduler.get_nodes_to_launch"}
 
 
