@@ -154,8 +154,10 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
     if menu is not None:
         click.echo("\n".join(menu_lines(preview, *menu, max_workers=cp.global_max_workers)))
     c = cp.cost
+    at_list = ("" if c.list_idle_cost_per_hour is None else
+               f" [list prices: idle ${c.list_idle_cost_per_hour:.4f}/h, ceiling ${c.list_ceiling_cost_per_hour:.4f}/h]")
     click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "
-               f"ceiling: ${c.ceiling_cost_per_hour:.4f}/h (at max_workers)")
+               f"ceiling: ${c.ceiling_cost_per_hour:.4f}/h (at max_workers){at_list}")
 
 
 def _idle_line(idle: IdleTimeout, cfg: dict[str, Any]) -> str:

@@ -89,3 +89,22 @@ def test_bootstrap_writes_the_break_even_for_ray_v2_and_keeps_the_users():
     assert "idle_timeout_s" not in types["head"]
     off = bootstrap_config(cluster(cost_aware_idle=False, cloud="fake"))
     assert all("idle_timeout_s" not in t for t in off["available_node_types"].values())
+
+
+@pytest.mark.parametrize("cost_aware", [True, False])
+def test_shape_open_generated_types_get_their_offerings_break_even(cost_aware):
+    from tests.launch.test_open_types import _config, _open_types
+    from ray_nodeless.core.demand import parse_demand
+    from ray_nodeless.launch.open_types import Snapshot, is_open_type
+
+    ot, store, _, _ = _open_types(_config(cost_aware_idle=cost_aware, relaunch_overhead_usd=0.01))
+    result = ot.step(Snapshot([parse_demand('{"GPU": 1}'), parse_demand('{"CPU": 2}')], []), {})
+    generated = {n: t for n, t in store.config["available_node_types"].items() if is_open_type(t)}
+    assert generated
+    for name, t in generated.items():
+        o = result.packing.types[name].offering
+        if cost_aware:
+            assert t["idle_timeout_s"] == pytest.approx(DEFAULT_LAUNCH_LATENCY_S + 3600 * 0.01 / o.hourly_price,
+                                                        abs=1e-3)
+        else:
+            assert "idle_timeout_s" not in t

@@ -128,6 +128,11 @@ def test_max_hourly_price_and_the_cost_cap_read_effective_prices():
     cp = plan_cluster(cluster(overrides, max_hourly_cost=list_head * 0.6 + 1.0))
     assert cp.cost.idle_cost_per_hour == pytest.approx(
         cp.plans["head"].chosen.hourly_price + cp.plans["gpu_worker"].chosen.hourly_price)
+    # The preview at list prices beside it; without overrides there is only the one.
+    assert cp.cost.list_idle_cost_per_hour == pytest.approx(
+        cp.plans["head"].chosen.list_price + cp.plans["gpu_worker"].chosen.listed)
+    assert cp.to_dict()["summary"]["list_ceiling_cost_per_hour"] > cp.to_dict()["summary"]["ceiling_cost_per_hour"]
+    assert "list_idle_cost_per_hour" not in plan_cluster(cluster()).to_dict()["summary"]
     assert cp.plans["head"].chosen.hourly_price == pytest.approx(round(list_head * 0.5, 6))
     # A rule's max_hourly_price is compared with what the user pays.
     cfg = cluster([{"instance_types": ["g5.xlarge"], "hourly_price": 0.30}])
