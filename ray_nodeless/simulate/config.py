@@ -84,7 +84,8 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
     idle_min = raw.get("idle_timeout_minutes")
     if idle_min is None:
         # Under v2 a missing idle_timeout_minutes means never; v1 would KeyError. Say so rather than guess.
-        logger.warning("%s has no idle_timeout_minutes: idle workers are never terminated in the replay", path)
+        logger.warning("%s has no idle_timeout_minutes: idle workers without a per-type idle_timeout_s are never "
+                       "terminated in the replay", path)
         idle_ms = -1
     else:
         idle_ms = int(round(float(idle_min) * 60_000))
