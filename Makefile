@@ -32,9 +32,12 @@ wheel: $(BIN)/python
 	@ls $(WHEEL_DIR)/ray_nodeless-*.whl
 
 # A real kube-apiserver, scheduler, controller-manager and etcd for the Kubernetes tests, built from Debian's sources
-# once and cached in ~/.cache/ray-nodeless/k8s (the first build takes 5-20 minutes on 2 cores; then it is instant).
+# once and cached in ~/.cache/ray-nodeless/k8s (the first build takes 5-20 minutes on 2 cores; then it is instant),
+# and a real node beside it (kubelet + kubeadm from the same source, containerd + runc from Debian, the pause image:
+# build_node.sh, cached in ~/.cache/ray-nodeless/k8s/node; it runs build.sh itself, keeping the source tree and Go
+# build cache for the kubelet's compile, and cleans them up after).
 k8s:
-	bash scripts/k8s/build.sh
+	bash scripts/k8s/build_node.sh
 
 # A real Prometheus (and promtool) for tests/e2e/test_prometheus.py and the dashboard's test: Debian's package, unpacked
 # once into ~/.cache/ray-nodeless/prometheus (seconds; then instant).
