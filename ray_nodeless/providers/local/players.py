@@ -7,7 +7,9 @@ provider block asks for (settings.player_of; the loader parses its section, `Pro
   machine's IP (how v1 matches them).
 - `KubeletPlay` (`registration: kubernetes` + `kubernetes.played: true`): each machine's kubelet, played from the
   join user data the registration wrote (kubelet.py): the Node registers and stays Ready, and the Ray pods the real
-  scheduler binds to it run as local Ray nodes.
+  scheduler binds to it run as local Ray nodes. With `local_real_kubelet`, the machines of one node type boot a
+  REAL kubelet on containerd instead, one at a time (real_kubelet.py: the user data runs unchanged, `kubeadm join`
+  and all); the Ray pod then runs in a container of that kubelet.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, MachineBackend
 from ray_nodeless.providers.local.played import PlayedBackend, Player
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
+from ray_nodeless.providers.local.real_kubelet import RealKubeletMachine
 from ray_nodeless.providers.local.ray_start import instance_env
 from ray_nodeless.providers.local.settings import KubeletPlayerSettings, LocalPlayerSettings, default_state_dir
 from ray_nodeless.providers.local.slots import default_head_ip
@@ -123,12 +126,44 @@ class KubeletPlay(Player):
             extra_ray_start_args=settings.local_ray_start_args, prewarm=False)
         self.kubelet = KubeletPlayer(block.api_client(os.environ.get(PLAYER_KUBECONFIG_ENV) or ""),
                                      block.namespace, processes)
+        real = settings.local_real_kubelet
+        self.real_settings = real
+        self.real = (RealKubeletMachine(real.workdir, os.path.expanduser(real.node_dir) if real.node_dir else None)
+                     if real is not None else None)
+        self._real_lock = threading.Lock()
+
+    def _real_machine(self, machine_id: str) -> bool:
+        return self.real is not None and self.real.machine_id() == machine_id
+
+    def _claim_real(self, spec: LaunchSpec, machine_id: str) -> bool:
+        """Whether this machine boots the real kubelet: its node type's, and the host's one real kubelet is free
+        (claimed here, before the boot's thread starts, so two launches cannot both take it)."""
+        if self.real is None or self.real_settings is None or spec.node_type != self.real_settings.node_type:
+            return False
+        with self._real_lock:
+            if self.real.machine_id() is not None:
+                return False
+            self.real.w.mkdir(parents=True, exist_ok=True)
+            self.real.machine_file.write_text(machine_id + "\n")
+            return True
+
+    def _boot_real(self, machine_id: str, user_data: str) -> None:
+        assert self.real is not None and self.real_settings is not None
+        try:
+            self.real.boot(machine_id, user_data, self.real_settings.boot_timeout_s)
+        except Exception:
+            # like a VM whose boot failed: it never joins, and the registration's join_timeout_s ends it
+            logger.exception("machine %s: the real kubelet did not boot", machine_id)
 
     def play(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
         """Register each machine's Node (in a thread each: a launch never waits for a join)."""
         for mid in machine_ids:
-            if self.kubelet.node_name(mid) is not None:
+            if self.kubelet.node_name(mid) is not None or self._real_machine(mid):
                 continue   # a retried launch: that machine's kubelet already runs
+            if self._claim_real(spec, mid):
+                threading.Thread(target=self._boot_real, args=(mid, spec.boot_script), daemon=True,
+                                 name=f"real-kubelet-boot-{mid}").start()
+                continue
             try:
                 self.kubelet.play(mid, spec.boot_script, spec.offering)
             except ValueError as e:      # the user data is no join: a real machine would never become a Node
@@ -139,8 +174,21 @@ class KubeletPlay(Player):
         # The machine is gone, so is its kubelet; stopping its Ray processes waits for them: not on the caller's
         # thread (the autoscaler's update loop).
         for mid in machine_ids:
+            if self._real_machine(mid):
+                assert self.real is not None
+                # Not a daemon: a short-lived process (`ray down`) must not exit with the real machine half stopped.
+                threading.Thread(target=self.real.stop, name=f"real-kubelet-stop-{mid}").start()
+                continue
             threading.Thread(target=self.kubelet.forget, args=(mid,), name=f"kubelet-player-forget-{mid}",
                              daemon=True).start()
+
+    def leftovers(self) -> list[dict[str, str]]:
+        """The real kubelet's machine while its processes run (the played kubelets keep nothing: their Ray
+        processes are listed by the registration's pods)."""
+        if self.real is None or not self.real.live():
+            return []
+        return [{"kind": self.kind, "name": str(self.real.w), "machine_id": self.real.machine_id() or "",
+                 "node_kind": "worker", "state": "running"}]
 
     def close(self) -> None:
         self.kubelet.close(stop_processes=False)

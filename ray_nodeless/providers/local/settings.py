@@ -16,6 +16,8 @@ core/schema.py), and which player a provider block asks for (`player_of`).
       local_min_free_memory_mb: 800      # below this much available host memory a launch is a capacity error
       local_ray_start_args: []           # extra `ray start` arguments for every node
       local_prewarm: true                # keep a Python with Ray's CLI imported, ready for the next start
+      local_real_kubelet: {node_type: cpu_worker, workdir: /tmp/rnk-1}   # kubernetes.played: a REAL kubelet
+                                         # for that node type's machines (RealKubeletSettings)
 """
 from __future__ import annotations
 
@@ -99,10 +101,32 @@ class LocalPlayerSettings(NodeProcessSettings):
     player_state_dir: str | None = Field(None, min_length=1)  # None: default_state_dir(cluster_name, "-player")
 
 
+class RealKubeletSettings(Section):
+    """`local_real_kubelet`: machines of `node_type` boot a REAL kubelet on containerd on this host
+    (real_kubelet.py), one at a time (some of its paths are host-wide); the others stay played.
+
+        local_real_kubelet:
+          node_type: cpu_worker          # whose machines get the real kubelet
+          workdir: /tmp/rnk-1            # containerd's and the kubelet's state (short: a unix socket lives there)
+          node_dir: ~/.cache/ray-nodeless/k8s/node    # scripts/k8s/build_node.sh's output (the default)
+          boot_timeout_s: 180            # containerd up + kubeadm configured the kubelet, else the boot fails
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    node_type: str = Field(min_length=1)
+    workdir: str = Field(min_length=1, max_length=80)      # + "/run/containerd.sock.ttrpc" within a socket's 108
+    node_dir: str | None = Field(None, min_length=1)
+    boot_timeout_s: float = Field(180.0, gt=0)
+
+
 class KubeletPlayerSettings(NodeProcessSettings):
     """The keys of machines whose kubelet is played (`registration: kubernetes` + `kubernetes.played: true`,
     PLAYER_KUBELET): the Ray processes of their pods. Records live in default_state_dir(cluster_name, "-kubelet");
-    without `gcs_address` they join `<head_ip>:6379`, the head the registration points the pods at."""
+    without `gcs_address` they join `<head_ip>:6379`, the head the registration points the pods at.
+    `local_real_kubelet` (RealKubeletSettings): one node type's machines run a real kubelet instead."""
+
+    local_real_kubelet: RealKubeletSettings | None = None
 
 
 # Which local player stands in for what would run on each machine (played.py).
