@@ -123,12 +123,17 @@ class ControlPlane:
     Attributes after start(): server (https URL), ca_file, admin_token, admin_kubeconfig, ports, startup_seconds.
     extra_args maps a component name ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager") to
     additional command-line flags, e.g. {"kube-controller-manager": ["--node-monitor-grace-period=10s"]}.
+    node_joins=True readies it for real kubelets joining with a bootstrap token (testing/real_kubelet.py): the API
+    server authenticates bootstrap tokens (--enable-bootstrap-token-auth), the controller-manager runs the
+    bootstrapsigner (signs the cluster-info ConfigMap kubeadm's token discovery checks) and tokencleaner, and signs
+    the kubelets' CSRs with the cluster CA (csrsigning, off otherwise; --cluster-signing-cert/key-file).
     """
 
     def __init__(self, workdir: str | os.PathLike, *, build: bool = True,
                  startup_timeout: float = STARTUP_TIMEOUT_S,
-                 extra_args: dict[str, list[str]] | None = None) -> None:
+                 extra_args: dict[str, list[str]] | None = None, node_joins: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
+        self.node_joins = node_joins
         self.build = build
         self.startup_timeout = startup_timeout
         self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
@@ -398,6 +403,7 @@ class ControlPlane:
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}", "--endpoint-reconciler-type=none",
             "--enable-admission-plugins=NamespaceLifecycle,ServiceAccount",
             f"--cert-dir={self.workdir / 'apiserver-certs'}", "--profiling=false",
+            *(["--enable-bootstrap-token-auth"] if self.node_joins else []),
         ]
 
     def _start_apiserver(self, argv: list[str] | None = None) -> None:
@@ -437,7 +443,10 @@ class ControlPlane:
         return [*self._common_component_argv("kube-controller-manager"),
                 f"--service-account-private-key-file={self.pki / 'sa.key'}",
                 f"--root-ca-file={self.ca_file}",
-                "--use-service-account-credentials=false", "--controllers=*,-csrsigning"]
+                "--use-service-account-credentials=false",
+                *(["--controllers=*,bootstrapsigner,tokencleaner", f"--cluster-signing-cert-file={self.ca_file}",
+                   f"--cluster-signing-key-file={self.pki / 'ca.key'}"] if self.node_joins
+                  else ["--controllers=*,-csrsigning"])]
 
     def _wait_default_service_account(self, deadline: float) -> None:
         """Pods can be created in `default` once its ServiceAccount and token exist (ServiceAccount admission)."""
