@@ -127,6 +127,7 @@ class RealKubeletMachine:
                 raise BackendError(f"{self.w} already boots machine {self.machine_id()} (one real kubelet per host)")
             missing = [f for f in ("kubelet", "kubeadm", "containerd", "runc", "ctr") if not (self.bin / f).exists()]
             if missing:
+                self.machine_file.unlink(missing_ok=True)     # free the host's kubelet slot again
                 raise BackendError(f"real kubelet: {', '.join(missing)} missing in {self.bin}; run "
                                    f"scripts/k8s/build_node.sh (make k8s)")
             for d in (self.run, self.logs, self.pids, self.kroot / "etc/kubernetes/manifests",
