@@ -17,7 +17,9 @@ kept longer because their idle time is cheap next to the fixed cost, expensive o
 
 Precedence for a node type (first that applies): its own `idle_timeout_s` in the cluster YAML (Ray's key; the
 user's choice always wins); the break-even above, when `provider.cost_aware_idle` is on (the default) and the
-chosen offering's price is known; else Ray's cluster-wide `idle_timeout_minutes`. The head is never released.
+chosen offering's price is known, **capped at Ray's cluster-wide `idle_timeout_minutes`** (the longest idle the
+user has said they will pay for: the break-even may release sooner, never later; a demo's 15-s timeout stays 15 s);
+else `idle_timeout_minutes` itself. The head is never released.
 
 Where it takes effect: Ray's autoscaler v2 reads `available_node_types.<t>.idle_timeout_s` (NodeTypeConfig; the
 scheduler's idle termination overrides the cluster-wide timeout per type), so `bootstrap_config` writes the value
@@ -64,6 +66,15 @@ def cluster_idle_s(cluster_config: Mapping[str, Any]) -> float | None:
     return float(v) * 60.0
 
 
+def capped_break_even_s(hourly_price: float | None, launch_latency_s: float, relaunch_overhead_usd: float,
+                        cluster_s: float | None) -> float | None:
+    """The break-even when it is shorter than the cluster-wide timeout (None: the cluster-wide one applies)."""
+    s = break_even_s(hourly_price, launch_latency_s, relaunch_overhead_usd)
+    if s is None or (cluster_s is not None and s >= cluster_s):
+        return None
+    return s
+
+
 def idle_timeout(node_type: Mapping[str, Any], hourly_price: float | None, *, cost_aware: bool,
                  launch_latency_s: float, relaunch_overhead_usd: float, cluster_s: float | None) -> IdleTimeout:
     """One worker node type's idle timeout and where it comes from (the precedence in the module docstring)."""
@@ -71,7 +82,7 @@ def idle_timeout(node_type: Mapping[str, Any], hourly_price: float | None, *, co
     if own is not None and not isinstance(own, bool) and isinstance(own, (int, float)):
         return IdleTimeout(float(own), SOURCE_NODE_TYPE)
     if cost_aware:
-        s = break_even_s(hourly_price, launch_latency_s, relaunch_overhead_usd)
+        s = capped_break_even_s(hourly_price, launch_latency_s, relaunch_overhead_usd, cluster_s)
         if s is not None:
             return IdleTimeout(s, SOURCE_BREAK_EVEN)
     return IdleTimeout(cluster_s, SOURCE_CLUSTER)

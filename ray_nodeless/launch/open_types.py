@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Protocol
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, fits
 from ray_nodeless.core.open_plan import Packer, Packing
-from ray_nodeless.core.idle import break_even_s
+from ray_nodeless.core.idle import capped_break_even_s, cluster_idle_s
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY, parse_requirements, split_node_config
 from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.errors import ConfigError
@@ -155,7 +155,7 @@ class OpenTypes:
                              name, len(entries))
                 continue
             template: dict[str, Any] = {"node_config": self.settings.open_node_config}
-            idle_s = self._idle_s(packing.types[name].offering)
+            idle_s = self._idle_s(packing.types[name].offering, cluster_idle_s(config))
             if idle_s is not None:
                 template["idle_timeout_s"] = idle_s     # cost-aware idle release, as for declared types
             entries[name] = packing.types[name].node_type(template, 0, 0)
@@ -190,12 +190,13 @@ class OpenTypes:
                 reports.append(f"cannot serve {d.describe()}: {why}")
         return StepResult(packing, quotas, written, reports)
 
-    def _idle_s(self, offering: Offering) -> float | None:
-        """A generated type's idle_timeout_s: the break-even of its one offering (core/idle.py), or None (off, or
-        no price to divide by) to leave Ray's cluster-wide idle_timeout_minutes in charge."""
+    def _idle_s(self, offering: Offering, cluster_s: float | None) -> float | None:
+        """A generated type's idle_timeout_s: the break-even of its one offering (core/idle.py), or None (off, no
+        price to divide by, or not shorter than idle_timeout_minutes) to leave the cluster-wide timeout in charge."""
         if not self.settings.cost_aware_idle:
             return None
-        s = break_even_s(offering.hourly_price, self.settings.expected_launch_s, self.settings.relaunch_overhead_usd)
+        s = capped_break_even_s(offering.hourly_price, self.settings.expected_launch_s,
+                                self.settings.relaunch_overhead_usd, cluster_s)
         return None if s is None else round(s, 3)
 
     def _offering(self, entry: Mapping[str, Any], name: str, packing: Packing) -> Offering | None:

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from ray_nodeless.core.catalog import Catalog
 from ray_nodeless.core.cluster_plan import load_catalog, load_cluster_yaml, plan_cluster, planner_for
-from ray_nodeless.core.idle import break_even_s
+from ray_nodeless.core.idle import capped_break_even_s
 from ray_nodeless.core.prices import priced
 from ray_nodeless.core.requirements import GIB
 from ray_nodeless.errors import ConfigError
@@ -97,7 +97,8 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
         if s.cost_aware_idle:
             # As launch/open_types.py: a generated type gets the break-even of its one offering.
             def open_idle(price: float | None) -> int:
-                be = break_even_s(price, s.expected_launch_s, s.relaunch_overhead_usd)
+                be = capped_break_even_s(price, s.expected_launch_s, s.relaunch_overhead_usd,
+                                         None if idle_ms < 0 else idle_ms / 1000)
                 return idle_ms if be is None else _ms(round(be, 3))
     label = Path(path).stem + (":on-demand" if on_demand else "") + (
         ":cluster-idle" if idle_release == "cluster-wide" else "")

@@ -46,12 +46,24 @@ def test_the_plan_derives_per_type_timeouts_by_default():
 
 
 def test_a_fixed_relaunch_cost_keeps_spot_workers_longer():
-    cp = plan_cluster(cluster(relaunch_overhead_usd=0.02, expected_launch_s=120))
+    cp = plan_cluster(cluster(idle_minutes=60, relaunch_overhead_usd=0.02, expected_launch_s=120))
     od, spot = cp.plans["gpu_od"].chosen, cp.plans["gpu_spot"].chosen
     assert spot.hourly_price < od.hourly_price
     assert cp.idle["gpu_od"].seconds == pytest.approx(120 + 3600 * 0.02 / od.hourly_price)
     assert cp.idle["gpu_spot"].seconds == pytest.approx(120 + 3600 * 0.02 / spot.hourly_price)
     assert cp.idle["gpu_spot"].seconds > cp.idle["gpu_od"].seconds
+
+
+def test_the_break_even_never_outlasts_idle_timeout_minutes():
+    # A 15-s cluster-wide timeout (the demo's) stays 15 s; an expensive relaunch does not keep a cheap machine past
+    # the longest idle the YAML allows.
+    short = plan_cluster(cluster(idle_minutes=0.25))
+    assert {(i.seconds, i.source) for i in short.idle.values()} == {(15.0, SOURCE_CLUSTER)}
+    capped = plan_cluster(cluster(idle_minutes=5, relaunch_overhead_usd=1.0))
+    assert {(i.seconds, i.source) for i in capped.idle.values()} == {(300.0, SOURCE_CLUSTER)}
+    # No idle_timeout_minutes (never, under v2): the break-even alone.
+    free = plan_cluster(cluster(idle_minutes=None))
+    assert {(i.seconds, i.source) for i in free.idle.values()} == {(DEFAULT_LAUNCH_LATENCY_S, SOURCE_BREAK_EVEN)}
 
 
 def test_the_node_types_own_value_wins_and_the_switch_turns_it_off():
@@ -89,6 +101,9 @@ def test_bootstrap_writes_the_break_even_for_ray_v2_and_keeps_the_users():
     assert "idle_timeout_s" not in types["head"]
     off = bootstrap_config(cluster(cost_aware_idle=False, cloud="fake"))
     assert all("idle_timeout_s" not in t for t in off["available_node_types"].values())
+    # The demo's 15-s idle_timeout_minutes is shorter than the break-even: Ray v2 keeps using it.
+    short = bootstrap_config(cluster(idle_minutes=0.25, cloud="fake"))
+    assert all("idle_timeout_s" not in t for t in short["available_node_types"].values())
 
 
 @pytest.mark.parametrize("cost_aware", [True, False])
@@ -97,7 +112,9 @@ def test_shape_open_generated_types_get_their_offerings_break_even(cost_aware):
     from ray_nodeless.core.demand import parse_demand
     from ray_nodeless.launch.open_types import Snapshot, is_open_type
 
-    ot, store, _, _ = _open_types(_config(cost_aware_idle=cost_aware, relaunch_overhead_usd=0.01))
+    cfg = _config(cost_aware_idle=cost_aware, relaunch_overhead_usd=0.01)
+    cfg["idle_timeout_minutes"] = 60
+    ot, store, _, _ = _open_types(cfg)
     result = ot.step(Snapshot([parse_demand('{"GPU": 1}'), parse_demand('{"CPU": 2}')], []), {})
     generated = {n: t for n, t in store.config["available_node_types"].items() if is_open_type(t)}
     assert generated
