@@ -130,6 +130,7 @@ def test_ten_demand_kinds_each_get_their_cheapest_fit_on_autoscaler_v2(tmp_path:
                        state_dir=str(tmp_path / "state"))
     cfg["provider"]["exclude"]["gpus"].append("V100")      # the forbidden demand below
     cfg["idle_timeout_minutes"] = 5      # every machine launched is still listed when the test counts them
+    cfg["provider"]["cost_aware_idle"] = False    # ... so no per-type break-even (180 s) under v2 either
     path = write_config(cfg, tmp_path)
     try:
         up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=RAY_ENV, capture_output=True, text=True,
