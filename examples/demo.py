@@ -1,24 +1,35 @@
 #!/usr/bin/env python3
-"""`make demo`: a local Ray cluster autoscaled by ray_nodeless, running a successive-halving sweep.
+"""`make demo`: a local Ray cluster autoscaled by ray_nodeless, running a Ray Tune sweep (ASHA, one GPU a trial).
 
 1. `ray up` on cluster-configs/local-cpu-head.yaml (a CPU-only head; GPU workers {CPU: 4, GPU: 1} planned
-   cheapest-fit from the AWS us-west-2 catalog, spot first), after printing the plan (`ray-nodeless plan`).
-2. Runs examples/automl_sweep.py against it, while a watcher prints every scale-up (the instance chosen and why)
+   cheapest-fit from the AWS us-west-2 catalog, spot first), after printing the plan (`ray-nodeless plan`). The
+   demo runs a copy of the config whose head also serves Ray's dashboard on 127.0.0.1 (the state API the trace
+   recorder reads).
+2. Runs examples/tune_sweep.py against it, while a watcher prints every scale-up (the instance chosen and why)
    and every scale-down.
-3. Waits for the idle workers to be removed, prints a cost report: node-hours and dollars per instance type under
-   ray_nodeless, against a fixed 3 x g4dn.4xlarge cluster held for the same wall time; then `ray down`.
+3. Waits for the idle workers to be removed, records the run (`ray-nodeless trace record`), replays it with
+   `ray-nodeless simulate`'s engine under the same config, and prints a cost report: node-hours and dollars per
+   instance type under ray_nodeless, against a fixed 3 x g4dn.4xlarge cluster held for the same wall time and
+   against the lower bound (every useful task-hour on its cheapest allowed offering, plus the head); then
+   `ray down`.
 Nothing is left running: `ray down` stops the head, and a final sweep stops anything this cluster started.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -28,6 +39,10 @@ from ray_nodeless.core.cluster_plan import load_cluster_yaml, plan_cluster  # no
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE  # noqa: E402
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes  # noqa: E402
+from ray_nodeless.simulate.config import config_from_cluster  # noqa: E402
+from ray_nodeless.simulate.engine import simulate  # noqa: E402
+from ray_nodeless.trace.model import parse_trace  # noqa: E402
+from ray_nodeless.trace.record import record_trace  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ENV = dict(os.environ, RAY_AUTH_MODE="disabled", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
@@ -85,7 +100,51 @@ class Watcher(threading.Thread):
                 say(f"scale-down: {mid} ({rec[0].get(TAG_INSTANCE_TYPE)}) removed after {now - rec[1]:.0f} s")
 
 
-def report(watcher: Watcher, wall_s: float, region: str) -> None:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def with_dashboard(cfg: dict, out_dir: Path) -> tuple[Path, int]:
+    """A copy of the config whose head serves the dashboard on 127.0.0.1 (the trace recorder reads its state API)."""
+    port = free_port()
+    flags = f"--include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port={port}"
+    cmds = []
+    for c in cfg.get("head_start_ray_commands") or []:
+        c = re.sub(r"--include-dashboard=\S+", "", c)
+        cmds.append(c.replace("ray start --head", f"ray start --head {flags}", 1) if "ray start" in c else c)
+    cfg = dict(cfg, head_start_ray_commands=cmds)
+    path = out_dir / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path, port
+
+
+def overlap_hours(start: float, end: float, lo: float, hi: float) -> float:
+    return max(0.0, min(end, hi) - max(start, lo)) / 3600
+
+
+def replay(config: Path, trace_doc: dict, watcher: Watcher, window_s: tuple[float, float]) -> dict:
+    """The recorded run replayed under the same config, with this run's own mean launch latency (machine listed ->
+    its Ray node alive, from the watcher and the node table). Both sides are billed the same way from the run's
+    first demand (a trial's placement group request) on."""
+    trace = parse_trace(trace_doc, "recorded run")
+    starts = sorted(n["start_ms"] / 1000 for n in trace_doc["meta"]["recorded_nodes"] if not n["is_head"])
+    launches = sorted(s for tags, s, _ in watcher.lifetimes.values() if tags.get("ray-node-type") == "worker")
+    gaps = [max(0.0, st - la) for la, st in zip(launches, starts)]
+    latency_s = sum(gaps) / len(gaps) if gaps else 0.0
+    r = simulate(trace, config_from_cluster(str(config), trace.default_schedule, False),
+                 launch_latency_ms=int(round(latency_s * 1000)))
+    lo, hi = window_s
+    # As the replay bills: the head for the run window, each worker from its launch to its end (idle tail
+    # included: the replay models idle_timeout_minutes too).
+    measured = sum(overlap_hours(s, e or time.time(), lo, hi if tags.get("ray-node-type") == "head" else 1e12)
+                   for tags, s, e in watcher.lifetimes.values())
+    return {"result": r, "launch_latency_s": latency_s, "measured_node_hours": measured,
+            "replayed_node_hours": sum(r.node_hours().values())}
+
+
+def report(watcher: Watcher, wall_s: float, region: str, head_price: float, rep: dict | None) -> dict:
     hours: dict[str, float] = defaultdict(float)
     cost: dict[str, float] = defaultdict(float)
     end_now = time.time()
@@ -98,6 +157,8 @@ def report(watcher: Watcher, wall_s: float, region: str) -> None:
     base = rc.find(BASELINE[0], sorted(rc.zones)[0], "on-demand")
     fixed = base.hourly_price * BASELINE[1] * wall_s / 3600
     total = sum(cost.values())
+    out = {"wall_s": round(wall_s, 1), "cost": round(total, 6), "node_hours": round(sum(hours.values()), 6),
+           "fixed_cost": round(fixed, 6)}
     print()
     print(f"Cost report ({wall_s:.0f} s of cluster wall time; prices from the AWS {region} catalog)")
     print(f"  {'instance type':30} {'node-hours':>11} {'USD':>10}")
@@ -106,19 +167,43 @@ def report(watcher: Watcher, wall_s: float, region: str) -> None:
     print(f"  {'ray_nodeless total':30} {sum(hours.values()):11.4f} {total:10.5f}")
     print(f"  {'fixed 3 x g4dn.4xlarge':30} {BASELINE[1] * wall_s / 3600:11.4f} {fixed:10.5f}"
           f"   (${base.hourly_price:.3f}/h each, held for the same wall time)")
+    if rep is not None:
+        r = rep["result"]
+        useful = r.useful_task_hours
+        bound = r.lower_bound() + head_price * wall_s / 3600
+        out.update(bound=round(bound, 6), useful_task_hours=round(useful, 6),
+                   measured_node_hours=round(rep["measured_node_hours"], 6),
+                   replayed_node_hours=round(rep["replayed_node_hours"], 6),
+                   launch_latency_s=round(rep["launch_latency_s"], 2), replayed_cost=round(r.workload_cost, 6))
+        print(f"  {'lower bound':30} {useful:11.4f} {bound:10.5f}   (useful task-hours on the cheapest allowed "
+              f"offering, + the head ${head_price:.3f}/h)")
+        if bound:
+            print(f"  ray_nodeless is {100 * (total / bound - 1):.1f} % above the bound; the fixed cluster "
+                  f"{100 * (fixed / bound - 1):.1f} %")
+        print(f"Replay of the recorded run (simulate, launch latency {rep['launch_latency_s']:.1f} s as measured): "
+              f"{rep['replayed_node_hours']:.4f} node-hours against {rep['measured_node_hours']:.4f} measured in "
+              f"the run ({100 * (rep['replayed_node_hours'] / rep['measured_node_hours'] - 1):+.1f} %)"
+              if rep["measured_node_hours"] else "Replay: nothing measured")
     if fixed:
         print(f"  ray_nodeless cost {100 * (1 - total / fixed):.1f} % less than the fixed cluster")
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "cluster-configs" / "local-cpu-head.yaml"))
     ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--rung-seconds", type=float, default=4.0)
+    ap.add_argument("--max-iterations", type=int, default=8)
+    ap.add_argument("--iteration-seconds", type=float, default=2.0)
     ap.add_argument("--scale-down-timeout", type=float, default=90.0)
+    ap.add_argument("--out", default=None, help="directory for the recorded trace, the config copy and "
+                                                "report.json (default: a fresh temporary directory)")
     args = ap.parse_args()
 
+    out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="nodeless-demo-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
     cfg = load_cluster_yaml(args.config)
+    config, dash_port = with_dashboard(cfg, out_dir)
     cp = plan_cluster(cfg)
     say("plan (ray-nodeless plan " + os.path.relpath(args.config) + "):")
     subprocess.run([str(BIN / "ray-nodeless"), "plan", args.config], env=ENV, check=True)
@@ -126,7 +211,7 @@ def main() -> int:
     t_up = time.time()
     try:
         say("ray up ...")
-        up = subprocess.run([str(BIN / "ray"), "up", "-y", args.config], env=ENV, capture_output=True, text=True)
+        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(config)], env=ENV, capture_output=True, text=True)
         if up.returncode != 0:
             print(up.stdout[-3000:], up.stderr[-3000:], file=sys.stderr)
             say("ray up failed")
@@ -134,9 +219,16 @@ def main() -> int:
         say(f"cluster up in {time.time() - t_up:.0f} s")
         watcher.start()
         address = cfg["provider"]["gcs_address"]
-        sweep = subprocess.run([sys.executable, str(ROOT / "examples" / "automl_sweep.py"), "--address", address,
-                                "--trials", str(args.trials), "--rung-seconds", str(args.rung_seconds)], env=ENV)
-        if sweep.returncode != 0:
+        sweep = subprocess.Popen([sys.executable, str(ROOT / "examples" / "tune_sweep.py"), "--address", address,
+                                  "--trials", str(args.trials), "--max-iterations", str(args.max_iterations),
+                                  "--iteration-seconds", str(args.iteration_seconds)], env=ENV,
+                                 stdout=subprocess.PIPE, text=True)
+        sweep_summary: dict = {}
+        for line in sweep.stdout:     # passed through; the last line is the sweep's JSON summary
+            print(line, end="", flush=True)
+            if line.startswith("[sweep] {"):
+                sweep_summary = json.loads(line[len("[sweep] "):])
+        if sweep.wait() != 0:
             say("the sweep failed")
             return 1
         say("sweep finished; waiting for idle workers to be removed (idle_timeout_minutes "
@@ -148,13 +240,31 @@ def main() -> int:
         watcher.stop_event.set()
         watcher.join(timeout=5)
         say("status (ray-nodeless status):")
-        subprocess.run([str(BIN / "ray-nodeless"), "status", args.config], env=ENV, check=False)
-        report(watcher, wall, cp.settings.region)
+        subprocess.run([str(BIN / "ray-nodeless"), "status", str(config)], env=ENV, check=False)
+        rep = None
+        try:
+            rec = record_trace(address=f"http://127.0.0.1:{dash_port}", name="demo-tune-sweep")
+            trace_path = out_dir / "trace.yaml"
+            trace_path.write_text(yaml.safe_dump(rec.doc, sort_keys=False))
+            say(f"recorded the run: {trace_path} (replay it: ray-nodeless simulate {trace_path} --config "
+                f"{config} --baseline fixed:3xg4dn.4xlarge)")
+            w0, w1 = rec.window_start_ms / 1000, rec.window_end_ms / 1000
+            rep = replay(config, rec.doc, watcher, (w0, w1))
+        except Exception as e:   # the report without the replay is still the demo's report
+            say(f"recording or replaying the run failed: {e}")
+        head = cp.plans[cp.head_node_type].chosen
+        summary = report(watcher, wall, cp.settings.region, float(head.hourly_price or 0.0), rep)
+        summary.update(sweep=sweep_summary, machines=sorted((
+            {"id": mid, "node_type": tags.get("ray-user-node-type"), "instance_type": tags.get(TAG_INSTANCE_TYPE),
+             "capacity": tags.get(TAG_CAPACITY), "seconds": round((end or time.time()) - start, 1),
+             "ended": end is not None} for mid, (tags, start, end) in watcher.lifetimes.items()),
+            key=lambda d: d["id"]))
+        (out_dir / "report.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
         return 0
     finally:
         watcher.stop_event.set()
         say("ray down ...")
-        subprocess.run([str(BIN / "ray"), "down", "-y", args.config], env=ENV, capture_output=True, text=True)
+        subprocess.run([str(BIN / "ray"), "down", "-y", str(config)], env=ENV, capture_output=True, text=True)
         backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
         left = [m.id for m in backend.list_machines()]
         if left:

@@ -32,6 +32,7 @@ from ray_nodeless.core.requirements import (
     OPEN_SHAPE_KEY,
     Request, Requirements, Shape, parse_exclude, parse_requirements, split_node_config,
 )
+from ray_nodeless.core.reversion import ReversionSettings
 from ray_nodeless.core.rules import DEFAULT_RULE, Rule, RuleSet, parse_rules
 from ray_nodeless.core.schema import Section, declared_keys, parse_section, suggest_key
 from ray_nodeless.errors import ConfigError
@@ -140,6 +141,8 @@ class CoreSettings(Section):
     # The monitor's Prometheus endpoint for ray_nodeless_* metrics (ray_nodeless/metrics/; Ray's own autoscaler
     # metrics are on 44217); null: not exported.
     metrics_port: int | None = Field(44218, ge=1, le=65535)
+    # On-demand -> spot reversion and the on-demand preference after repeated interruptions (core/reversion.py).
+    reversion: ReversionSettings = Field(default_factory=ReversionSettings)
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
     node_type_resources: dict[str, Any] = Field(default_factory=dict)
     worker_boot: dict[str, Any] = Field(default_factory=dict)

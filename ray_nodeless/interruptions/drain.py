@@ -108,3 +108,16 @@ class RayDrainer:
             raise DrainError(f"GCS rejected draining Ray node {node.node_id} ({node.ip}): {why}")
         logger.warning("drained Ray node %s (%s, instance %s): %s", node.node_id, node.ip, node.instance_id or "-",
                        notice.describe())
+
+    def drain_idle(self, node: RayNode, why: str) -> tuple[bool, str]:
+        """Ask Ray to drain `node` as idle (launch/reversion.py): Ray accepts only when the node runs nothing and
+        then schedules nothing new on it; a busy node is refused (accepted False, Ray's reason), never preempted.
+        Raises DrainError when the GCS cannot be asked."""
+        try:
+            accepted, rejection = self._gcs().drain_node(node_id=node.node_id, reason=gcs.idle_reason(),
+                                                         reason_message=why, deadline_timestamp_ms=0)
+        except DrainError:
+            raise
+        except Exception as e:
+            raise DrainError(f"draining idle Ray node {node.node_id} ({node.ip}) failed: {e}") from None
+        return bool(accepted), str(rejection or "")

@@ -7,6 +7,7 @@ the node lifetimes Ray reported, from which the run's measured node-hours are co
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -52,9 +53,25 @@ class Recording:
         return total / MS_PER_HOUR
 
 
+# A task or actor in a placement group (every Tune trial) asks for its bundle's resources under the group's names:
+# `GPU_group_<pg id>` (any bundle) or `GPU_group_<index>_<pg id>`, plus Ray's `bundle_group_...` marker. Its size is
+# the plain resource; the marker sizes nothing.
+_GROUP = re.compile(r"^(?P<base>.+?)_group_(?:\d+_)?[0-9a-f]{16,}$")
+
+
 def _sizing_resources(required: Mapping[str, float] | None) -> dict[str, float]:
-    return {k: float(v) for k, v in (required or {}).items()
-            if v and not any(k.startswith(p) for p in _PINNING_PREFIXES) and k != "object_store_memory"}
+    out: dict[str, float] = {}
+    for k, v in sorted((required or {}).items()):
+        if not v or any(k.startswith(p) for p in _PINNING_PREFIXES) or k == "object_store_memory":
+            continue
+        m = _GROUP.match(k)
+        if m:
+            if m.group("base") == "bundle":
+                continue
+            k = m.group("base")
+        # Both group names of one resource may be present: the same demand, not twice as much.
+        out[k] = max(out.get(k, 0.0), float(v))
+    return out
 
 
 def _demand_time_ms(t: Any) -> int:
@@ -64,6 +81,26 @@ def _demand_time_ms(t: Any) -> int:
         if e.get("state") == "PENDING_NODE_ASSIGNMENT" and e.get("created_ms"):
             return int(e["created_ms"])
     return int(t.creation_time_ms or t.start_time_ms)
+
+
+def _group_requests_ms(groups: list[Any]) -> dict[str, int]:
+    """Placement group id -> when the GCS received its creation request (epoch ms), from each group's stats."""
+    out: dict[str, int] = {}
+    for g in groups:
+        stats = getattr(g, "stats", None) or {}
+        ns = stats.get("creation_request_received_ns") if isinstance(stats, dict) else None
+        if g.placement_group_id and ns:
+            out[g.placement_group_id] = int(int(ns) // 1_000_000)
+    return out
+
+
+def _placed_demand_ms(t: Any, groups: Mapping[str, int]) -> int:
+    """A task or actor in a placement group (a Tune trial) becomes pending only once its group is placed, that is
+    once the autoscaler has launched a node for the group: the demand the autoscaler saw is the group's creation
+    request. Without that, a replay would start the trial a launch latency late, and launch for it again."""
+    own = _demand_time_ms(t)
+    req = groups.get(getattr(t, "placement_group_id", None) or "")
+    return min(own, req) if req and own - req < MS_PER_HOUR * 24 else own
 
 
 # The state API server refuses larger limits unless RAY_MAX_LIMIT_FROM_API_SERVER is raised on the cluster.
@@ -80,10 +117,14 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
     - Jobs: one trace job per Ray job id, all in one stage, each delayed by its first demand's offset from the
       run's first demand. No head-only phases are recorded (the state API does not say what ran on the head).
     """
-    from ray.util.state import list_nodes, list_tasks  # imported here: the CLI must start without Ray's state deps
+    from ray.util.state import (  # imported here: the CLI must start without Ray's state deps
+        list_nodes, list_placement_groups, list_tasks,
+    )
 
     tasks = list_tasks(address=address, detail=True, limit=limit, raise_on_missing_output=False)
     nodes = list_nodes(address=address, detail=True, limit=limit, raise_on_missing_output=False)
+    groups = _group_requests_ms(list_placement_groups(address=address, detail=True, limit=limit,
+                                                      raise_on_missing_output=False))
     if len(tasks) >= limit:
         # Ray also keeps only a bounded number of task events (RAY_task_events_max_num_task_in_gcs): a long run may
         # be missing its oldest tasks either way. Say so; a partial trace under-counts.
@@ -101,12 +142,12 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
             continue
         if not t.start_time_ms or not t.end_time_ms:
             continue
-        items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _demand_time_ms(t),
+        items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _placed_demand_ms(t, groups),
                       int(t.start_time_ms), int(t.end_time_ms)))
     for actor_id, t in actor_creation.items():
         if not t.start_time_ms or actor_id not in actor_last_end:
             continue
-        items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _demand_time_ms(t),
+        items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _placed_demand_ms(t, groups),
                       int(t.start_time_ms), actor_last_end[actor_id]))
     items = [i for i in items if i[2]]     # zero-resource tasks never drive scaling
     if not items:

@@ -45,3 +45,10 @@ def preemption_reason() -> Any:
     from ray.core.generated import autoscaler_pb2
 
     return autoscaler_pb2.DrainNodeReason.DRAIN_NODE_REASON_PREEMPTION
+
+
+def idle_reason() -> Any:
+    """Ray's DrainNodeReason for removing an idle node: the raylet refuses it while the node runs work."""
+    from ray.core.generated import autoscaler_pb2
+
+    return autoscaler_pb2.DrainNodeReason.DRAIN_NODE_REASON_IDLE_TERMINATION
