@@ -193,8 +193,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / "cluster-configs" / "local-cpu-head.yaml"))
     ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--max-iterations", type=int, default=8)
-    ap.add_argument("--iteration-seconds", type=float, default=2.0)
+    ap.add_argument("--max-iterations", type=int, default=4)
+    ap.add_argument("--iteration-seconds", type=float, default=1.5)
     ap.add_argument("--scale-down-timeout", type=float, default=90.0)
     ap.add_argument("--out", default=None, help="directory for the recorded trace, the config copy and "
                                                 "report.json (default: a fresh temporary directory)")
