@@ -131,6 +131,7 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         if menu is not None:
             doc["menu"] = [{"demand": label, "resources": d.res, "fit": offering_dict(t)} for label, d, t in menu[0]]
             doc["forbidden"] = [{"demand": label, "resources": d.res, "reason": why} for label, d, why in menu[1]]
+        doc["reversion"] = cp.settings.reversion.model_dump()
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
     s = cp.settings
@@ -153,6 +154,7 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         click.echo("\n".join(lines))
     if menu is not None:
         click.echo("\n".join(menu_lines(preview, *menu, max_workers=cp.global_max_workers)))
+    click.echo(s.reversion.describe())      # provider.reversion (core/reversion.py)
     c = cp.cost
     at_list = ("" if c.list_idle_cost_per_hour is None else
                f" [list prices: idle ${c.list_idle_cost_per_hour:.4f}/h, ceiling ${c.list_ceiling_cost_per_hour:.4f}/h]")

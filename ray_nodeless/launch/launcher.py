@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 
 # Every machine carries the slot of its launch: (launch request, node type, count, batch), without the offering.
 TAG_LAUNCH_SLOT = "nodeless-launch-slot"
+# On a machine launched at another capacity only because spot had none (a spot candidate before it was skipped as
+# unavailable or failed for capacity): "spot". launch/reversion.py replaces such machines when spot is back.
+TAG_FALLBACK = "nodeless-fallback-from"
 
 
 def request_token(cluster: str, launch_request: str, node_type: str, batch: int, offering: Offering,
@@ -122,6 +125,8 @@ class Launcher:
         self.registration = registration
         self.unavailable = unavailable
         self._terminate = terminate     # ends machines whose registration failed, through the provider's path
+        # node type -> walk its on-demand candidates first (launch/reversion.py, after repeated interruptions).
+        self.prefer_on_demand: Callable[[str], bool] = lambda node_type: False
 
     @property
     def catalog(self) -> Catalog:
@@ -140,7 +145,8 @@ class Launcher:
 
     def launch(self, node_type: str, node_config: dict[str, Any] | None, ray_tags: dict[str, str], count: int,
                resources: dict[str, float], labels: dict[str, str], is_head: bool,
-               launch_request: str | None = None) -> Launched:
+               launch_request: str | None = None, capacities: frozenset[str] | None = None) -> Launched:
+        """`capacities`: only candidates of these capacity types (a reversion launches spot only)."""
         plan = self.plan(node_type, resources, node_config, is_head)
         _, backend_config = split_node_config(node_config or {})
         retriable = bool(launch_request)   # Ray v2 names its requests; a call without an id is never retried
@@ -156,11 +162,16 @@ class Launcher:
         skipped = over_budget = capped = 0
         tried: dict[str, int] = {}      # capacity type -> candidates tried
         last_category = "NoCapacity"
-        for offering in self._walk(plan, again):
+        spot_missed = False
+        prefer_od = not is_head and self.prefer_on_demand(node_type)
+        for offering in self._walk(plan, again, prefer_od):
+            if capacities is not None and offering.capacity not in capacities:
+                continue
             token = request_token(self.cluster_name, launch_request, node_type, batch, offering, count)
             if offering is not again:   # a retry of a launch that ran goes to its offering whatever happened since
                 if self.unavailable.reason(offering) is not None:
                     skipped += 1
+                    spot_missed |= offering.capacity == "spot"
                     continue
                 elapsed = self._clock() - started
                 if elapsed > self.settings.launch_timeout_s:
@@ -171,12 +182,15 @@ class Launcher:
                     # This capacity type has had its share: go on to the next one (spot -> on-demand) rather than
                     # walk every remaining spot offering in a drought.
                     capped += 1
+                    spot_missed |= offering.capacity == "spot"
                     continue
             listed = sorted(shown.get(token, ()))
             tags = dict(ray_tags)
             tags.update(decision_tags(self.cluster_name, self.catalog.catalog_id, offering, plan.request.rule))
             tags[TAG_REQUEST] = token       # the orphan accounting and a retry find this launch's machines by it,
             tags[TAG_LAUNCH_SLOT] = slot_tag    # and a restarted provider this slot's offering
+            if spot_missed and offering.capacity != "spot" and not is_head:
+                tags[TAG_FALLBACK] = "spot"
             spec = LaunchSpec(
                 cluster_name=self.cluster_name, node_type=node_type, offering=offering, count=count, tags=tags,
                 node_config=copy.deepcopy(backend_config), request_token=token,
@@ -203,6 +217,7 @@ class Launcher:
             except CapacityError as e:
                 self._end_hold(hold, made=False)
                 tried[offering.capacity] = tried.get(offering.capacity, 0) + 1
+                spot_missed |= offering.capacity == "spot"
                 self._mark_unavailable(plan, offering, e)
                 failures.append(f"{offering.instance_type.name}/{offering.zone}/{offering.capacity}: {e.category}")
                 last_category = e.category
@@ -342,10 +357,13 @@ class Launcher:
         return None, shown
 
     @staticmethod
-    def _walk(plan: Plan, first: Offering | None):
+    def _walk(plan: Plan, first: Offering | None, on_demand_first: bool = False):
         if first is not None:
             yield first
-        for o in plan.candidates():
+        # Stable: the documented order within each capacity group; on-demand first only when asked to.
+        rest = sorted(plan.candidates(), key=lambda o: o.capacity != "on-demand") if on_demand_first \
+            else plan.candidates()
+        for o in rest:
             if first is None or o.key != first.key:
                 yield o
 

@@ -32,6 +32,7 @@ from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.metrics.wiring import ProviderInstruments
+from ray_nodeless.launch.reversion import Reverter
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED, Machine
 from ray_nodeless.ray_adapter import bootstrap
 from ray_nodeless.core.open_plan import OpenFitter, Packer
@@ -82,6 +83,14 @@ class NodelessProvider(NodeProvider):
         inst.watch(self.view, self.unavailable)
         self._node_type_resources: dict[str, dict] = dict(self.settings.node_type_resources)
         self.interruptions: InterruptionQueue | None = None
+        # On-demand -> spot reversion (launch/reversion.py): only in the monitor, whose GCS it drains through.
+        self._node_configs: dict[str, dict] = {}
+        self.reverter: Reverter | None = None
+        if gcs and self.settings.reversion.enabled:
+            self.reverter = Reverter(self.settings.reversion, self.launcher, self.view, self.unavailable,
+                                     RayDrainer(gcs), self.terminate_nodes,
+                                     resources_of=lambda t: self._node_type_resources.get(t) or {},
+                                     node_config_of=self._node_configs.get)
         self.open: OpenDriver | None = None
         config_path = monitor_config_path()
         if gcs and config_path and self.settings.open_shapes is not False:
@@ -117,6 +126,8 @@ class NodelessProvider(NodeProvider):
 
     def _on_interrupted(self, machine: Machine) -> None:
         self.launcher.on_interrupted(machine.tags, machine.id)
+        if self.reverter is not None:
+            self.reverter.on_interrupted(machine.tags)
         try:   # whatever the backend (a played machine's local process) and the registration keep for it goes
             self.backend.forget([machine.id])
             self.registration.after_terminate([machine.id])
@@ -132,6 +143,8 @@ class NodelessProvider(NodeProvider):
         if self.open is not None:
             self.open.tick(machines)               # at most once a second, never raises: see open_driver.py
         self.registration.observe_listing(set(machines))
+        if self.reverter is not None:
+            self.reverter.tick(machines)           # at most every reversion.interval_s, never raises
         doomed = {mid: why for mid, why in self.registration.machines_to_end().items() if mid in machines}
         if doomed:   # e.g. never joined Kubernetes within join_timeout_s, or its Ray pod failed for good
             for mid, why in sorted(doomed.items()):
@@ -172,6 +185,8 @@ class NodelessProvider(NodeProvider):
                                               resources: dict[str, float], labels: dict[str, str]) -> dict | None:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "")
         resources = resources or dict(self._node_type_resources.get(node_type) or {})
+        if not tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
+            self._node_configs[node_type] = dict(node_config or {})    # what a reversion launches the type with
         try:
             launched = self.launcher.launch(node_type, node_config, tags, count, resources, labels,
                                             is_head=tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD,
