@@ -157,7 +157,7 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
         raise ConfigError("cluster", "a cluster YAML must be a mapping")
     bundle = bundle or load_provider(cluster_config.get("provider"))
     check_node_types(cluster_config, bundle)
-    bundle.registration_class.check_config(cluster_config.get("provider"))
+    bundle.registration_class.check_config(bundle.registration_settings)
     check_open(cluster_config, bundle.core, bundle.check_node_config)     # shape-open: the generated types' template
     catalog = catalog or catalog_for(bundle.core)
     return plan_cluster(cluster_config, backend_overrides=bundle.requirement_overrides, catalog=catalog,

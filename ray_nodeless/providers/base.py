@@ -193,7 +193,7 @@ class BackendConfig:
     #    ray_adapter/bootstrap.py and `plan` call these; the cloud set-up is MachineBackend.bootstrap) --
 
     @classmethod
-    def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:
+    def fill_default_images(cls, settings: Section, cluster_config: dict[str, Any]) -> None:
         """Static, before planning (no API call): give each node type without an image the one Ray's own provider
         of this cloud would (AWS: Ray's default AMI of the region), in place; raise ConfigError naming the key when
         there is none. Default: nothing (the backend needs no image, or reads it from its own keys)."""

@@ -46,11 +46,11 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     bundle = load_provider(config.get("provider"))
     provider = config["provider"]
     try:
-        bundle.backend_config.fill_default_images(config)
+        bundle.backend_config.fill_default_images(bundle.backend_settings, config)
         cp = check_cluster(config, bundle=bundle)
         # The registration's live services (Kubernetes: kubeconfig, API server, RBAC, namespace, a dry run of the
         # pod) before anything of the cloud is touched: `ray up` then fails before the head is created.
-        bundle.registration_class.preflight(provider, str(config.get("cluster_name", "")))
+        bundle.registration_class.preflight(bundle.registration_settings, str(config.get("cluster_name", "")))
         allowed = {name: p.request.requirements.zones for name, p in cp.plans.items()}
         if bundle.backend_class().bootstrap(config, bundle.core.registration, allowed):
             # The cloud's bootstrap wrote keys into the provider block (subnets, zones): read it again, then plan
@@ -94,7 +94,7 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
 def settle_images(config: dict[str, Any], bundle: ProviderBundle) -> None:
     """Static, before planning: a node type's image as Ray would default it (the backend's `fill_default_images`;
     AWS: Ray's default AMI per region). For `plan`, which has the loader's bundle but no backend."""
-    bundle.backend_config.fill_default_images(config)
+    bundle.backend_config.fill_default_images(bundle.backend_settings, config)
 
 
 def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:

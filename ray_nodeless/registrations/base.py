@@ -27,15 +27,17 @@ class Registration(abc.ABC):
     settings_model: ClassVar[type[Section]] = Section
 
     @classmethod
-    def check_config(cls, provider_config: dict[str, Any]) -> None:
+    def check_config(cls, settings: Section) -> None:
         """Config-time checks of the registration's keys that need no network (`ray-nodeless plan` and
-        `bootstrap_config` run them); ConfigError naming the key."""
+        `bootstrap_config` run them), on its section as the loader parsed it (`ProviderBundle.
+        registration_settings`); ConfigError naming the key."""
 
     @classmethod
-    def preflight(cls, provider_config: dict[str, Any], cluster_name: str) -> None:
+    def preflight(cls, settings: Section, cluster_name: str) -> None:
         """What `bootstrap_config` checks against the registration's live services before `ray up` creates the
-        head (the API server a machine joins, ...); ConfigError naming the key. Includes `check_config`."""
-        cls.check_config(provider_config)
+        head (the API server a machine joins, ...), on its parsed section; ConfigError naming the key. Includes
+        `check_config`."""
+        cls.check_config(settings)
 
     @classmethod
     def for_sweep(cls, settings: Section, cluster_name: str, core: CoreSettings) -> "Registration":

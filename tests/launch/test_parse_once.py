@@ -324,3 +324,30 @@ def test_the_interruption_queue_client_gets_the_parsed_aws_section(moto: MotoSer
     finally:
         provider.terminate_nodes(provider.non_terminated_nodes({}))
         provider.backend.close()
+
+
+def test_config_time_checks_take_the_parsed_bundle(validations: Validations) -> None:
+    """`plan`'s and bootstrap_config's static half: the cluster check, the registration's `check_config` (here
+    Kubernetes': the join keys and the pod template) and the backend's `fill_default_images` (AWS: Ray's default
+    AMI of the region) take the loader's sections and parse no part of the block again."""
+    from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
+    from ray_nodeless.ray_adapter.bootstrap import settle_images
+    from tests.config.corpus import base
+
+    k8s = base("k8s")
+    bundle = load_provider(k8s["provider"])
+    assert validations.of(KubernetesSettings) == 1
+    validations.clear()
+    launch_config.check_cluster(k8s, bundle=bundle)
+    bundle.registration_class.check_config(bundle.registration_settings)
+    assert validations.of(KubernetesSettings) == 0 and validations.of(CoreSettings) == 0
+
+    aws = base("aws")
+    for nt in aws["available_node_types"].values():
+        nt.get("node_config", {}).pop("ImageId", None)
+    bundle = load_provider(aws["provider"])
+    validations.clear()
+    settle_images(aws, bundle)
+    assert all(nt["node_config"].get("ImageId") for nt in aws["available_node_types"].values())
+    launch_config.check_cluster(aws, bundle=bundle)
+    assert validations.of(AwsSettings) == 0 and validations.of(CoreSettings) == 0

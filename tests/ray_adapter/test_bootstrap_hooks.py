@@ -27,7 +27,7 @@ class HookedBackend(FakeBackend):
     narrows = True
 
     @classmethod
-    def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:
+    def fill_default_images(cls, settings: Any, cluster_config: dict[str, Any]) -> None:
         CALLS.append(("fill_default_images", sorted(cluster_config["available_node_types"])))
         for nt in cluster_config["available_node_types"].values():
             nt["node_config"].setdefault("image", "hooked-default-image")
@@ -88,7 +88,7 @@ def test_a_backend_without_hooks_gets_nothing_done():
     assert CALLS == []
     assert out["available_node_types"]["worker"]["node_config"] == {}
     assert FakeBackend.bootstrap(config, "vm", {}) is False
-    assert BackendConfig.fill_default_images(config) is None and MachineBackend.bootstrap(config, "vm", {}) is False
+    assert BackendConfig.fill_default_images(None, config) is None and MachineBackend.bootstrap(config, "vm", {}) is False
 
 
 def test_built_in_clouds_answer_the_hooks_from_their_own_package():

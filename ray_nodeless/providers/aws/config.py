@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ray_nodeless.core.catalog.refresh import LiveCatalog
 from ray_nodeless.core.node_resources import FillRule
-from ray_nodeless.core.schema import parse_section
 from ray_nodeless.providers.aws import metadata
 from ray_nodeless.providers.aws.ray_resources import AWS_FILL
 from ray_nodeless.providers.aws.settings import AwsSettings, check_node_config, requirement_overrides
@@ -36,10 +35,9 @@ class AwsConfig(BackendConfig):
         return requirement_overrides(settings, node_config)
 
     @classmethod
-    def fill_default_images(cls, cluster_config: dict[str, Any]) -> None:
+    def fill_default_images(cls, settings: AwsSettings, cluster_config: dict[str, Any]) -> None:
         from ray_nodeless.providers.aws.images import fill_default_images
 
-        settings = parse_section(AwsSettings, cluster_config["provider"], "provider")
         fill_default_images(cluster_config, settings.region, settings.image_id)
 
     @classmethod

@@ -1,7 +1,7 @@
 """Bad input before any launch: every check of `registration: kubernetes`, as ConfigErrors naming the key.
 
-`check_static(provider_config)` needs no network (`ray-nodeless plan` runs it, through the registration's
-`check_config`); `check(provider_config)` adds the API server's answers and is run by `bootstrap_config`, so
+`check_static(settings)` (the section as the loader parsed it) needs no network (`ray-nodeless plan` runs it, through the registration's
+`check_config`); `check(settings)` adds the API server's answers and is run by `bootstrap_config`, so
 `ray up` fails before the head is created.
 
 - the block itself (unknown join method -> provider.kubernetes.join.method, missing join keys such as eks's
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.registrations.kubernetes.join import check_join
 from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
@@ -40,10 +39,10 @@ NEEDED = (
 )
 
 
-def check_static(provider_config: Mapping[str, Any]) -> KubernetesSettings:
-    """The checks that need no API server: the join method's keys and the pod template (a Ray pod needs its
-    container: `spec.containers`, the first one runs Ray)."""
-    settings = parse_section(KubernetesSettings, provider_config, "provider")
+def check_static(settings: KubernetesSettings) -> KubernetesSettings:
+    """The checks that need no API server, on the registration's section as the loader parsed it: the join
+    method's keys and the pod template (a Ray pod needs its container: `spec.containers`, the first one runs
+    Ray)."""
     k = settings.kubernetes
     check_join(k.join)
     key = f"{KEY}.pod_template"
@@ -66,15 +65,14 @@ def check_static(provider_config: Mapping[str, Any]) -> KubernetesSettings:
     return settings
 
 
-def check(provider_config: Mapping[str, Any], cluster_name: str = "check",
+def check(settings: KubernetesSettings, cluster_name: str = "check",
           api: "client.ApiClient | None" = None) -> None:
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
     from ray_nodeless.registrations.kubernetes.pods import ray_pod
 
-    settings = check_static(provider_config)
-    k = settings.kubernetes
+    k = check_static(settings).kubernetes
     api = api or k.api_client()          # a kubeconfig file that cannot be read names provider.kubernetes.kubeconfig
     server = api.configuration.host
     try:

@@ -76,17 +76,17 @@ class KubernetesRegistration(Housekeeping, Registration):
     settings_model = KubernetesSettings
 
     @classmethod
-    def check_config(cls, provider_config: dict[str, Any]) -> None:
+    def check_config(cls, settings: KubernetesSettings) -> None:
         from ray_nodeless.registrations.kubernetes.check import check_static
 
-        check_static(provider_config)
+        check_static(settings)
 
     @classmethod
-    def preflight(cls, provider_config: dict[str, Any], cluster_name: str) -> None:
+    def preflight(cls, settings: KubernetesSettings, cluster_name: str) -> None:
         # kubeconfig, API server, RBAC, namespace and a dry run of the pod (registrations/kubernetes/check.py)
         from ray_nodeless.registrations.kubernetes.check import check
 
-        check(provider_config, cluster_name)
+        check(settings, cluster_name)
 
     def __init__(self, settings: KubernetesSettings, cluster_name: str, core: CoreSettings, *, start: bool = True,
                  api: client.ApiClient | None = None):

@@ -17,7 +17,8 @@ from ray_nodeless.core.catalog import embedded
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import LaunchSpec, Machine
-from ray_nodeless.registrations.kubernetes import KubernetesRegistration, check
+from ray_nodeless.registrations.kubernetes import KubernetesRegistration
+from ray_nodeless.registrations.kubernetes import check as check_settings
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.housekeeping import REAP_SLACK_S
 from ray_nodeless.providers.local.kubelet import KubeletPlayer
@@ -29,6 +30,13 @@ JOINS = {
     "k3s": {"method": "k3s", "token": "K10secret::server:abc"},
 }
 
+
+
+def check(provider_config: dict, *args, **kwargs) -> None:
+    """The live check on the block as bootstrap_config hands it over: parsed once by the loader."""
+    from ray_nodeless.launch.config import load_provider
+
+    check_settings(load_provider(provider_config).registration_settings, *args, **kwargs)
 
 def provider(cp, method="eks", kubeconfig=None, **block) -> dict:
     join = dict(JOINS[method], endpoint=cp.server)
