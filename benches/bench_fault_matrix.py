@@ -2,7 +2,11 @@
 """Figures of the seeded fault matrix (ray_nodeless/testing/fault_matrix/) per backend, and of a spot drought.
 
     .venv/bin/python benches/bench_fault_matrix.py [--backends fake aws aws-no-client-token gcp] [--seeds 1 2 3]
-        [--steps fake=600 aws=150 aws-no-client-token=150 gcp=200]
+        [--steps fake=600 aws=150 aws-no-client-token=150 gcp=200] [--capped]
+
+`--capped`: the capped matrix instead (provider.max_hourly_cost per backend, CAPS; bursts of concurrent and
+Ray v2 parallel-batch create_node calls, fresh providers, orphans of failed calls; tests/launch/test_fault_matrix.py's
+capped tests, default steps CAPPED_STEPS): prints the highest hourly cost the cloud held against the cap.
 
 Per backend (in-memory; the real AWS backend against moto, with EC2's ClientToken semantics emulated on the wire
 and without them, as an endpoint that ignores the token; the real GCP backend against the fake Compute server):
@@ -30,6 +34,9 @@ from ray_nodeless.testing.fault_matrix import WORKER_TAGS, FakeWorld, Matrix, St
 from ray_nodeless.testing.fault_matrix.world import World  # noqa: E402
 
 STEPS = {"fake": 600, "aws": 150, "aws-no-client-token": 150, "gcp": 200}
+CAPS = {"fake": 12.0, "aws": 2.0, "aws-no-client-token": 2.0, "gcp": 3.0}
+CAPPED_STEPS = {"fake": 600, "aws": 60, "aws-no-client-token": 60, "gcp": 80}
+CAP: dict[str, float | None] = {"cap": None}     # set by --capped: the cap of the backend being run
 
 
 def drought(world: World, fail_spot: Callable[[bool], None], launches: Callable[[], int], spot_only: bool) -> int:
@@ -56,7 +63,7 @@ def drought(world: World, fail_spot: Callable[[bool], None], launches: Callable[
 def fake_backend_run(seeds: list[int], steps: int) -> tuple[list[Stats], tuple[int, int]]:
     from ray_nodeless.testing import fake_backend
 
-    stats = [Matrix(FakeWorld(), s).run(steps) for s in seeds]
+    stats = [Matrix(FakeWorld(), s, cap=CAP["cap"]).run(steps) for s in seeds]
     w = FakeWorld()
 
     def fail(spot_only: bool) -> None:
@@ -71,7 +78,7 @@ def aws_run(seeds: list[int], steps: int, honour_token: bool = True) -> tuple[li
 
     srv = start_moto_server()
     try:
-        stats = [Matrix(AwsWorld(srv, honour_token), s).run(steps) for s in seeds]
+        stats = [Matrix(AwsWorld(srv, honour_token), s, cap=CAP["cap"]).run(steps) for s in seeds]
         w = AwsWorld(srv, honour_token)
 
         def fail(spot_only: bool) -> None:
@@ -86,7 +93,7 @@ def gcp_run(seeds: list[int], steps: int) -> tuple[list[Stats], tuple[int, int]]
     from ray_nodeless.testing.fault_matrix.gcp import PROJECT, GcpWorld, RecordingGce
 
     with RecordingGce(project=PROJECT) as fake:
-        stats = [Matrix(GcpWorld(fake), s).run(steps) for s in seeds]
+        stats = [Matrix(GcpWorld(fake), s, cap=CAP["cap"]).run(steps) for s in seeds]
         w = GcpWorld(fake)
 
         def fail(spot_only: bool) -> None:
@@ -118,6 +125,11 @@ def report(name: str, seeds: list[int], steps: int, stats: list[Stats], dry: tup
     print(f"  duplicates {sum(s.duplicates for s in stats)}, returned-but-terminated "
           f"{sum(s.returned_terminated for s in stats)}, offerings misread as interrupted "
           f"{sum(s.misread_interruptions for s in stats)}")
+    if stats and stats[0].cap is not None:
+        print(f"  capped: max hourly cost reached ${max(s.max_cost for s in stats):.4f} vs cap "
+              f"${stats[0].cap:.4f}; {sum(s.bursts for s in stats)} bursts, "
+              f"{sum(s.cost_refused for s in stats)} calls refused by the cap, "
+              f"{sum(s.orphans for s in stats)} orphans of failed calls")
     print(f"  per create_node wall time: p50 {q[49] * 1000:.2f} ms, p99 {q[98] * 1000:.2f} ms")
     print(f"  drought: {dry[0]} backend launch calls when every spot offering fails (then on-demand), "
           f"{dry[1]} when every offering fails")
@@ -130,13 +142,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=None,
                     help="default: 1 2 3 for fake, 1 for aws and gcp (the suite's)")
     ap.add_argument("--steps", nargs="*", default=[], help="per backend, e.g. aws=300")
+    ap.add_argument("--capped", action="store_true", help="run the capped matrix (CAPS, CAPPED_STEPS)")
     args = ap.parse_args()
     logging.disable(logging.CRITICAL)
-    steps = dict(STEPS, **{k: int(v) for k, v in (s.split("=") for s in args.steps)})
+    steps = dict(CAPPED_STEPS if args.capped else STEPS, **{k: int(v) for k, v in (s.split("=") for s in args.steps)})
     total = 0
     t0 = time.perf_counter()
     for name in args.backends:
-        seeds = args.seeds or ([1, 2, 3] if name == "fake" else [1])
+        seeds = args.seeds or ([1] if args.capped else [1, 2, 3] if name == "fake" else [1])
+        CAP["cap"] = CAPS[name] if args.capped else None
         stats, dry = RUNS[name](seeds, steps[name])
         total += report(name, seeds, steps[name], stats, dry)["requests"]
     print(f"total: {total} launch requests in {time.perf_counter() - t0:.1f} s; invariants held after every step "

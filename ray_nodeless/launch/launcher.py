@@ -160,6 +160,7 @@ class Launcher:
         started = self._clock()
         failures: list[str] = []
         skipped = over_budget = capped = 0
+        refused_at: float | None = None     # the cheapest price the cap refused in this call
         tried: dict[str, int] = {}      # capacity type -> candidates tried
         last_category = "NoCapacity"
         spot_missed = False
@@ -208,9 +209,14 @@ class Launcher:
                 logger.info("%s: request %s batch %d already launched %s; answering Ray's retry with them",
                             node_type, launch_request, batch, ",".join(listed[:count]))
                 return Launched(offering=offering, machine_ids=listed[:count], spec=spec)
+            price = offering.hourly_price or 0.0
+            if refused_at is not None and price >= refused_at:
+                over_budget += 1        # a dearer candidate cannot fit where a cheaper one did not
+                continue
             hold = self._reserve(token, offering, count - len(listed))
             if hold is False:
                 over_budget += 1
+                refused_at = price if refused_at is None else min(refused_at, price)
                 continue
             try:
                 ids = self._launch_once(spec)

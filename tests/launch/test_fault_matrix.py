@@ -62,3 +62,40 @@ def test_fault_matrix_gcp_backend_against_fake_gce() -> None:
     for kind in ("overlapping_provider_terminate", "zone_resource_pool_exhausted", "quota", "lost_response", "lost_response_then_throttled",
                  "http_503", "throttling_storm", "restart", "reclaimed", "terminate_failed", "list_empty"):
         assert stats.faults.get(kind, 0) > 0, kind
+
+
+# ----- capped: concurrent and parallel-batch launches under max_hourly_cost (issue 16 #2) -------------------------
+# Caps that bind (each world's uncapped run goes well past them); the matrix asserts the cloud's hourly cost never
+# exceeds the cap at any sample (after every create_node call, from its thread during bursts, and every step).
+CAPS = {"fake": 12.0, "aws": 2.0, "gcp": 3.0}
+
+
+def _capped_checks(stats, cap: float) -> None:
+    assert stats.cap == cap and 0 < stats.max_cost <= cap + 1e-9
+    assert stats.cost_refused > 0 and stats.bursts > 0          # the cap bound, and bursts ran
+    assert stats.faults.get("parallel_batches", 0) > 0 and stats.faults.get("concurrent_create_node", 0) > 0
+    assert (stats.duplicates, stats.returned_terminated, stats.misread_interruptions) == (0, 0, 0)
+
+
+def test_capped_fault_matrix_in_memory() -> None:
+    stats = Matrix(FakeWorld(), 1, cap=CAPS["fake"]).run(steps=600)
+    _capped_checks(stats, CAPS["fake"])
+    assert stats.orphans > 0 and stats.faults.get("fresh_provider_burst", 0) > 0
+
+
+@pytest.mark.parametrize("honour_token", [True, False], ids=["client-token", "no-client-token"])
+def test_capped_fault_matrix_aws_backend_against_moto(moto: MotoServer, honour_token: bool) -> None:
+    from ray_nodeless.testing.fault_matrix.aws import AwsWorld
+
+    stats = Matrix(AwsWorld(moto, honour_token=honour_token), 1, cap=CAPS["aws"]).run(steps=60)
+    _capped_checks(stats, CAPS["aws"])
+    assert stats.faults.get("orphan", 0) > 0
+
+
+def test_capped_fault_matrix_gcp_backend_against_fake_gce() -> None:
+    from ray_nodeless.testing.fault_matrix.gcp import PROJECT, GcpWorld, RecordingGce
+
+    with RecordingGce(project=PROJECT) as fake:
+        stats = Matrix(GcpWorld(fake), 1, cap=CAPS["gcp"]).run(steps=80)
+    _capped_checks(stats, CAPS["gcp"])
+    assert stats.faults.get("orphan", 0) > 0

@@ -34,7 +34,7 @@ import botocore.exceptions
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST
-from ray_nodeless.providers.base import TAG_CLUSTER, TAG_INSTANCE_TYPE
+from ray_nodeless.providers.base import TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing.moto_server import (
     CREDS, REGION, MotoServer, _Raw, ec2_describe_without, ec2_empty_describe, ec2_error, ec2_not_found, forward,
@@ -72,6 +72,7 @@ class Wire:
         self.storm = False                              # throttle every RunInstances
         self.throttle_once = 0
         self.lose = 0                                   # RunInstances that run, then lose their answer
+        self.storm_after_lost = False                   # once an answer is lost, throttle every RunInstances
         self.refuse_terminates = False
         self.lag_next = False                           # the next launched instances are not visible to EC2 yet:
         self.lagging: dict[str, set[str]] = {}          # id -> operations still to answer NotFound
@@ -154,6 +155,8 @@ class Wire:
                     self.lagging.update({i: {"TerminateInstances", "CreateTags"} for i in ids})
             lose = self.lose > 0 and resp.status_code == 200
             self.lose -= int(lose)
+            if lose and self.storm_after_lost:
+                self.storm = True                        # and every RunInstances after it is throttled
             if lose and self.lag_listing:
                 # EC2 lists the new instances eventually, one by one: the first lookups see some, or none.
                 self.lag_listing = False
@@ -218,6 +221,19 @@ class AwsWorld(World):
         return {i: itype for i, state, itype, tags in self._instances()
                 if state in LIVE and tags.get(TAG_CLUSTER) == CLUSTER}
 
+    def cost(self) -> float:
+        return sum(float(tags.get(TAG_PRICE, 0)) for i, state, itype, tags in self._instances()
+                   if state in LIVE and tags.get(TAG_CLUSTER) == CLUSTER)
+
+    def arm_orphan(self) -> bool:
+        """The answer of the next RunInstances is lost, then every RunInstances is throttled and the lookups by the
+        request tag fail until the call gives up: the settle step cannot know what was made, so it neither
+        returns nor ends it, and create_node raises with the instances running (listed from the next step)."""
+        w = self.wire
+        w.lose, w.storm_after_lost = 1, True
+        w.next_describe += ["throttle"] * 40
+        return True
+
     def check_foreign(self) -> None:
         now = {i: (state, itype, tags) for i, state, itype, tags in self._instances() if i in self.foreign}
         assert now == self.foreign, f"aws: foreign instances changed: {now} != {self.foreign}"
@@ -269,6 +285,7 @@ class AwsWorld(World):
         w = self.wire
         w.capacity.clear()
         w.storm, w.throttle_once, w.lose, w.lag_next, w.lag_listing = False, 0, 0, False, False
+        w.storm_after_lost = False
         w.next_describe.clear()
         w.unlisted.clear()
 

@@ -17,10 +17,18 @@ Invariants (the cloud's own state, read out of band by the world, against what t
 Counted too, and asserted 0: machines a batch made beyond its count (duplicates) and ids a create_node call
 returned that were not running afterwards (returned-but-terminated).
 At the end, teardown leaves nothing and a restarted provider sees nothing.
+
+Capped (`cap`: the provider block gets `max_hourly_cost`), the matrix also runs bursts of concurrent create_node
+calls (Ray v2's parallel batches of one request, or several requests at once; on a fresh provider object before
+its first listing 30 % of the time) and launches that raise with their machines running (orphans: the answer is
+lost and every retry fails; on the in-memory world the listing does not show them until the step ends), and
+asserts that the cloud's hourly cost never exceeds the cap, sampled after every create_node call (from the
+calling thread, while a burst's other calls are in flight) and every step; `Stats.max_cost` is the highest.
 """
 from __future__ import annotations
 
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -52,6 +60,11 @@ class Stats:
     duplicates: int = 0                  # machines a batch made beyond its count
     returned_terminated: int = 0         # ids a create_node call returned that were not running after it
     misread_interruptions: int = 0       # offerings marked interrupted though no machine of theirs was taken back
+    cap: float | None = None             # max_hourly_cost of a capped run
+    max_cost: float = 0.0                # the highest hourly cost the cloud held at any sample
+    cost_refused: int = 0                # create_node calls refused as MaxHourlyCostExceeded
+    bursts: int = 0
+    orphans: int = 0                     # machines of calls that raised, running
 
     def fault(self, name: str | None) -> None:
         if name:
@@ -59,15 +72,20 @@ class Stats:
 
 
 class Matrix:
-    def __init__(self, world: "World", seed: int):
+    def __init__(self, world: "World", seed: int, cap: float | None = None):
         self.world = world
         self.rng = random.Random(seed)
+        self.cap = cap
+        if cap is not None:
+            world.provider_config = dict(world.provider_config, max_hourly_cost=cap)
         world.start()
         self.provider = world.new_provider()
         self.expected: set[str] = set()          # machines the provider returned and has not ended
         self.reclaimed: set[tuple[str, str, str]] = set()    # offerings of machines the cloud took back
         self.misread: set[tuple[str, str, str]] = set()      # offerings counted as misread already
-        self.stats = Stats(backend=world.name)
+        self.stats = Stats(backend=world.name, cap=cap)
+        self.over_cap: list[float] = []          # samples above the cap (from any thread)
+        self._sample_lock = threading.Lock()
 
     # ----- actions ---------------------------------------------------------------------------------------------
 
@@ -82,7 +100,11 @@ class Matrix:
         while count > 0:
             n = min(count, BATCH)
             count -= n
-            self.stats.fault(w.inject_launch_fault(self.rng))
+            orphan = self.cap is not None and self.rng.random() < 0.05 and w.arm_orphan()
+            if orphan:
+                self.stats.fault("orphan")
+            else:
+                self.stats.fault(w.inject_launch_fault(self.rng))
             tags = dict(WORKER_TAGS, **{"ray-user-node-type": node_type, "ray-launch-request": request})
             before = set(w.ours())
             mark = w.batch_mark()
@@ -90,12 +112,14 @@ class Matrix:
             t0 = time.perf_counter()
             try:
                 out = self.provider.create_node_with_resources_and_labels({}, tags, n, w.shapes[node_type], {})
-            except NodeLaunchException:
+            except NodeLaunchException as e:
                 self.stats.refused += 1
+                self.stats.cost_refused += int(e.category == "MaxHourlyCostExceeded")
                 out = None
             finally:
                 w.clear_launch_faults()
             self.stats.launch_wall_s.append(time.perf_counter() - t0)
+            self.sample_cost()
             made_per_batch = w.batch_made(mark)
             self.stats.duplicates += sum(max(0, made - n) for made in made_per_batch.values())
             for key, made in made_per_batch.items():
@@ -103,12 +127,104 @@ class Matrix:
             after = set(w.ours())
             self.stats.returned_terminated += len(set(out or ()) - after)
             assert before <= after, f"{w.name}: a launch ended machines {sorted(before - after)}"
+            orphans = after - before - set(out or ())
+            if orphans and orphan and out is None and len(orphans) <= n:
+                self.expected |= orphans        # ours, running: the provider lists them (Ray adopts or ends them)
+                self.stats.orphans += len(orphans)
+                after -= orphans
             assert after - before == set(out or ()), \
                 f"{w.name}: the cloud gained {sorted(after - before)}, the call returned {sorted(out or ())}"
             if out:
                 assert len(out) == n
                 self.expected |= set(out)
                 self.stats.launched += n
+
+    def sample_cost(self) -> None:
+        """The cloud's hourly cost now, against the cap (callable from a burst's threads)."""
+        c = self.world.cost()
+        with self._sample_lock:
+            self.stats.max_cost = max(self.stats.max_cost, c)
+            if self.cap is not None and c > self.cap + 1e-9:
+                self.over_cap.append(c)
+
+    def burst(self) -> None:
+        """Concurrent create_node calls on the capped provider: Ray v2's batches of one request (1 or 2 node
+        types) in parallel, as its launcher pool runs them, or 2 to 6 requests at once; sometimes on a provider
+        object that has not listed yet (a restarted monitor's first calls); with one launch fault or orphan."""
+        w, rng = self.world, self.rng
+        if len(self.expected) >= w.max_live:
+            self.scale_down()
+        if rng.random() < 0.3:
+            self.provider = w.new_provider()        # no listing before the burst: the capped launch lists first
+            self.reclaimed.clear()
+            self.stats.fault("fresh_provider_burst")
+        calls: list[tuple[str, str, int]] = []      # (node type, request id, count)
+        if rng.random() < 0.5:
+            request = f"req-{self.stats.requests}"
+            self.stats.requests += 1
+            for node_type in rng.sample(sorted(w.shapes), rng.randint(1, min(2, len(w.shapes)))):
+                count = rng.randint(1, w.max_count)
+                while count > 0:
+                    calls.append((node_type, request, min(count, BATCH)))
+                    count -= BATCH
+            self.stats.fault("parallel_batches")
+        else:
+            for _ in range(rng.randint(2, 6)):
+                calls.append((rng.choice(sorted(w.shapes)), f"req-{self.stats.requests}", rng.randint(1, BATCH)))
+                self.stats.requests += 1
+            self.stats.fault("concurrent_create_node")
+        orphan = rng.random() < 0.15 and w.arm_orphan()
+        if orphan:
+            self.stats.fault("orphan")
+        else:
+            self.stats.fault(w.inject_launch_fault(rng))
+        before = set(w.ours())
+        outs: list[list[str] | None] = [None] * len(calls)
+        errors: list[BaseException] = []
+        start = threading.Barrier(len(calls))
+
+        def one(i: int) -> None:
+            node_type, request, n = calls[i]
+            tags = dict(WORKER_TAGS, **{"ray-user-node-type": node_type, "ray-launch-request": request})
+            try:
+                start.wait(timeout=30)
+                out = self.provider.create_node_with_resources_and_labels({}, tags, n, w.shapes[node_type], {})
+                outs[i] = list(out or ())
+            except NodeLaunchException as e:
+                with self._sample_lock:
+                    self.stats.refused += 1
+                    self.stats.cost_refused += int(e.category == "MaxHourlyCostExceeded")
+            except BaseException as e:  # noqa: BLE001 - re-raised in the matrix's thread
+                errors.append(e)
+            self.sample_cost()
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(i,), name=f"burst-{i}") for i in range(len(calls))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        w.clear_launch_faults()
+        self.stats.launch_wall_s.append(time.perf_counter() - t0)
+        if errors:
+            raise errors[0]
+        self.stats.bursts += 1
+        self.stats.calls += len(calls)
+        returned = [i for out in outs if out for i in out]
+        for (_, _, n), out in zip(calls, outs):
+            assert out is None or len(out) == n, f"{w.name}: a call for {n} returned {out}"
+        assert len(returned) == len(set(returned)), f"{w.name}: an id was returned to two calls: {returned}"
+        after = set(w.ours())
+        assert before <= after, f"{w.name}: a burst ended machines {sorted(before - after)}"
+        self.stats.returned_terminated += len(set(returned) - after)
+        gained = after - before
+        orphans = gained - set(returned)
+        assert not orphans or orphan, f"{w.name}: the cloud gained {sorted(orphans)} no call returned"
+        self.stats.duplicates += 0 if orphan else len(orphans)
+        self.stats.orphans += len(orphans)
+        self.expected |= gained
+        self.stats.launched += len(returned)
+        self.sample_cost()
 
     def scale_down(self) -> None:
         ours = sorted(self.expected)
@@ -194,6 +310,9 @@ class Matrix:
 
     def check(self) -> None:
         w = self.world
+        w.unhide()                  # the listing's lag ends with the step
+        self.sample_cost()
+        assert not self.over_cap, f"{w.name}: hourly cost {max(self.over_cap):.4f} over the cap {self.cap}"
         ids = set(self.query())
         ours = w.ours()
         assert set(ours) == self.expected, \
@@ -215,6 +334,8 @@ class Matrix:
             self.query()
             actions = [(0.57, self.launch_request), (0.18, self.terminate_some), (0.07, self.reclaim),
                        (0.06, self.restart), (0.08, self.glitch_listing), (0.04, self.overlap)]
+            if self.cap is not None:        # a quarter of the launch steps are bursts
+                actions[0:1] = [(0.43, self.launch_request), (0.14, self.burst)]
             for _ in range(steps):
                 r, acc = self.rng.random(), 0.0
                 for weight, action in actions:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ray_nodeless.core import ttls
 from ray_nodeless.errors import BackendError, TransientBackendError
+from ray_nodeless.launch.budget import TAG_REQUEST
 from ray_nodeless.launch.launcher import decision_tags
-from ray_nodeless.providers.base import TAG_CLUSTER, TAG_INSTANCE_TYPE, LaunchSpec
+from ray_nodeless.providers.base import TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, LaunchSpec
 from ray_nodeless.testing import fake_backend
 from ray_nodeless.testing.fault_matrix.world import CLUSTER, World
 
@@ -45,6 +47,46 @@ class FakeWorld(World):
         return {mid: m.tags.get(TAG_INSTANCE_TYPE, "") for mid, m in self.cloud.machines.items()
                 if m.tags.get(TAG_CLUSTER) == CLUSTER}
 
+    def cost(self) -> float:
+        with self.cloud.lock:
+            return sum(float(m.tags.get(TAG_PRICE, 0)) for m in self.cloud.machines.values()
+                       if m.tags.get(TAG_CLUSTER) == CLUSTER)
+
+    def arm_orphan(self) -> bool:
+        """The next launch makes its machines and loses the answer, the launcher's retries with the same token
+        fail (an outage), and the listing does not show those machines until the step ends (EC2's listing lag):
+        only the orphan reservation keeps the cap meanwhile."""
+        c = self.cloud
+        mark = len(c.launches)
+        calls = {"n": 0}
+
+        def hook() -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                c.next_errors["launch"] = [TransientBackendError("timeout", "RequestTimeout")
+                                           for _ in range(ttls.TRANSIENT_LAUNCH_RETRIES)]
+
+        def lagging(m: Any) -> bool:
+            return len(c.launches) > mark and m.tags.get(TAG_REQUEST) == c.launches[mark].request_token
+        c.lost_responses = 1
+        c.hooks["launch"] = hook
+        self._lagging = lagging
+        c.hide = lagging
+        return True
+
+    def hidden(self) -> set[str]:
+        lag = getattr(self, "_lagging", None)
+        if lag is None:
+            return set()
+        with self.cloud.lock:
+            return {mid for mid, m in self.cloud.machines.items() if lag(m)}
+
+    def unhide(self) -> None:
+        lag = getattr(self, "_lagging", None)
+        if lag is not None and self.cloud.hide is lag:
+            self.cloud.hide = None
+        self._lagging = None
+
     def check_foreign(self) -> None:
         for i in self.foreign_ids:
             assert i in self.cloud.machines and self.cloud.machines[i].tags == self.foreign_tags[i]
@@ -76,6 +118,7 @@ class FakeWorld(World):
         self.cloud.capacity_faults.clear()
         self.cloud.lost_responses = 0
         self.cloud.next_errors.pop("launch", None)
+        self.cloud.hooks.pop("launch", None)
 
     def fail_terminates(self) -> None:
         self.cloud.next_errors["terminate"] = [BackendError("throttled", "RequestLimitExceeded")]

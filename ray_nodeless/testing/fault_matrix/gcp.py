@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from ray_nodeless.core.catalog import embedded
-from ray_nodeless.providers.base import TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_ZONE
+from ray_nodeless.providers.base import TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_ZONE
 from ray_nodeless.providers.gcp.labels import manifest_from_items, tags_from_storage
 from ray_nodeless.testing.fake_gce import FakeGce, Fault
 from ray_nodeless.testing.fault_matrix.world import CLUSTER, World
@@ -106,6 +106,21 @@ class GcpWorld(World):
         with self.fake.lock:
             return {n: self._type_of(i) for n, i in self.fake.instances.items()
                     if i.get("status") in LIVE and (i.get("labels") or {}).get(TAG_CLUSTER) == CLUSTER}
+
+    def cost(self) -> float:
+        with self.fake.lock:
+            return sum(float(_tags(i).get(TAG_PRICE, 0)) for i in self.fake.instances.values()
+                       if i.get("status") in LIVE and (i.get("labels") or {}).get(TAG_CLUSTER) == CLUSTER)
+
+    def arm_orphan(self) -> bool:
+        """The insert runs and its answer is lost, every insert after it is throttled and every delete refused
+        until the call gives up: the backend cannot clean up what may exist, so create_node raises with the
+        instance running (listed at once: GCE's listing is consistent)."""
+        f = self.fake
+        self._arm(f.ambiguous("instances.insert", times=1))
+        self._arm(f.rate_limit(times=None))
+        self._arm(f.fail_method("instances.delete", status=503, times=None, message="Service Unavailable"))
+        return True
 
     def check_foreign(self) -> None:
         with self.fake.lock:

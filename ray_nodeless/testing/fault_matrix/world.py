@@ -82,6 +82,22 @@ class World(abc.ABC):
     def glitch_next_listing(self, rng: random.Random) -> str:
         """The next listing fails, raises something unexpected, or comes back empty; returns the kind."""
 
+    @abc.abstractmethod
+    def cost(self) -> float:
+        """The cluster's hourly cost in the cloud now: the decision price tag of every live machine of ours."""
+
+    def arm_orphan(self) -> bool:
+        """Arm, for the next create_node call(s), a launch that makes its machines and raises anyway (the answer is
+        lost and every retry fails too: the outcome is unknown, the machines run); False: not supported."""
+        return False
+
+    def hidden(self) -> set[str]:
+        """Machines of ours the cloud's listing does not show yet (the listing's lag): none by default."""
+        return set()
+
+    def unhide(self) -> None:
+        """The listing catches up: what `hidden` named is listed from now on."""
+
     def empty_first_listing(self) -> bool:
         """Arm an empty (successful) page for the next listing, a fresh object's first; False: not supported."""
         return False
