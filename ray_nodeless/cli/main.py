@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-COMMANDS = ("plan", "convert", "catalog", "status", "sweep", "simulate", "trace")
+COMMANDS = ("plan", "convert", "catalog", "status", "sweep", "simulate", "trace", "kuberay-autoscaler")
 
 
 def load_command(name: str) -> click.Command | None:
@@ -39,6 +39,9 @@ def load_command(name: str) -> click.Command | None:
     if name == "trace":
         from ray_nodeless.cli.trace import trace_group
         return trace_group
+    if name == "kuberay-autoscaler":
+        from ray_nodeless.cli.kuberay import kuberay_autoscaler_command
+        return kuberay_autoscaler_command
     return None
 
 

@@ -25,6 +25,12 @@ def default_image() -> str:
         return "rayproject/ray:latest"
 
 
+def template_for(default: Mapping[str, Any], by_type: Mapping[str, Mapping[str, Any]],
+                 node_type: str) -> Mapping[str, Any]:
+    """The pod template of a node type: its own (`pod_templates`, one per KubeRay worker group), else `pod_template`."""
+    return by_type.get(node_type) or default
+
+
 def pod_name(cluster: str, machine_id: str) -> str:
     return f"ray-{L.dns_name(cluster)}-{L.dns_name(machine_id)}"[:253].rstrip("-")
 

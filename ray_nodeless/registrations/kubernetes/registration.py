@@ -37,7 +37,7 @@ from ray_nodeless.registrations.base import Registration
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.housekeeping import Housekeeping, _created, _label, _node_ready
 from ray_nodeless.registrations.kubernetes.join import check_join, kubeadm_api_version, user_data
-from ray_nodeless.registrations.kubernetes.pods import pod_name, ray_pod
+from ray_nodeless.registrations.kubernetes.pods import pod_name, ray_pod, template_for
 from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
 
 logger = logging.getLogger(__name__)
@@ -102,6 +102,8 @@ class KubernetesRegistration(Housekeeping, Registration):
         self.api = api or self.k.api_client()
         self.core = client.CoreV1Api(self.api)
         self.machines: dict[str, Tracked] = {}
+        # Node type -> pod template; replaced while running by whoever reads them live (the KubeRay bridge)
+        self.pod_templates: dict[str, dict[str, Any]] = dict(self.k.pod_templates)
         self.nodes: dict[str, Any] = {}            # Node name -> V1Node (this cluster's)
         self.pods: dict[str, Any] = {}             # pod name -> V1Pod (this cluster's)
         self.terminated: dict[str, float] = {}     # machine id -> when we ended it
@@ -155,6 +157,11 @@ class KubernetesRegistration(Housekeeping, Registration):
             self._kubeadm_api_version = kubeadm_api_version(
                 self.k.join, lambda: client.VersionApi(self.api).get_code().git_version)
         return self._kubeadm_api_version
+
+    def set_pod_templates(self, templates: dict[str, dict[str, Any]]) -> None:
+        """New pod templates by node type, for the pods created from now on (running pods are left as they are)."""
+        with self._lock:
+            self.pod_templates = dict(templates)
 
     def after_launch(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
         if spec.is_head:
@@ -367,7 +374,8 @@ class KubernetesRegistration(Housekeeping, Registration):
                 return
             t.pod = name
             resources = t.resources or self._resources_from(t)
-            manifest = ray_pod(self.k.pod_template, cluster=self.cluster_name, namespace=self.namespace,
+            template = template_for(self.k.pod_template, self.pod_templates, t.node_type)
+            manifest = ray_pod(template, cluster=self.cluster_name, namespace=self.namespace,
                                machine_id=mid, node_type=t.node_type, is_head=False, instance_type=t.instance_type,
                                allocatable=t.allocatable, reserve_cpu=self.k.pod_reserve.cpu,
                                reserve_memory=self.k.pod_reserve.memory, grace_s=self.k.pod_grace_s,

@@ -18,6 +18,7 @@
                                        #   v1beta2 for 1.15-1.21, v1beta3 for 1.22-1.30, v1beta4 from 1.31) or one of them
           cri_socket: /run/containerd/containerd.sock   # kubeadm: nodeRegistration.criSocket (default: containerd's)
         pod_template: {...}            # the Ray pod, like a KubeRay group's `template` (metadata + spec)
+        pod_templates: {gpu: {...}}    # per node type, instead of pod_template (the KubeRay bridge writes one per group)
         join_timeout_s: 600            # a machine whose Node is not Ready by then is reported overdue
         pod_grace_s: 30                # terminationGracePeriod of the Ray pod on terminate
         pod_reserve: {cpu: 250m, memory: 256Mi}   # left to DaemonSets when sizing the Ray pod's requests
@@ -77,6 +78,7 @@ class KubernetesBlock(_Strict):
     namespace: str = Field("ray", min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     join: JoinSettings
     pod_template: dict[str, Any] = Field(default_factory=dict)
+    pod_templates: dict[str, dict[str, Any]] = Field(default_factory=dict)
     join_timeout_s: float = Field(600.0, gt=0)
     pod_grace_s: int = Field(30, ge=0)
     pod_reserve: PodReserve = Field(default_factory=PodReserve)

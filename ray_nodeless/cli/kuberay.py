@@ -1,0 +1,34 @@
+"""`ray-nodeless kuberay-autoscaler`: the command KubeRay's autoscaler container runs (`autoscalerOptions.command`),
+in place of `ray kuberay-autoscaler` (ray_adapter/kuberay.py; README "KubeRay")."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from ray_nodeless.cli.errors import user_errors
+
+
+@click.command("kuberay-autoscaler")
+@click.option("--cluster-name", default=lambda: os.environ.get("RAY_CLUSTER_NAME"), show_default="$RAY_CLUSTER_NAME",
+              help="The RayCluster's name (KubeRay sets RAY_CLUSTER_NAME in the autoscaler container).")
+@click.option("--cluster-namespace", default=lambda: os.environ.get("RAY_CLUSTER_NAMESPACE"),
+              show_default="$RAY_CLUSTER_NAMESPACE", help="The RayCluster's namespace.")
+@click.option("--gcs-address", default=None, help="The head's GCS (default: this pod's address, port 6379, as Ray's).")
+@click.option("--kubeconfig", default=None, help="Reach the API server with this kubeconfig instead of the pod's "
+                                                 "ServiceAccount (out-of-cluster runs and tests).")
+def kuberay_autoscaler_command(cluster_name: str | None, cluster_namespace: str | None, gcs_address: str | None,
+                               kubeconfig: str | None) -> None:
+    """Run Ray's autoscaler for a KubeRay RayCluster with ray_nodeless as its provider."""
+    import logging
+
+    from ray_nodeless.errors import ConfigError
+    from ray_nodeless.ray_adapter import kuberay
+
+    logging.getLogger("ray_nodeless").setLevel(logging.INFO)
+    with user_errors():
+        if not cluster_name:
+            raise ConfigError("--cluster-name", "missing (and RAY_CLUSTER_NAME is not set)")
+        if not cluster_namespace:
+            raise ConfigError("--cluster-namespace", "missing (and RAY_CLUSTER_NAMESPACE is not set)")
+        kuberay.run(cluster_name, cluster_namespace, gcs_address=gcs_address, kubeconfig=kubeconfig)

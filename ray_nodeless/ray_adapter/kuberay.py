@@ -1,0 +1,407 @@
+"""`ray-nodeless kuberay-autoscaler`: ray_nodeless as KubeRay's autoscaler.
+
+KubeRay runs the Ray autoscaler in the head pod (`enableInTreeAutoscaling: true`); `autoscalerOptions.command` /
+`args` point that container at this command instead of `ray kuberay-autoscaler`. It runs Ray's own monitor (v1, or
+v2 under RAY_enable_autoscaler_v2: compat/kuberay.py) with a config derived from the live RayCluster every loop, as
+Ray's KubeRay path does, except that the provider is ray_nodeless (`registration: kubernetes`): each worker of a group
+is the cheapest-fit machine for the group's Ray resources, joins the cluster as a Node, and runs one Ray pod built
+from the group's `template`.
+
+Ray's provider is `kuberay_provider.KubeRayNodelessProvider`: NodelessProvider that also lists KubeRay's head pod as
+the head node (Ray's autoscaler launches a head when it sees none).
+
+Who does what (README "KubeRay"; the operator behaviours relied on are listed there with their source):
+- The operator keeps the head pod, its services and the RayCluster's status.
+- Every worker group is the bridge's: its pods carry `ray.io/cluster` and `ray.io/node-type: worker` (kubectl, the
+  status counts and the cluster's suspension see them) but not `ray.io/group`, the label the operator counts and
+  deletes a group's pods by, so it never deletes or counts them; and a group must ask the operator for no pod
+  (`replicas: 0`, `minReplicas: 0`; the group's minimum for ray_nodeless is `minWorkers` in the annotation): the
+  bridge refuses a group that would make the operator create pods of its own.
+- The RayCluster carries the finalizer `ray-nodeless.io/machines`: deleting it ends every machine, Node and pod of the
+  cluster (ray_nodeless's sweep) before Kubernetes deletes the RayCluster, and so the head pod with this container.
+
+Live edits: Ray re-reads the node types every loop (resources, min/max, labels, idle timeout) and hands each launch
+the group's node_config; the pod templates are handed to the running provider's registration each loop. What is
+read once per provider (the annotation's provider keys: cloud, region, rules, join, ...) makes the container exit
+(status 3) when it changes, and Kubernetes restarts it with the new settings (a restart neither duplicates nor leaks
+machines: the provider rebuilds its state from the cloud's listing).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from ray_nodeless.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+ANNOTATION = "ray-nodeless.io/config"
+FINALIZER = "ray-nodeless.io/machines"
+GROUP_LABEL = "ray-nodeless.io/group"
+KUBERAY_CLUSTER = "ray.io/cluster"
+KUBERAY_GROUP = "ray.io/group"
+KUBERAY_NODE_TYPE = "ray.io/node-type"
+KUBERAY_IS_RAY_NODE = "ray.io/is-ray-node"
+GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
+PROVIDER_MODULE = "ray_nodeless.ray_adapter.kuberay_provider.KubeRayNodelessProvider"
+RESTART_EXIT = 3          # provider keys changed: Kubernetes restarts the container with them
+DEFAULT_GCS_PORT = 6379
+# rayStartParams the pod's `ray start` must not repeat: the machine's resources and labels come from ray_nodeless
+# (RAY_OVERRIDE_RESOURCES / _LABELS), the address and --block from the pod's command.
+_OWN_START_PARAMS = frozenset({"num-cpus", "num-gpus", "memory", "resources", "labels", "address", "block"})
+# Ray's provider keys for KubeRay that ray_nodeless keeps (foreground_node_launch is not kept: a cloud launch takes
+# seconds, so launches run in Ray's launcher threads as with `ray up`).
+_RAY_PROVIDER_KEYS = ("disable_node_updaters", "disable_launch_config_check", "worker_liveness_check")
+
+
+def _annotation_key(rest: str) -> str:
+    from ray_nodeless.swapin.kuberay import annotation_key
+
+    return annotation_key(rest)
+
+
+def _key(group_index: int | None, rest: str) -> str:
+    return f"spec.workerGroupSpecs[{group_index}].{rest}" if group_index is not None else rest
+
+
+def annotation_settings(ray_cr: Mapping[str, Any]) -> dict[str, Any]:
+    """The ray_nodeless settings of a RayCluster: its `ray-nodeless.io/config` annotation, read by swapin/kuberay.py
+    (the format `ray-nodeless convert` writes): provider keys (cloud, region, rules, exclude, kubernetes.join, ...)
+    and `groups: {<groupName>: {minWorkers, node_config}}`."""
+    from ray_nodeless.swapin import kuberay as swapin
+
+    data = swapin.parse_annotation(ray_cr.get("metadata") or {})
+    if not data:
+        raise ConfigError(swapin.annotation_key(), "missing: the ray_nodeless settings of the cluster (at least "
+                                                   "`cloud` and `region`, and `kubernetes.join`); see README \"KubeRay\"")
+    if "kuberay" in data:
+        raise ConfigError(swapin.annotation_key("kuberay"), "is set by the bridge (KubeRay's head pod)")
+    return data
+
+
+def group_node_config(group: Mapping[str, Any], index: int, cloud: str | None,
+                      own: Mapping[str, Any]) -> dict[str, Any]:
+    """The node_config of a group's node type: its pod scheduling as constraint keys (swapin/kuberay.py group_rules;
+    a requirement ray_nodeless would break is a ConfigError naming it), then the annotation's groups.<name>.node_config
+    over them."""
+    from ray_nodeless.swapin import kuberay as swapin
+
+    rules = swapin.group_rules(group, key=f"spec.workerGroupSpecs[{index}]", cloud=cloud)
+    rules.check()
+    for u in rules.unhonoured:
+        logger.warning("kuberay-autoscaler: not honoured: %s", u)
+    return {**rules.node_config, **dict(own.get("node_config") or {})}
+
+
+def worker_pod_template(ray_cr: Mapping[str, Any], group: Mapping[str, Any]) -> dict[str, Any]:
+    """A worker group's `template` as the template of the Ray pods the registration creates (pods.ray_pod adds the
+    machine's nodeSelector, toleration, size and Ray environment):
+    - labels: the template's, `ray.io/cluster`, `ray.io/node-type: worker`, `ray.io/is-ray-node: yes` and
+      `ray-nodeless.io/group`, without `ray.io/group` (the operator must not count or delete these pods);
+    - an ownerReference to the RayCluster (not as controller: the operator does not reconcile on these pods), so
+      that Kubernetes' garbage collector deletes a pod the bridge could not;
+    - no nodeSelector / node affinity: the group's scheduling was turned into the machine's rules, and the pod is
+      bound to its machine's Node by the registration's machine-id selector;
+    - the Ray container (containers[0], as in KubeRay) without `resources` (sized from its Node), running `ray start`
+      with the group's rayStartParams, unless the template gives it a command."""
+    meta = (ray_cr.get("metadata") or {})
+    name = meta.get("name", "")
+    t = copy.deepcopy(dict(group.get("template") or {}))
+    tmeta = dict(t.get("metadata") or {})
+    labels = {k: v for k, v in (tmeta.get("labels") or {}).items() if k != KUBERAY_GROUP}
+    labels.update({KUBERAY_CLUSTER: name, KUBERAY_NODE_TYPE: "worker", KUBERAY_IS_RAY_NODE: "yes",
+                   GROUP_LABEL: str(group.get("groupName", ""))})
+    tmeta["labels"] = labels
+    if meta.get("uid"):
+        tmeta["ownerReferences"] = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "RayCluster", "name": name,
+                                     "uid": meta["uid"], "blockOwnerDeletion": False}]
+    t["metadata"] = tmeta
+    spec = dict(t.get("spec") or {})
+    spec.pop("nodeSelector", None)
+    affinity = dict(spec.get("affinity") or {})
+    affinity.pop("nodeAffinity", None)
+    if affinity:
+        spec["affinity"] = affinity
+    else:
+        spec.pop("affinity", None)
+    containers = [dict(c) for c in spec.get("containers") or []]
+    if containers:
+        ray = containers[0]
+        ray.pop("resources", None)
+        if not ray.get("command") and not ray.get("args"):
+            params = group.get("rayStartParams") or {}
+            extra = [f"--{k}={shlex.quote(str(v))}" if str(v) != "true" else f"--{k}"
+                     for k, v in sorted(params.items()) if k not in _OWN_START_PARAMS]
+            ray["command"] = ["/bin/bash", "-lc", " ".join(["ray start --address=$(RAY_GCS_ADDRESS) --block",
+                                                            *extra])]
+        containers[0] = ray
+        spec["containers"] = containers
+    t["spec"] = spec
+    return t
+
+
+def head_gcs_address(ray_cr: Mapping[str, Any]) -> str:
+    """The head's GCS as the workers reach it: the operator's head service (status.head.serviceName, else
+    `<cluster>-head-svc`) in the cluster's namespace, on the head's `port` rayStartParam (default 6379)."""
+    meta = ray_cr.get("metadata") or {}
+    status = ray_cr.get("status") or {}
+    svc = (status.get("head") or {}).get("serviceName") or f"{meta.get('name')}-head-svc"
+    port = ((ray_cr.get("spec") or {}).get("headGroupSpec") or {}).get("rayStartParams", {}).get("port")
+    return f"{svc}.{meta.get('namespace')}.svc:{port or DEFAULT_GCS_PORT}"
+
+
+def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip: str = "") -> dict[str, Any]:
+    """Ray's autoscaling config of the RayCluster (`derived`, Ray's own derivation) with the provider swapped for
+    ray_nodeless: the annotation's provider keys, `registration: kubernetes` in the cluster's namespace, one pod
+    template per worker group, each group's node_config and minimum from the annotation. Pure."""
+    settings = annotation_settings(ray_cr)
+    groups_cfg = settings.pop("groups", {}) or {}
+    meta = ray_cr.get("metadata") or {}
+    spec = ray_cr.get("spec") or {}
+    workers = list(spec.get("workerGroupSpecs") or [])
+    names = [str(g.get("groupName")) for g in workers]
+    unknown = sorted(set(groups_cfg) - set(names))
+    if unknown:
+        raise ConfigError(_annotation_key(f"groups.{unknown[0]}"),
+                          f"is not a worker group of the RayCluster (groups: {', '.join(names) or 'none'})")
+    config = copy.deepcopy(dict(derived))
+    types = config["available_node_types"]
+    templates: dict[str, dict[str, Any]] = {}
+    for i, g in enumerate(workers):
+        name = str(g.get("groupName"))
+        # The operator creates clamp(replicas, minReplicas, maxReplicas) pods of a group itself (its
+        # GetWorkerGroupDesiredReplicas); a bridged group must ask it for none.
+        for k in ("replicas", "minReplicas"):
+            if int(g.get(k) or 0) != 0:
+                raise ConfigError(_key(i, k), f"is {g.get(k)}: the KubeRay operator would create that many pods "
+                                              f"itself, beside ray_nodeless's; set it to 0 and put the minimum in "
+                                              f"the annotation's groups.{name}.minWorkers")
+        if int(g.get("numOfHosts") or 1) != 1:
+            raise ConfigError(_key(i, "numOfHosts"), "multi-host groups are not bridged (one machine per pod)")
+        if not (g.get("template") or {}).get("spec", {}).get("containers"):
+            raise ConfigError(_key(i, "template.spec.containers"), "must list the Ray container")
+        own = groups_cfg.get(name, {})
+        t = types[name]
+        if "minWorkers" in own:
+            m = own["minWorkers"]
+            if not isinstance(m, int) or isinstance(m, bool) or m < 0 or m > t["max_workers"]:
+                raise ConfigError(_annotation_key(f"groups.{name}.minWorkers"),
+                                  f"must be an integer from 0 to the group's maxReplicas ({t['max_workers']})")
+            t["min_workers"] = m
+        node_config = group_node_config(g, i, settings.get("cloud"), own)
+        if node_config:
+            t["node_config"] = node_config
+        templates[name] = worker_pod_template(ray_cr, g)
+    kube = dict(settings.pop("kubernetes", None) or {})
+    kube.update(namespace=meta.get("namespace"), pod_templates=templates)
+    if templates:
+        kube["pod_template"] = templates[names[0]]
+    provider = {k: v for k, v in (derived.get("provider") or {}).items() if k in _RAY_PROVIDER_KEYS}
+    provider.update(type="external", module=PROVIDER_MODULE, registration="kubernetes", disable_node_updaters=True)
+    provider.update(settings)
+    provider.setdefault("gcs_address", head_gcs_address(ray_cr))
+    provider["kubernetes"] = kube
+    provider["node_type_resources"] = {n: dict(t.get("resources") or {}) for n, t in sorted(types.items())}
+    # KubeRay's head pod, listed as the head node (kuberay_provider.py): its IP is the one the monitor serves
+    provider["kuberay"] = {"head_id": f"kuberay-head-{meta.get('name')}", "head_ip": head_ip,
+                           "head_node_type": config["head_node_type"]}
+    config["provider"] = provider
+    return config
+
+
+def without_templates(provider: Mapping[str, Any]) -> dict[str, Any]:
+    """A provider block without what the bridge hands the running provider itself (the pod templates) and what Ray
+    re-reads (node_type_resources): what, when it changes, needs a new provider."""
+    p = copy.deepcopy(dict(provider))
+    p.pop("node_type_resources", None)
+    k = dict(p.get("kubernetes") or {})
+    k.pop("pod_template", None)
+    k.pop("pod_templates", None)
+    p["kubernetes"] = k
+    return p
+
+
+# What the bridge does with the API beyond the registration's verbs (registrations/kubernetes/check.py NEEDED): read
+# the RayCluster every loop and patch its finalizers. cluster-configs/kuberay/rbac.yaml and KubeRay's Role grant both.
+NEEDED = (("ray.io", "rayclusters", "get"), ("ray.io", "rayclusters", "patch"))
+RBAC_MANIFEST = "cluster-configs/kuberay/rbac.yaml"
+
+
+def check_access(api: Any, namespace: str) -> None:
+    """A SelfSubjectAccessReview per verb the bridge and its registration use, in the cluster's namespace (Nodes
+    cluster-wide); ConfigError naming the first one missing. Run at start: a missing grant is one clear line rather
+    than a monitor failing at its first launch."""
+    from kubernetes import client
+
+    from ray_nodeless.registrations.kubernetes.check import NEEDED as REGISTRATION_NEEDED
+
+    wanted = [(g, r, v, True) for g, r, v in NEEDED] + [("", r, v, ns) for r, _sub, v, ns in REGISTRATION_NEEDED]
+    authz = client.AuthorizationV1Api(api)
+    for group, resource, verb, namespaced in wanted:
+        attrs = {"group": group, "resource": resource, "verb": verb}
+        if namespaced:
+            attrs["namespace"] = namespace
+        r = authz.create_self_subject_access_review({"apiVersion": "authorization.k8s.io/v1",
+                                                     "kind": "SelfSubjectAccessReview",
+                                                     "spec": {"resourceAttributes": attrs}})
+        if not r.status.allowed:
+            where = f"in namespace {namespace!r}" if namespaced else "(cluster-wide)"
+            raise ConfigError("serviceAccount", f"forbidden by RBAC: cannot {verb} {group + '/' if group else ''}"
+                                                f"{resource} {where}; grant KubeRay's autoscaler Role and "
+                                                f"{RBAC_MANIFEST}")
+
+
+class RayClusterApi:
+    """The RayCluster resource through the Kubernetes API (CustomObjectsApi): get, and the finalizer."""
+
+    def __init__(self, api_client: Any, name: str, namespace: str):
+        from kubernetes import client
+
+        self.objects = client.CustomObjectsApi(api_client)
+        self.name, self.namespace = name, namespace
+
+    def get(self) -> dict[str, Any] | None:
+        """The RayCluster, None once it is gone."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.objects.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def set_finalizers(self, ray_cr: Mapping[str, Any], finalizers: list[str]) -> None:
+        # A merge patch carrying the resourceVersion read: a concurrent change of the RayCluster (the operator's own
+        # GCS finalizer, a user's edit) makes it fail with 409 instead of overwriting the list; the next loop retries.
+        meta = ray_cr.get("metadata") or {}
+        self.objects.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, {
+            "metadata": {"finalizers": finalizers, "resourceVersion": meta.get("resourceVersion")}})
+
+
+@dataclass
+class KubeRayBridge:
+    """The config reader Ray's monitor calls every loop (v1 calls it; v2 through its KubeRay config reader)."""
+
+    rayclusters: RayClusterApi
+    head_ip: str
+    derive: Callable[[dict[str, Any]], dict[str, Any]]          # compat.kuberay.derive_config
+    provider_of: Callable[[dict[str, Any], str], Any]           # compat.kuberay.node_provider
+    sweep: Callable[[dict[str, Any]], bool]                     # ends every machine, Node and pod; True when all
+    first: dict[str, Any] | None = None                         # the provider block Ray's provider was built with
+    last: dict[str, Any] | None = None                          # the last full config handed to Ray
+    _warned: str = ""
+
+    def config(self, ray_cr: dict[str, Any]) -> dict[str, Any]:
+        return bridge_config(ray_cr, self.derive(ray_cr), self.head_ip)
+
+    def __call__(self) -> dict[str, Any]:
+        ray_cr = self.rayclusters.get()
+        if ray_cr is None or (ray_cr.get("metadata") or {}).get("deletionTimestamp"):
+            self.teardown(ray_cr)
+            raise SystemExit(0)
+        cfg = self.config(ray_cr)
+        self._ensure_finalizer(ray_cr)
+        provider = cfg["provider"]
+        if self.first is None:
+            self.first = copy.deepcopy(provider)
+        elif without_templates(provider) != without_templates(self.first):
+            changed = sorted(k for k in set(provider) | set(self.first)
+                             if without_templates(provider).get(k) != without_templates(self.first).get(k))
+            logger.warning("kuberay-autoscaler: provider settings changed (%s); exiting so that the container "
+                           "restarts with them", ", ".join(changed))
+            raise SystemExit(RESTART_EXIT)
+        else:
+            live = self.provider_of(self.first, cfg["cluster_name"])
+            registration = getattr(live, "registration", None)
+            if registration is not None and hasattr(registration, "set_pod_templates"):
+                registration.set_pod_templates(provider["kubernetes"].get("pod_templates") or {})
+        cfg["provider"] = copy.deepcopy(self.first)   # Ray keeps one provider per block: hand it the same one
+        self.last = cfg
+        return cfg
+
+    def _ensure_finalizer(self, ray_cr: dict[str, Any]) -> None:
+        finalizers = list((ray_cr.get("metadata") or {}).get("finalizers") or [])
+        if FINALIZER in finalizers:
+            return
+        try:
+            self.rayclusters.set_finalizers(ray_cr, finalizers + [FINALIZER])
+            logger.info("kuberay-autoscaler: finalizer %s set on RayCluster %s", FINALIZER, self.rayclusters.name)
+        except Exception as e:     # a concurrent update (409/422 from the test op): next loop
+            logger.warning("kuberay-autoscaler: cannot set the finalizer %s yet (%s); next loop", FINALIZER, e)
+
+    def teardown(self, ray_cr: dict[str, Any] | None) -> None:
+        """The RayCluster is being deleted (or is gone): end every machine, Node and pod of the cluster, then let
+        Kubernetes delete it (drop the finalizer)."""
+        cfg = self.last
+        if cfg is None and ray_cr is not None:
+            cfg = self.config(ray_cr)
+        if cfg is None:
+            logger.error("kuberay-autoscaler: RayCluster %s/%s is gone and this process never read it: nothing "
+                         "known to end (run `ray-nodeless sweep` with the cluster's provider block)",
+                         self.rayclusters.namespace, self.rayclusters.name)
+            return
+        logger.warning("kuberay-autoscaler: RayCluster %s is being deleted: ending its machines, Nodes and pods",
+                       self.rayclusters.name)
+        provider = copy.deepcopy(cfg["provider"])
+        provider.pop("kuberay", None)       # the head pod is the operator's: the sweep ends machines only
+        ok = self.sweep({"cluster_name": cfg["cluster_name"], "provider": provider})
+        if not ok:
+            raise RuntimeError("kuberay-autoscaler: not every machine of the cluster could be ended; the finalizer "
+                               f"{FINALIZER} stays (the next start tries again)")
+        if ray_cr is not None:
+            finalizers = [f for f in (ray_cr.get("metadata") or {}).get("finalizers") or [] if f != FINALIZER]
+            self.rayclusters.set_finalizers(ray_cr, finalizers)
+            logger.warning("kuberay-autoscaler: every machine ended; finalizer %s removed", FINALIZER)
+
+
+def sweep_cluster(cluster_config: dict[str, Any]) -> bool:
+    """ray_nodeless's sweep of the cluster (launch/sweep.py): machines, then their Nodes and pods; True if all
+    ended. Run twice: a launch Ray's threads had under way when the first listing ran is ended by the second."""
+    from ray_nodeless.launch.sweep import Sweep
+
+    ok = True
+    for _ in range(2):
+        sweep = Sweep(cluster_config, progress=lambda m: logger.info("%s", m))
+        try:
+            result = sweep.run()
+            ok = result.ok
+        finally:
+            sweep.close()
+    return ok
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """The Kubernetes API: in-cluster (the head pod's ServiceAccount) unless a kubeconfig is given."""
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=os.path.expanduser(kubeconfig), client_configuration=cfg,
+                                persist_config=False)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def run(cluster_name: str, namespace: str, *, gcs_address: str | None = None, kubeconfig: str | None = None) -> None:
+    """The command: check the RayCluster once (bad settings exit before Ray's monitor starts), then run Ray's
+    monitor with the bridge as its config reader."""
+    from ray_nodeless.ray_adapter.compat import kuberay as ray_kuberay
+
+    api = api_client(kubeconfig)
+    address = gcs_address or f"{ray_kuberay.node_ip()}:{DEFAULT_GCS_PORT}"
+    bridge = KubeRayBridge(RayClusterApi(api, cluster_name, namespace), address.rsplit(":", 1)[0],
+                           ray_kuberay.derive_config, ray_kuberay.node_provider, sweep_cluster)
+    check_access(api, namespace)
+    ray_cr = bridge.rayclusters.get()
+    if ray_cr is None:
+        raise ConfigError("--cluster-name", f"RayCluster {namespace}/{cluster_name} does not exist")
+    bridge.config(ray_cr)      # a ConfigError names the key before anything runs
+    ray_kuberay.run_monitor(bridge, address)
