@@ -112,13 +112,51 @@ def _checked(path: str) -> tuple[dict[str, Any], Any, ClusterPlan, OpenPreview]:
     from ray_nodeless.launch.open_types import shape_open
     from ray_nodeless.ray_adapter.bootstrap import settle_images
 
-    cfg = prepare_like_ray_up(load_cluster_yaml(path))
-    bundle = load_provider(cfg.get("provider"))
-    settle_images(cfg, bundle)    # Ray's default image, as bootstrap_config sets it
-    cp: ClusterPlan = check_cluster(cfg, bundle=bundle)
+    manifest = _kuberay(path)
+    if manifest is not None:
+        # A KubeRay manifest: the config the bridge derives from it (swapin/kuberay_convert.py plan_manifest).
+        cfg, cp = manifest
+        bundle = load_provider(cfg.get("provider"))
+    else:
+        cfg = prepare_like_ray_up(load_cluster_yaml(path))
+        bundle = load_provider(cfg.get("provider"))
+        settle_images(cfg, bundle)    # Ray's default image, as bootstrap_config sets it
+        cp = check_cluster(cfg, bundle=bundle)
     is_open = shape_open(cp.settings, cfg.get("available_node_types") or {}, cp.head_node_type)
     head_price = cp.plans[cp.head_node_type].chosen.hourly_price or 0.0
     return cfg, bundle, cp, OpenPreview(cfg, bundle, cp.head_node_type, is_open, head_price)
+
+
+_KUBERAY_NOTES: dict[str, list[str]] = {}
+
+
+def _kuberay(path: str) -> tuple[dict[str, Any], ClusterPlan] | None:
+    """(config, plan) of a KubeRay manifest (RayCluster / RayJob / RayService) as the bridge derives it; None for
+    a cluster YAML."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None                  # load_cluster_yaml names the problem
+    if "ray.io/" not in text:
+        return None                  # a cluster YAML: the cold plan imports nothing of convert (issue 10)
+    from ray_nodeless.swapin import kuberay_convert as KC
+
+    try:
+        docs = KC.load_documents(text, path)
+    except ConfigError:
+        return None
+    idx = KC.kuberay_indexes(docs)
+    if not idx:
+        return None
+    if len(idx) > 1:
+        raise ConfigError(f"documents[{idx[1]}]", f"one KubeRay cluster per file (documents {idx})")
+    ray_cr, spec_key = KC.ray_cluster(docs[idx[0]], "" if len(idx) == 1 else f"documents[{idx[0]}]")
+    notes: list[str] = []
+    cfg, cp = KC.plan_manifest(ray_cr, spec_key, notes=notes)
+    _KUBERAY_NOTES[path] = notes
+    return cfg, cp
 
 
 def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
@@ -142,6 +180,10 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
     for name in sorted(cp.plans, key=lambda n: (n != cp.head_node_type, n)):
         p = cp.plans[name]
         nt = cp.node_types[name]
+        if name == cp.head_node_type and path in _KUBERAY_NOTES:
+            click.echo(f"[head] {name}: KubeRay's head pod (the operator runs it on an existing Node; not launched "
+                       "by ray_nodeless, not in the costs)")
+            continue
         if name == cp.head_node_type:
             role = "head"
         else:
@@ -156,6 +198,13 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         click.echo("\n".join(menu_lines(preview, *menu, max_workers=cp.global_max_workers)))
     click.echo(s.reversion.describe())      # provider.reversion (core/reversion.py)
     c = cp.cost
+    if path in _KUBERAY_NOTES:
+        head = cp.plans[cp.head_node_type].chosen.hourly_price or 0.0
+        for note in _KUBERAY_NOTES[path]:
+            click.echo(f"note: {note}")
+        click.echo(f"idle cost: ${c.idle_cost_per_hour - head:.4f}/h (min_workers); "
+                   f"ceiling: ${c.ceiling_cost_per_hour - head:.4f}/h (at max_workers; the head pod not counted)")
+        return
     at_list = ("" if c.list_idle_cost_per_hour is None else
                f" [list prices: idle ${c.list_idle_cost_per_hour:.4f}/h, ceiling ${c.list_ceiling_cost_per_hour:.4f}/h]")
     click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "

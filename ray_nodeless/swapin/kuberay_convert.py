@@ -1,0 +1,395 @@
+"""`ray-nodeless convert` for KubeRay manifests (RayCluster, RayJob `spec.rayClusterSpec`, RayService
+`spec.rayClusterConfig`; multi-document files, other documents kept as they are).
+
+What it writes, per KubeRay document (README "KubeRay manifests"):
+- the manifest patched for the bridge: `enableInTreeAutoscaling: true`, `autoscalerOptions` running
+  `ray-nodeless kuberay-autoscaler` (image, command, args; the user's other options kept), each worker group's
+  `replicas` / `minReplicas` set to 0 (the KubeRay operator creates clamp(replicas, minReplicas, maxReplicas) x
+  numOfHosts pods of a group itself; its GetWorkerGroupDesiredReplicas), and the `ray-nodeless.io/config`
+  annotation: cloud, region, the group's minimum (`groups.<g>.minWorkers`) and its pod scheduling mapped to
+  constraint keys (`groups.<g>.node_config`, swapin/kuberay.py `group_rules`);
+- optionally a `ray up` YAML with `registration: kubernetes` (a VM head; the workers join the Kubernetes cluster
+  as Nodes running the groups' pod templates), converted as a Ray YAML for the cloud is (swapin/convert.py).
+
+The config it plans (and `ray-nodeless plan MANIFEST` plans) is the bridge's own: Ray's derivation of the
+RayCluster (compat/kuberay.py `derive_config`) with the provider swapped by `ray_adapter.kuberay.bridge_config`.
+Group resources, labels, min/max and idle timeout are therefore Ray's reading of the RayCluster.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+from ray_nodeless.core import catalog as catalog_mod
+from ray_nodeless.core.cluster_plan import ClusterPlan
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.swapin import kuberay as K
+from ray_nodeless.swapin.convert import NodeTypeChange, Side, _summary
+
+AUTOSCALER_COMMAND = ["ray-nodeless"]
+AUTOSCALER_ARGS = ["kuberay-autoscaler"]
+# Planning a manifest needs no cluster, but the provider block must be complete: when the annotation has no
+# `kubernetes.join` (how machines join: the user's, README "Kubernetes registration"), plan reads it with this one
+# and says so; the bridge itself refuses to start without it.
+PLANNING_JOIN = {"method": "kubeadm", "endpoint": "https://kubernetes.default.svc:443",
+                 "token": "abcdef.0123456789abcdef", "ca_cert_hash": "sha256:" + "0" * 64}
+
+
+def is_kuberay(doc: Any) -> bool:
+    return (isinstance(doc, Mapping) and isinstance(doc.get("apiVersion"), str)
+            and doc["apiVersion"].startswith("ray.io/") and doc.get("kind") in K.CLUSTER_SPEC_AT)
+
+
+def load_documents(text: str, source: str) -> list[Any]:
+    try:
+        return list(yaml.safe_load_all(text))
+    except yaml.YAMLError as e:
+        raise ConfigError(source, f"not valid YAML: {e}") from e
+
+
+def kuberay_indexes(docs: list[Any]) -> list[int]:
+    return [i for i, d in enumerate(docs) if is_kuberay(d)]
+
+
+def _where(docs: list[Any], i: int) -> str:
+    """Key prefix of document i: none when the file holds one KubeRay document."""
+    return "" if len(kuberay_indexes(docs)) == 1 else f"documents[{i}]"
+
+
+def _pre(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def ray_cluster(doc: Mapping[str, Any], where: str = "") -> tuple[dict[str, Any], str]:
+    """The RayCluster a document is or creates (metadata: the document's, whose annotations KubeRay copies onto
+    the RayCluster of a RayJob / RayService), and the key path of its spec."""
+    kind, spec, spec_key = K.cluster_spec(doc, where)
+    meta = copy.deepcopy(dict(doc.get("metadata") or {}))
+    meta.setdefault("name", meta.get("generateName", "raycluster").rstrip("-") or "raycluster")
+    meta.setdefault("namespace", "default")
+    return {"apiVersion": K.API_VERSION, "kind": "RayCluster", "metadata": meta, "spec": copy.deepcopy(spec)}, spec_key
+
+
+def _catalog_values(provider: Mapping[str, Any], catalog: catalog_mod.Catalog | None):
+    from ray_nodeless.launch.config import catalog_for, load_provider
+
+    cloud, region = provider["cloud"], provider["region"]
+    if catalog is None:
+        try:         # the catalog the annotation names (embedded, live, a file), as the bridge loads it
+            catalog = catalog_for(load_provider({k: v for k, v in provider.items() if k != "kubernetes"}).core)
+        except ConfigError as e:
+            raise K.rekey(e) from e
+    cat = catalog
+    try:
+        zones = list(cat.region(cloud, region).zones)
+    except Exception as e:            # a region the catalog lacks: named by the provider check that follows
+        raise ConfigError(K.annotation_key("region"), f"{region!r}: {e}") from e
+    return cat, list(cat.types(cloud)), zones
+
+
+def bridge_cluster_config(ray_cr: Mapping[str, Any], spec_key: str = "spec", *, planning: bool = True,
+                          notes: list[str] | None = None) -> dict[str, Any]:
+    """The cluster config the bridge runs for this RayCluster (Ray's derivation, provider swapped), with a
+    planning join when the annotation has none (noted)."""
+    from ray_nodeless.ray_adapter.compat.kuberay import derive_config
+    from ray_nodeless.ray_adapter.kuberay import bridge_config
+
+    cr = copy.deepcopy(dict(ray_cr))
+    settings = K.parse_annotation(cr.get("metadata"))
+    if planning and not (settings.get("kubernetes") or {}).get("join"):
+        settings.setdefault("kubernetes", {})
+        settings["kubernetes"] = {**settings["kubernetes"], "join": dict(PLANNING_JOIN)}
+        cr["metadata"].setdefault("annotations", {})[K.ANNOTATION] = K.render_annotation(settings)
+        if notes is not None:
+            notes.append(f"{K.annotation_key('kubernetes.join')}: not set: planned without it; the bridge needs how "
+                         "machines join the cluster (README \"Kubernetes registration\") before it starts")
+    try:
+        derived = derive_config(cr)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ConfigError(spec_key, f"Ray's derivation of the autoscaling config from the RayCluster failed: "
+                                    f"{e!r}") from e
+    try:
+        return bridge_config(cr, derived)
+    except ConfigError as e:
+        raise _respec(K.rekey(e), spec_key) from e
+
+
+def _respec(e: ConfigError, spec_key: str) -> ConfigError:
+    """A key the bridge names under the RayCluster's `spec.` named under the document's spec (RayJob / RayService)."""
+    if spec_key != "spec" and e.key.startswith("spec."):
+        return ConfigError(spec_key + e.key[len("spec"):], str(e)[len(e.key) + 2:])
+    return e
+
+
+def plan_manifest(ray_cr: Mapping[str, Any], spec_key: str = "spec", catalog: catalog_mod.Catalog | None = None,
+                  notes: list[str] | None = None) -> tuple[dict[str, Any], ClusterPlan]:
+    """(the bridge's config, its plan): what `ray-nodeless plan MANIFEST` shows."""
+    from ray_nodeless.launch.config import check_cluster, load_provider, prepare_like_ray_up
+
+    from ray_nodeless.ray_adapter.bootstrap import settle_images
+
+    cfg = prepare_like_ray_up(bridge_cluster_config(ray_cr, spec_key, notes=notes))
+    try:
+        bundle = load_provider(cfg["provider"])
+    except ConfigError as e:
+        raise K.rekey(e) from e
+    settle_images(cfg, bundle)    # the cloud's default image, as `plan` and bootstrap_config set it
+    return cfg, check_cluster(cfg, catalog=catalog, bundle=bundle)
+
+
+# --------------------------------------------------------------------------------------------- conversion
+
+
+@dataclass
+class ManifestConversion:
+    source: str
+    cloud: str
+    region: str
+    documents: list[Any]                    # every document, the KubeRay ones patched
+    text: str                               # ... as written
+    node_types: dict[str, NodeTypeChange]
+    summary: dict[str, float | None]
+    plan: ClusterPlan
+    head_node_type: str
+    ray_up: dict[str, Any] | None = None    # the `ray up` YAML (--ray-up)
+    ray_up_text: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_types": {n: {"before": c.before.to_dict(), "after": c.after.to_dict()}
+                               for n, c in self.node_types.items()},
+                "summary": dict(self.summary)}
+
+
+def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud: str | None = None,
+                     region: str | None = None, project_id: str | None = None, join: Mapping[str, Any] | None = None,
+                     autoscaler_image: str | None = None, ray_up: bool = False,
+                     catalog: catalog_mod.Catalog | None = None) -> ManifestConversion:
+    idx = kuberay_indexes(docs)
+    if not idx:
+        raise ConfigError("kind", "no RayCluster, RayJob or RayService document in the file")
+    if len(idx) > 1:
+        raise ConfigError(f"documents[{idx[1]}]", f"one KubeRay cluster per file (documents {idx} are "
+                                                  "RayCluster / RayJob / RayService); split the file")
+    i = idx[0]
+    where = _where(docs, i)
+    doc = copy.deepcopy(docs[i])
+    kind, spec, spec_key = K.cluster_spec(doc, where)
+    meta = doc.setdefault("metadata", {})
+    existing = K.parse_annotation(meta)
+    provider, groups_cfg = K.split_groups(existing)
+    notes: list[str] = []
+
+    workers = spec.get("workerGroupSpecs")
+    if not isinstance(workers, list) or not workers:
+        raise ConfigError(f"{spec_key}.workerGroupSpecs", "no worker group: the head pod runs everything and "
+                                                          "ray_nodeless would launch nothing; add a worker group "
+                                                          "(its pods become ray_nodeless machines)")
+    # The cloud: the option, else the annotation, else the one the groups' node labels name.
+    implied: dict[str, str] = {}
+    for j, g in enumerate(workers):
+        for c in sorted(K.group_rules(g, key=f"{spec_key}.workerGroupSpecs[{j}]").clouds):
+            implied.setdefault(c, f"{spec_key}.workerGroupSpecs[{j}]")
+    cloud = cloud or provider.get("cloud") or (next(iter(implied)) if len(implied) == 1 else None)
+    if not cloud:
+        raise ConfigError(K.annotation_key("cloud"), "not set, and no group's node labels name a cloud: pass "
+                                                     "--cloud aws|gcp (convert writes it into the annotation)")
+    for c, at in sorted(implied.items()):
+        if c != cloud:
+            raise ConfigError(at, f"its node labels are {c}'s (a {c} node pool) but the cluster converts for "
+                                  f"{cloud}: remove them or convert with --cloud {c}")
+    provider["cloud"] = cloud
+    region = region or provider.get("region")
+    if not region:
+        raise ConfigError(K.annotation_key("region"), "not set: pass --region (convert writes it into the "
+                                                      "annotation)")
+    provider["region"] = region
+    from ray_nodeless.swapin import keymap
+
+    try:
+        keymap.strategy(cloud).complete_provider(provider, project_id)      # GCP: project_id
+    except ConfigError as e:
+        raise K.rekey(e) from e
+    if join is not None:
+        provider["kubernetes"] = {**(provider.get("kubernetes") or {}), "join": dict(join)}
+    cat, types, zones = _catalog_values(provider, catalog)
+
+    # Worker groups: the scheduling as constraint keys, the minimum into the annotation, no pods of the operator's.
+    before_types: dict[str, str | None] = {}
+    for j, g in enumerate(workers):
+        gkey = f"{spec_key}.workerGroupSpecs[{j}]"
+        name = str(g.get("groupName"))
+        gr = K.group_rules(g, key=gkey, cloud=cloud, types=types, zones=zones)
+        gr.check()                                     # one message, naming the key it cannot honour
+        if gr.regions is not None and region not in gr.regions:
+            raise ConfigError(gr.sources["region"], f"requires region {list(gr.regions)}, the cluster runs in "
+                                                    f"{region}")
+        notes += [str(u) for u in gr.unhonoured]
+        own = dict(groups_cfg.get(name) or {})
+        nc = {**gr.node_config, **(own.get("node_config") or {})}
+        if nc:
+            own["node_config"] = nc
+        minimum = int(g.get("minReplicas") or 0)
+        if minimum and "minWorkers" not in own:
+            own["minWorkers"] = minimum
+        for k in ("replicas", "minReplicas"):
+            if int(g.get(k) or 0) != 0:
+                notes.append(f"{gkey}.{k}: {g.get(k)} -> 0: the operator would create that many pods itself; "
+                             f"the minimum is {K.annotation_key(f'groups.{name}.minWorkers')}"
+                             + (" (the initial replicas above it are Ray's to decide)" if k == "replicas" and
+                                int(g.get(k) or 0) > minimum else ""))
+                g[k] = 0
+        if own:
+            groups_cfg[name] = own
+        its = gr.node_config.get("instance_types") or []
+        before_types[name] = its[0] if len(its) == 1 else None
+    annotation = dict(provider)
+    if groups_cfg:
+        annotation[K.GROUPS] = {n: groups_cfg[n] for n in sorted(groups_cfg)}
+
+    spec["enableInTreeAutoscaling"] = True
+    opts = spec.get("autoscalerOptions")
+    opts = dict(opts) if isinstance(opts, Mapping) else {}
+    image = autoscaler_image or opts.get("image") or _head_image(spec)
+    if image:
+        opts["image"] = image
+    opts["command"] = list(AUTOSCALER_COMMAND)
+    opts["args"] = list(AUTOSCALER_ARGS)
+    spec["autoscalerOptions"] = opts
+    if not autoscaler_image:
+        notes.append(f"{spec_key}.autoscalerOptions.image: {image!r}: the autoscaler container runs "
+                     "`ray-nodeless kuberay-autoscaler`, so this image needs ray_nodeless installed "
+                     "(--autoscaler-image names another)")
+    meta.setdefault("annotations", {})[K.ANNOTATION] = K.render_annotation(annotation)
+
+    ray_cr, _ = ray_cluster(doc, where)
+    cfg, cp = plan_manifest(ray_cr, spec_key, catalog=cat, notes=notes)
+    head = cp.head_node_type
+    changes = _changes(cfg, cp, head, before_types, cat, cloud, region, head_is_pod=True)
+    out_docs = list(docs)
+    out_docs[i] = doc
+    text = (f"# Converted from {source_name} by `ray-nodeless convert` for the ray_nodeless KubeRay bridge "
+            f"(README \"KubeRay\"). Preview: `ray-nodeless plan <this file>`.\n"
+            + yaml.dump_all(out_docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False))
+    conv = ManifestConversion(source=source_name, cloud=cloud, region=region, documents=out_docs, text=text,
+                              node_types=changes, summary=_summary(changes, cfg.get("max_workers")), plan=cp,
+                              head_node_type=head, notes=notes)
+    if ray_up:
+        _ray_up(conv, ray_cr, cfg, annotation, cat, source_name)
+    return conv
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the annotation, serveConfigV2, runtimeEnvYAML) as `|` blocks, as people write them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value and all(ln == ln.rstrip() for ln in value.splitlines()) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _head_image(spec: Mapping[str, Any]) -> str | None:
+    containers = (((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}).get("containers")
+    return (containers[0] or {}).get("image") if containers else None
+
+
+def _changes(cfg: Mapping[str, Any], cp: ClusterPlan, head: str, before_types: Mapping[str, str | None],
+             cat: catalog_mod.Catalog, cloud: str, region: str, *, head_is_pod: bool) -> dict[str, NodeTypeChange]:
+    """Per node type: before = what the pod's selector pins (one instance type; else the node autoscaler's choice,
+    unknown), after = ray_nodeless's plan. The head of a bridged cluster is KubeRay's pod on an existing Node:
+    neither side launches it, so it is left out of the costs."""
+    from ray_nodeless.swapin.keymap import RayLaunch, cheapest_offering
+
+    out: dict[str, NodeTypeChange] = {}
+    for name in sorted(cfg["available_node_types"]):
+        if name == head and head_is_pod:
+            continue
+        nt = cfg["available_node_types"][name]
+        chosen = cp.plans[name].chosen
+        pinned = before_types.get(name)
+        caps = (nt.get("node_config") or {}).get("capacity") or ["on-demand"]
+        b = Side(None, None, None)
+        if pinned:
+            o = cheapest_offering(cat, cloud, region, RayLaunch(pinned, caps[0], None))
+            b = Side(pinned, caps[0], o.hourly_price if o is not None else None)
+        is_head = name == head
+        out[name] = NodeTypeChange(
+            name=name, is_head=is_head, min_workers=0 if is_head else int(nt.get("min_workers", 0)),
+            max_workers=0 if is_head else int(nt.get("max_workers", cfg.get("max_workers", 0))),
+            before=b, after=Side(chosen.instance_type.name, chosen.capacity, chosen.hourly_price), freed=False)
+    return out
+
+
+def _ray_up(conv: ManifestConversion, ray_cr: Mapping[str, Any], cfg: Mapping[str, Any],
+            annotation: Mapping[str, Any], cat: catalog_mod.Catalog, source_name: str) -> None:
+    """The `ray up` YAML: the cluster as a Ray YAML for the cloud (a VM head of the head group's resources; the
+    worker groups as node types with their Ray resources, labels, min/max and constraint keys), converted as any
+    Ray YAML is (swapin/convert.py), with `registration: kubernetes` and each group's pod template."""
+    from ray_nodeless.swapin.convert import convert
+
+    provider = cfg["provider"]
+    kube = {k: v for k, v in (provider.get("kubernetes") or {}).items() if k in ("join", "namespace",
+                                                                                  "pod_templates", "pod_template")}
+    if not (annotation.get("kubernetes") or {}).get("join"):
+        raise ConfigError("--join", "a `ray up` YAML with registration: kubernetes needs how machines join the "
+                                    "cluster: pass --join '{method: eks, cluster: NAME}' (or kubeadm / k3s keys, "
+                                    "README \"Kubernetes registration\"), or set kubernetes.join in the annotation")
+    ray_provider = {"type": annotation["cloud"], "region": annotation["region"]}
+    ray_provider.update({k: v for k, v in annotation.items()
+                         if k not in ("cloud", "region", K.GROUPS, "kubernetes")})
+    ray_provider["registration"] = "kubernetes"
+    ray_provider["kubernetes"] = {**{k: v for k, v in (annotation.get("kubernetes") or {}).items()}, **kube}
+    head = cfg["head_node_type"]
+    node_types = {}
+    for name, nt in cfg["available_node_types"].items():
+        out = {"resources": dict(nt.get("resources") or {}), "node_config": dict(nt.get("node_config") or {})}
+        if name != head:
+            out["min_workers"] = int(nt.get("min_workers", 0))
+            out["max_workers"] = int(nt.get("max_workers", 0))
+        if nt.get("labels"):
+            out["labels"] = dict(nt["labels"])
+        node_types[name] = out
+    ray_yaml = {"cluster_name": ray_cr["metadata"]["name"], "max_workers": cfg.get("max_workers", 0),
+                "idle_timeout_minutes": cfg.get("idle_timeout_minutes", 1), "provider": ray_provider,
+                "available_node_types": node_types, "head_node_type": head}
+    rc = convert(ray_yaml, source_name=source_name, catalog=cat)
+    conv.ray_up, conv.ray_up_text = rc.config, rc.text
+    head_change = rc.node_types[head]
+    conv.node_types = {head: head_change, **conv.node_types}
+    conv.summary = _summary(conv.node_types, cfg.get("max_workers"))
+    conv.notes += [f"ray up YAML: {n}" for n in rc.notes]
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def table(conv: ManifestConversion, output: str | None, ray_up_output: str | None = None) -> str:
+    from ray_nodeless.swapin.report import _price, _side
+
+    lines = [f"converted {conv.source} (KubeRay) -> {output or 'stdout'} for the ray_nodeless bridge "
+             f"({conv.cloud} {conv.region})" + (f"; ray up YAML -> {ray_up_output}" if ray_up_output else "")]
+    rows = [("node type", "role", "before (node autoscaler)", "after (ray_nodeless)")]
+    if conv.head_node_type not in conv.node_types:
+        rows.append((conv.head_node_type, "head", "KubeRay's head pod", "KubeRay's head pod (not launched)"))
+    for name in sorted(conv.node_types, key=lambda n: (not conv.node_types[n].is_head, n)):
+        c = conv.node_types[name]
+        role = "head" if c.is_head else f"workers {c.min_workers}..{c.max_workers}"
+        before = _side(c.before) if c.before.instance_type else "(its pods' nodes: not pinned)"
+        rows.append((name, role, before, _side(c.after)))
+    widths = [max(len(r[k]) for r in rows) for k in range(3)]
+    lines += ["  ".join(r[k].ljust(widths[k]) for k in range(3)) + "  " + r[3] for r in rows]
+    s = conv.summary
+    lines.append(f"idle cost:    {_price(s['idle_cost_per_hour_before'])} -> {_price(s['idle_cost_per_hour_after'])}"
+                 " (min workers" + (", VM head" if conv.ray_up else "") + ")")
+    lines.append(f"ceiling cost: {_price(s['ceiling_cost_per_hour_before'])} -> "
+                 f"{_price(s['ceiling_cost_per_hour_after'])} (at max workers)")
+    if conv.notes:
+        lines.append("notes:")
+        lines += [f"  - {n}" for n in conv.notes]
+    return "\n".join(lines)

@@ -1,0 +1,233 @@
+"""`ray-nodeless convert` for KubeRay manifests, over every sample of ../shared/kuberay/samples/ (unchanged, no hand
+edits): each either converts into a manifest that `ray-nodeless plan` accepts (and, with --ray-up, a `ray up` YAML it
+accepts too) or is refused with one line naming the key. What the bridge derives from the converted manifest (its
+own bridge_config over Ray's derivation) keeps each group's resources, labels, min/max and idle timeout."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from ray_nodeless.cli.convert import convert_command
+from ray_nodeless.cli.plan import plan_command
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.ray_adapter.compat.kuberay import derive_config
+from ray_nodeless.swapin import kuberay as K
+from ray_nodeless.swapin import kuberay_convert as KC
+
+SAMPLES = Path("/work/shared/kuberay/samples")
+if not SAMPLES.is_dir():                                   # the session's shared copy of KubeRay's samples
+    SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "kuberay" / "samples"
+TARGETS = {"aws": ("us-west-2", []), "gcp": ("us-central1", ["--project-id", "test-project"])}
+JOIN = {"aws": "{method: eks, cluster: my-eks, endpoint: 'https://X.eks.amazonaws.com', ca: LS0t, cidr: 10.100.0.0/16}",
+        "gcp": "{method: k3s, endpoint: 'https://10.0.0.2:6443', token: K10abc}"}
+# sample -> cloud -> None (converts and plans) or the key its one refusal names
+REFUSED_EVERYWHERE = {"ray-job.pytorch-distributed-training.yaml": "spec.rayClusterSpec.workerGroupSpecs"}
+OUTCOMES = {
+    # gke node labels: not an aws cluster; on gcp its accelerator group asks for spot nodes (gke-spot) while its Ray
+    # label promises on-demand ones: no machine is both.
+    "ray-cluster-label-selector.yaml": {
+        "aws": "spec.workerGroupSpecs[0]",
+        "gcp": 'spec.workerGroupSpecs[1].template.spec.nodeSelector["cloud.google.com/gke-spot"]'},
+}
+
+
+def _samples() -> list[str]:
+    return sorted(p.name for p in SAMPLES.glob("*.yaml"))
+
+
+def expected(name: str, cloud: str) -> str | None:
+    if name in REFUSED_EVERYWHERE:
+        return REFUSED_EVERYWHERE[name]
+    return OUTCOMES.get(name, {}).get(cloud)
+
+
+def run(cmd, *args: str):
+    return CliRunner().invoke(cmd, list(args))
+
+
+def test_every_sample_is_covered():
+    assert len(_samples()) == 9 and set(OUTCOMES) | set(REFUSED_EVERYWHERE) <= set(_samples())
+
+
+def _original(name: str) -> tuple[dict, str]:
+    docs = KC.load_documents((SAMPLES / name).read_text(), name)
+    [i] = KC.kuberay_indexes(docs)
+    return KC.ray_cluster(docs[i])
+
+
+@pytest.mark.parametrize("cloud", sorted(TARGETS))
+@pytest.mark.parametrize("name", _samples())
+def test_each_sample_converts_and_plans_or_is_refused_naming_the_key(name, cloud, tmp_path):
+    region, extra = TARGETS[cloud]
+    out, up = tmp_path / "manifest.yaml", tmp_path / "up.yaml"
+    r = run(convert_command, str(SAMPLES / name), "--cloud", cloud, "--region", region, *extra,
+            "--join", JOIN[cloud], "-o", str(out), "--ray-up", str(up))
+    key = expected(name, cloud)
+    if key is not None:
+        assert r.exit_code == 2, r.output
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"ray-nodeless: error: {key}: "), r.output
+        assert not out.exists() and not up.exists()
+        return
+    assert r.exit_code == 0, r.output
+    # plan accepts both files as written
+    for path in (out, up):
+        p = run(plan_command, str(path))
+        assert p.exit_code == 0, p.output
+        assert "idle cost:" in p.output
+    _check_patched(name, out, cloud, region)
+
+
+def _check_patched(name: str, out: Path, cloud: str, region: str) -> None:
+    before, _ = _original(name)
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert len(docs) == len(KC.load_documents((SAMPLES / name).read_text(), name))   # ConfigMaps, Secrets kept
+    [i] = KC.kuberay_indexes(docs)
+    after, spec_key = KC.ray_cluster(docs[i])
+    spec = after["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["autoscalerOptions"]["command"] == ["ray-nodeless"]
+    assert spec["autoscalerOptions"]["args"] == ["kuberay-autoscaler"]
+    # the user's other autoscaler options are kept
+    for k, v in (before["spec"].get("autoscalerOptions") or {}).items():
+        assert spec["autoscalerOptions"][k] == v
+    settings = K.parse_annotation(after["metadata"])
+    assert (settings["cloud"], settings["region"]) == (cloud, region)
+    groups = settings.get("groups", {})
+    for g0, g in zip(before["spec"]["workerGroupSpecs"], spec["workerGroupSpecs"]):
+        # the operator creates no pod of its own: clamp(0, 0, max) = 0
+        assert (g["replicas"], g["minReplicas"], g["maxReplicas"]) == (0, 0, g0["maxReplicas"])
+        assert groups.get(g["groupName"], {}).get("minWorkers", 0) == g0.get("minReplicas", 0)
+    # What the bridge derives from the converted manifest = Ray's reading of the original, minimum included.
+    cfg, cp = KC.plan_manifest(after, spec_key)
+    ray = derive_config(before)
+    assert cfg["idle_timeout_minutes"] == ray["idle_timeout_minutes"]
+    for t, nt in ray["available_node_types"].items():
+        mine = cfg["available_node_types"][t]
+        assert mine["resources"] == nt["resources"] and mine.get("labels") == nt.get("labels")
+        assert (mine["min_workers"], mine["max_workers"]) == (nt["min_workers"], nt["max_workers"])
+    # every worker type is planned in the region
+    for t in cfg["available_node_types"]:
+        assert cp.plans[t].chosen.zone.startswith(region)
+
+
+@pytest.mark.parametrize("name", _samples())
+def test_without_cloud_the_refusal_names_the_annotation_key(name):
+    r = run(convert_command, str(SAMPLES / name))
+    assert r.exit_code == 2
+    # the label-selector sample's gke keys imply gcp; the region is then what is missing
+    key = REFUSED_EVERYWHERE.get(name) or K.annotation_key("region" if name in OUTCOMES else "cloud")
+    assert r.output.strip().splitlines() == [r.output.strip()] and key in r.output
+
+
+def test_json_report_and_a_rerun_of_convert_on_its_own_output(tmp_path):
+    out = tmp_path / "m.yaml"
+    r = run(convert_command, str(SAMPLES / "ray-cluster.complete.yaml"), "--cloud", "aws", "--region", "us-west-2",
+            "--json", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"node_types", "summary"}
+    assert set(doc["node_types"]) == {"small-group"}           # the head is KubeRay's pod: not costed
+    assert doc["node_types"]["small-group"]["before"]["instance_type"] is None
+    assert doc["summary"]["idle_cost_per_hour_after"] == doc["node_types"]["small-group"]["after"]["hourly_price"]
+    # converting the converted manifest again changes nothing of what it plans (the minimum stays in the annotation)
+    again = tmp_path / "again.yaml"
+    r2 = run(convert_command, str(out), "--json", "-o", str(again))
+    assert r2.exit_code == 0, r2.output
+    assert json.loads(r2.stdout) == doc
+
+
+def _manifest(tmp_path: Path, selector=None, affinity=None, labels=None, minimum=0) -> Path:
+    before, _ = _original("ray-cluster.complete.yaml")
+    doc = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "c"}, "spec": before["spec"]}
+    g = doc["spec"]["workerGroupSpecs"][0]
+    g["minReplicas"] = g["replicas"] = minimum
+    ts = g["template"]["spec"]
+    if selector:
+        ts["nodeSelector"] = selector
+    if affinity:
+        ts["affinity"] = affinity
+    if labels:
+        g["labels"] = labels
+    p = tmp_path / "in.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def _converted(tmp_path: Path, src: Path, cloud="aws", region="us-west-2", *extra):
+    out = tmp_path / "out.yaml"
+    r = run(convert_command, str(src), "--cloud", cloud, "--region", region, *extra, "--json", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    docs = list(yaml.safe_load_all(out.read_text()))
+    cr, key = KC.ray_cluster(docs[0])
+    return json.loads(r.stdout), K.parse_annotation(cr["metadata"]), KC.plan_manifest(cr, key)[1]
+
+
+def test_a_pinned_instance_type_is_the_before_and_the_plan(tmp_path):
+    report, settings, cp = _converted(tmp_path, _manifest(tmp_path, {"node.kubernetes.io/instance-type": "m5.large",
+                                                                     "karpenter.sh/capacity-type": "spot"},
+                                                          minimum=1))
+    assert settings["groups"]["small-group"] == {
+        "node_config": {"instance_types": ["m5.large"], "capacity": ["spot"]}, "minWorkers": 1}
+    nt = report["node_types"]["small-group"]
+    assert nt["before"]["instance_type"] == "m5.large" and nt["before"]["capacity"] == "spot"
+    assert nt["after"]["instance_type"] == "m5.large" and nt["after"]["capacity"] == "spot"
+    assert nt["before"]["hourly_price"] == nt["after"]["hourly_price"] > 0
+    assert report["summary"]["idle_cost_per_hour_before"] == report["summary"]["idle_cost_per_hour_after"]
+    assert cp.plans["small-group"].chosen.instance_type.name == "m5.large"
+
+
+def test_affinity_and_ray_labels_narrow_the_plan(tmp_path):
+    aff = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["c7i", "m7i"]},
+                              {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2b"]}]}]}}}
+    _, settings, cp = _converted(tmp_path, _manifest(tmp_path, affinity=aff, labels={"ray.io/market-type": "spot"}))
+    chosen = cp.plans["small-group"].chosen
+    assert chosen.instance_type.family in ("c7i", "m7i") and chosen.zone == "us-west-2b" and chosen.capacity == "spot"
+
+
+def test_gke_keys_map_on_gcp(tmp_path):
+    src = _manifest(tmp_path, {"cloud.google.com/machine-family": "n2", "cloud.google.com/gke-spot": "true"})
+    _, settings, cp = _converted(tmp_path, src, "gcp", "us-central1", "--project-id", "p")
+    chosen = cp.plans["small-group"].chosen
+    assert chosen.instance_type.family == "n2" and chosen.capacity == "spot"
+    # and the same keys refuse an aws conversion, naming the group
+    r = run(convert_command, str(src), "--cloud", "aws", "--region", "us-west-2")
+    assert r.exit_code == 2 and "spec.workerGroupSpecs[0]: its node labels are gcp's" in r.output
+
+
+def test_a_soft_preference_is_a_note_not_a_refusal(tmp_path):
+    aff = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [
+            {"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["m5.large"]}]}}]}}
+    src = _manifest(tmp_path, affinity=aff)
+    r = run(convert_command, str(src), "--cloud", "aws", "--region", "us-west-2", "-o", str(tmp_path / "o.yaml"))
+    assert r.exit_code == 0, r.output
+    assert ("spec.workerGroupSpecs[0].template.spec.affinity.nodeAffinity."
+            "preferredDuringSchedulingIgnoredDuringExecution: a preference") in r.output
+
+
+def test_a_multi_host_group_is_refused(tmp_path):
+    before, _ = _original("ray-cluster.complete.yaml")
+    before["spec"]["workerGroupSpecs"][0]["numOfHosts"] = 4
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump(before))
+    r = run(convert_command, str(p), "--cloud", "aws", "--region", "us-west-2")
+    assert r.exit_code == 2 and "ray-nodeless: error: spec.workerGroupSpecs[0].numOfHosts: 4:" in r.output
+
+
+def test_ray_up_needs_join(tmp_path):
+    r = run(convert_command, str(SAMPLES / "ray-cluster.sample.yaml"), "--cloud", "aws", "--region", "us-west-2",
+            "-o", str(tmp_path / "o.yaml"), "--ray-up", str(tmp_path / "up.yaml"))
+    assert r.exit_code == 2 and "ray-nodeless: error: --join:" in r.output
+
+
+def test_ray_yaml_options_stay_for_ray_yamls():
+    r = run(convert_command, str(SAMPLES / "ray-cluster.sample.yaml"), "--free-instance-types", "--cloud", "aws",
+            "--region", "us-west-2")
+    assert r.exit_code == 2 and "--free-instance-types" in r.output
