@@ -19,9 +19,7 @@ from ray_nodeless.ray_adapter.compat.kuberay import derive_config
 from ray_nodeless.swapin import kuberay as K
 from ray_nodeless.swapin import kuberay_convert as KC
 
-SAMPLES = Path("/work/shared/kuberay/samples")
-if not SAMPLES.is_dir():                                   # the session's shared copy of KubeRay's samples
-    SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "kuberay" / "samples"
+SAMPLES = Path(__file__).resolve().parent.parent / "data" / "kuberay" / "samples"     # KubeRay's, unchanged
 TARGETS = {"aws": ("us-west-2", []), "gcp": ("us-central1", ["--project-id", "test-project"])}
 JOIN = {"aws": "{method: eks, cluster: my-eks, endpoint: 'https://X.eks.amazonaws.com', ca: LS0t, cidr: 10.100.0.0/16}",
         "gcp": "{method: k3s, endpoint: 'https://10.0.0.2:6443', token: K10abc}"}
