@@ -132,6 +132,9 @@ def plan_manifest(ray_cr: Mapping[str, Any], spec_key: str = "spec", catalog: ca
     from ray_nodeless.ray_adapter.bootstrap import settle_images
 
     cfg = prepare_like_ray_up(bridge_cluster_config(ray_cr, spec_key, notes=notes))
+    # What the bridge hands its running provider about KubeRay's head pod (listing it as the head node) plays no
+    # part in a plan.
+    cfg["provider"].pop("kuberay", None)
     try:
         bundle = load_provider(cfg["provider"])
     except ConfigError as e:

@@ -229,3 +229,35 @@ def test_ray_yaml_options_stay_for_ray_yamls():
     r = run(convert_command, str(SAMPLES / "ray-cluster.sample.yaml"), "--free-instance-types", "--cloud", "aws",
             "--region", "us-west-2")
     assert r.exit_code == 2 and "--free-instance-types" in r.output
+
+
+def test_keys_of_a_rayservice_are_named_under_its_cluster_config(tmp_path):
+    docs = KC.load_documents((SAMPLES / "ray-service.sample.yaml").read_text(), "s")
+    docs[0]["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["numOfHosts"] = 2
+    p = tmp_path / "svc.yaml"
+    p.write_text(yaml.safe_dump_all(docs))
+    r = run(convert_command, str(p), "--cloud", "aws", "--region", "us-west-2")
+    assert r.exit_code == 2
+    assert r.output.startswith("ray-nodeless: error: spec.rayClusterConfig.workerGroupSpecs[0].numOfHosts: 2:")
+
+
+def test_one_kuberay_cluster_per_file(tmp_path):
+    text = (SAMPLES / "ray-cluster.sample.yaml").read_text()
+    p = tmp_path / "two.yaml"
+    p.write_text(text + "\n---\n" + (SAMPLES / "ray-cluster.complete.yaml").read_text())
+    r = run(convert_command, str(p), "--cloud", "aws", "--region", "us-west-2")
+    assert r.exit_code == 2 and r.output.startswith("ray-nodeless: error: documents[1]: one KubeRay cluster")
+    assert run(plan_command, str(p)).exit_code == 2
+
+
+def test_the_bridge_refuses_what_convert_did_not_patch(tmp_path):
+    """plan of an unconverted manifest reads it as the bridge would: a group the operator would make pods for is
+    refused, naming the key (convert sets it to 0)."""
+    src = SAMPLES / "ray-cluster.sample.yaml"
+    docs = KC.load_documents(src.read_text(), "s")
+    meta = docs[0].setdefault("metadata", {})
+    meta["annotations"] = {K.ANNOTATION: "cloud: aws\nregion: us-west-2\n"}
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump_all(docs))
+    r = run(plan_command, str(p))
+    assert r.exit_code == 2 and "spec.workerGroupSpecs[0].replicas" in r.output
