@@ -261,3 +261,18 @@ def test_the_bridge_refuses_what_convert_did_not_patch(tmp_path):
     p.write_text(yaml.safe_dump_all(docs))
     r = run(plan_command, str(p))
     assert r.exit_code == 2 and "spec.workerGroupSpecs[0].replicas" in r.output
+
+
+def test_group_idle_timeout_is_kept(tmp_path):
+    before, _ = _original("ray-cluster.complete.yaml")
+    before["spec"]["workerGroupSpecs"][0]["idleTimeoutSeconds"] = 120
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump(before))
+    out = tmp_path / "o.yaml"
+    assert run(convert_command, str(p), "--cloud", "aws", "--region", "us-west-2", "-o", str(out)).exit_code == 0
+    cr, key = KC.ray_cluster(next(iter(yaml.safe_load_all(out.read_text()))))
+    cfg, cp = KC.plan_manifest(cr, key)
+    assert cfg["available_node_types"]["small-group"]["idle_timeout_s"] == 120
+    assert cp.idle["small-group"].seconds == 120
+    r = run(plan_command, str(out))
+    assert "idle release: 120 s (the node type's idle_timeout_s)" in r.output
