@@ -9,4 +9,8 @@ ray_nodeless one (`ray-nodeless convert`), and every Ray key keeps its meaning.
 - `convert.py`: the conversion (provider block swapped, Ray's defaults made explicit, pinned types kept or freed).
 - `yaml_text.py`: writing the converted YAML with the user's comments where they still apply (PyYAML only).
 - `report.py`: the before/after table and its JSON document.
+- `kuberay.py`: KubeRay's side, pure: the `ray-nodeless.io/config` annotation of a RayCluster, and a worker group's
+  pod scheduling (nodeSelector, required node affinity, Ray labels) as constraint keys (`group_rules`).
+- `kuberay_convert.py`: convert for KubeRay manifests (the manifest patched for the bridge, a `ray up` YAML with
+  `registration: kubernetes`, the cost report), and the bridge's config of a manifest for `plan`.
 """
