@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -261,6 +262,9 @@ exec "$REAL" "$@"
         for f in ("var/lib/kubelet/kubeadm-flags.env", "etc/kubernetes/kubelet.conf",
                   "etc/kubernetes/bootstrap-kubelet.conf"):
             (self.kroot / f).unlink(missing_ok=True)
+        # a new machine, a new identity: the previous machine's client certificate would register as that one
+        # (the Node authorizer then refuses the new Node's Lease: "system:node:<old> cannot get leases")
+        shutil.rmtree(self.kroot / "var/lib/kubelet/pki", ignore_errors=True)
         script = self.w / "user-data"
         script.write_text(user_data)
         env = dict(self._env(), MACHINE_ID=machine_id, RAY_CLOUD_INSTANCE_ID=machine_id)
