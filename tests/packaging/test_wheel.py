@@ -57,8 +57,10 @@ def test_the_wheel_holds_every_tracked_file_of_the_package(plugin_wheel_dir: Pat
     assert missing == [], missing[:10]
     assert "ray-nodeless = ray_nodeless.cli:main" in entry_points
     # The head's pin is the client's Ray, and the wheel accepts it.
-    [ray_req] = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines()
-                 if line.startswith("Requires-Dist:") and line.split(":", 1)[1].strip().startswith("ray[")]
+    # The install requirement, not an extra's (the test extra adds ray[tune] under `extra == "test"`).
+    reqs = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines()
+            if line.startswith("Requires-Dist:")]
+    [ray_req] = [r for r in reqs if r.name == "ray" and r.marker is None]
     assert ray_req.specifier.contains(client_ray()), (ray_req, client_ray())
 
 
