@@ -35,8 +35,8 @@ def test_entry_point_is_the_group():
     r = run("--help")
     assert r.exit_code == 0, r.output
     commands = r.output.split("Commands:")[1].split()
-    assert [c for c in commands if c in main.commands] == ["catalog", "convert", "plan", "simulate", "status", "sweep",
-                                                           "trace"]
+    assert [c for c in commands if c in main.commands] == ["catalog", "convert", "kuberay-autoscaler", "plan",
+                                                           "simulate", "status", "sweep", "trace"]
 
 
 # -- plan --------------------------------------------------------------------------------------------------------
