@@ -124,7 +124,9 @@ def test_record_produces_a_trace(recorded):
     assert shapes.count((("CPU", 1.0),)) == 6
     assert shapes.count((("CPU", 1.0), ("GPU", 1.0))) == 1
     long = [t for t in tasks if t.duration_ms > 2000]
-    assert len(long) == 5 and all(2900 <= t.duration_ms <= 4000 for t in long)
+    # Each ran its 3 s (an actor's __init__ too): at least that, and not wildly more; the upper bound is loose
+    # because a loaded 2-core machine stretches a 3 s sleep (5.0 s seen for an actor in a clean-clone run).
+    assert len(long) == 5 and all(2900 <= t.duration_ms <= 10_000 for t in long), long
     assert measured["nodes"] == 1
 
 
