@@ -135,13 +135,7 @@ class Simulator:
     def release(self, n: SimNode) -> None:
         """Terminate worker `n` now; its running tasks are lost and rerun, as on an interruption (for `policies`)."""
         if n.end_ms is None:
-            lost = [self.tasks[s] for s in sorted(n.running)]
-            self._terminate(n)
-            for tr in lost:
-                tr.lost_ms += self.now - tr.start_ms
-                tr.state, tr.node = "pending", None
-            self.pending = sorted(self.pending + lost, key=lambda t: (t.submit_ms, t.seq))
-            self._dirty = True
+            self._end_and_requeue(n)
 
     def _terminate(self, n: SimNode) -> None:
         n.idle_until(self.now)
@@ -299,6 +293,11 @@ class Simulator:
         if n.end_ms is not None:
             return
         self.interruptions += 1
+        self._end_and_requeue(n)
+
+    def _end_and_requeue(self, n: SimNode) -> None:
+        """End worker `n` now (a policy's release or an interruption): its running tasks are lost and pending
+        again."""
         lost = [self.tasks[s] for s in sorted(n.running)]
         self._terminate(n)
         for tr in lost:
