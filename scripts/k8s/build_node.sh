@@ -35,9 +35,6 @@ BUILD_ID+=" containerd runc containernetworking-plugins busybox-static iptables 
 NODE_FILES=(bin/kubelet bin/kubeadm bin/containerd bin/containerd-shim-runc-v2 bin/ctr bin/runc bin/iptables
             cni/bin/bridge cni/bin/host-local cni/bin/loopback images/pause.tar images/ray-host.tar)
 
-log() { echo "[$(date +%T)] k8s-node-build: $*" >&2; }
-die() { echo "[$(date +%T)] k8s-node-build: ERROR: $*" >&2; exit 1; }
-
 is_built() {
   [ -f "$STAMP" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$BUILD_ID" ] || return 1
   local f
@@ -53,30 +50,21 @@ fi
 # to build, its source tree and Go build cache stay for the kubelet's make (shared packages compile once).
 KEEP_SRC=1 bash "$HERE/build.sh" > /dev/null
 
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-if ! flock -n 9; then
-  log "another build holds $CACHE/.lock; waiting up to ${LOCK_TIMEOUT} s"
-  flock -w "$LOCK_TIMEOUT" 9 || die "timed out after ${LOCK_TIMEOUT} s waiting for $CACHE/.lock"
-fi
+LOG_TAG=k8s-node-build
+# shellcheck source=SCRIPTDIR/../lib/apt.sh
+source "$HERE/../lib/apt.sh"
+# shellcheck source=SCRIPTDIR/common.sh
+source "$HERE/common.sh"
+
+lock_cache "$CACHE" "$LOCK_TIMEOUT"
 if is_built; then
   log "built by a concurrent caller"
   echo "$NODE"
   exit 0
 fi
 
-T_ALL=$SECONDS
-T_STEP=$SECONDS
-step() { T_STEP=$SECONDS; log "== $*"; }
-step_done() { log "   done in $((SECONDS - T_STEP)) s"; }
-on_exit() {
-  local rc=$?
-  [ "$rc" = 0 ] || echo "[$(date +%T)] k8s-node-build: FAILED (exit $rc) after $((SECONDS - T_ALL)) s; logs in $CACHE" >&2
-}
-trap on_exit EXIT
-for t in apt-get dpkg dpkg-source make timeout gcc python3; do
-  command -v "$t" >/dev/null || die "missing tool: $t"
-done
+start_steps "$CACHE"
+need_tools apt-get dpkg dpkg-source make timeout gcc python3
 
 APTD=$CACHE/apt            # build.sh's private apt configuration
 DL=$CACHE/downloads
@@ -84,84 +72,33 @@ DEB=$CACHE/deb
 SRC=$CACHE/src
 GOHOME=$CACHE/gohome
 NDEB=$CACHE/node-deb       # the node's unpacked debs (kept: containerd, runc and iptables run from here)
-[ -f "$APTD/.updated" ] || die "build.sh left no apt configuration in $APTD"
-APT=(-o Dir::Etc::SourceList="$APTD/sources.list" -o Dir::Etc::SourceParts="$APTD/sources.list.d"
-     -o Dir::State::Lists="$APTD/lists" -o Dir::Cache="$APTD/cache" -o APT::Sandbox::User=root
-     -o Debug::NoLocking=1)
+apt_use "$APTD"
+k8s_paths
 
 # ---------------------------------------------------------------------------------------------------------------
 step "1/5 Debian packages: build toolchain (kept by build.sh) + containerd, runc, CNI plugins, busybox, iptables"
 TOOL_PKGS=(golang-1.19-go golang-1.19-src rsync libpopt0 golang-github-modern-go-reflect2-dev)
 NODE_PKGS=(containerd runc containernetworking-plugins busybox-static iptables libip6tc2 libip4tc2 libxtables12
            libnftnl11 libnetfilter-conntrack3 libnfnetlink0 libmnl0)
-mkdir -p "$DL/node"
-cd "$DL"
-for p in "${TOOL_PKGS[@]}"; do ls "${p}"_*.deb >/dev/null 2>&1 || die "build.sh left no $p archive in $DL"; done
-cd "$DL/node"
-for p in "${NODE_PKGS[@]}"; do
-  if ! ls "${p}"_*.deb >/dev/null 2>&1; then
-    log "   apt-get download $p"
-    timeout 600 apt-get "${APT[@]}" -q download "$p" > "$DL/node/download-$p.log" 2>&1 || true
-    ls "${p}"_*.deb >/dev/null 2>&1 || { tail -10 "$DL/node/download-$p.log" >&2; die "download of $p failed"; }
-  fi
-done
-GOROOT_DEB=$DEB/usr/lib/go-1.19
-R2_DEB=$DEB/usr/share/gocode/src/github.com/modern-go/reflect2
+apt_fetch "$DL/node" "${NODE_PKGS[@]}"
 if [ ! -x "$GOROOT_DEB/bin/go" ] || [ ! -x "$DEB/usr/bin/rsync" ] || [ ! -f "$R2_DEB/reflect2.go" ]; then
-  rm -rf "$DEB"; mkdir -p "$DEB"
-  for p in "${TOOL_PKGS[@]}"; do dpkg -x "$(ls "$DL/${p}"_*.deb | head -1)" "$DEB"; done
+  rm -rf "$DEB"
+  deb_unpack "$DL" "$DEB" "${TOOL_PKGS[@]}"     # build.sh's archives
 fi
-mkdir -p "$DEB/wrap"
-cat > "$DEB/wrap/rsync" <<EOF
-#!/bin/sh
-LD_LIBRARY_PATH=$DEB/usr/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec $DEB/usr/bin/rsync "\$@"
-EOF
-chmod +x "$DEB/wrap/rsync"
-rm -rf "$NDEB"; mkdir -p "$NDEB"
-for p in "${NODE_PKGS[@]}"; do dpkg -x "$(ls "$DL/node/${p}"_*.deb | head -1)" "$NDEB"; done
+k8s_rsync_wrapper
+rm -rf "$NDEB"
+deb_unpack "$DL/node" "$NDEB" "${NODE_PKGS[@]}"
 step_done
 
 # ---------------------------------------------------------------------------------------------------------------
 step "2/5 the kubernetes source tree (build.sh's archive; reflect2 1.0.2 swapped in as for the control plane)"
 K=$SRC/kubernetes
-if [ ! -d "$K/cmd/kubelet" ] || [ ! -f "$K/.unpacked" ]; then
-  cd "$DL/source"
-  ls kubernetes_*.dsc >/dev/null 2>&1 || die "build.sh left no kubernetes source package in $DL/source"
-  rm -rf "$SRC"; mkdir -p "$SRC"
-  log "   dpkg-source -x"
-  dpkg-source --no-check -x "$(ls kubernetes_*.dsc | head -1)" "$K" > "$SRC/unpack.log" 2>&1 \
-    || { tail -20 "$SRC/unpack.log" >&2; die "dpkg-source -x failed"; }
-  touch "$K/.unpacked"
-fi
-R2=$K/vendor/github.com/modern-go/reflect2
-rm -f "$R2"/*.go
-cp "$R2_DEB"/*.go "$R2"/
+k8s_unpack_source "$DL/source" "$K"      # build.sh downloaded the source package
 step_done
 
 # ---------------------------------------------------------------------------------------------------------------
 step "3/5 make WHAT=\"cmd/kubelet cmd/kubeadm\" (Go 1.19; about 8 min cold on 2 cores)"
-cd "$K"
-mkdir -p "$GOHOME"
-BUILD_LOG=$CACHE/build-node.log
-(
-  export GOROOT=$GOROOT_DEB PATH=$GOROOT_DEB/bin:$DEB/wrap:$PATH HOME=$GOHOME \
-         GOCACHE=$GOHOME/go-build GOPATH=$GOHOME/go \
-         CGO_ENABLED=0 GOPROXY=off GOFLAGS= GOTOOLCHAIN=local GO111MODULE=
-  exec timeout "$BUILD_TIMEOUT" make WHAT="cmd/kubelet cmd/kubeadm" GOLDFLAGS="-s -w"
-) > "$BUILD_LOG" 2>&1 &
-MAKE_PID=$!
-trap 'kill "$MAKE_PID" 2>/dev/null; wait "$MAKE_PID" 2>/dev/null; die "interrupted"' INT TERM
-while kill -0 "$MAKE_PID" 2>/dev/null; do
-  for _ in $(seq 1 60); do kill -0 "$MAKE_PID" 2>/dev/null || break; sleep 1; done
-  kill -0 "$MAKE_PID" 2>/dev/null \
-    && log "   still building ($((SECONDS - T_STEP)) s): $(tail -1 "$BUILD_LOG" | cut -c1-100)"
-done
-rc=0; wait "$MAKE_PID" || rc=$?
-trap - INT TERM
-if [ "$rc" != 0 ]; then
-  tail -30 "$BUILD_LOG" >&2
-  die "make failed with exit $rc (log: $BUILD_LOG)"
-fi
+k8s_make "$K" "$CACHE/build-node.log" "cmd/kubelet cmd/kubeadm"
 step_done
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -202,12 +139,7 @@ step_done
 
 # ---------------------------------------------------------------------------------------------------------------
 step "5/5 clean up (KEEP_SRC=$KEEP_SRC)"
-cd "$CACHE"
-if [ "$KEEP_SRC" = 0 ]; then
-  rm -rf "$SRC" "$GOHOME" "$DEB"
-  log "   removed the source tree, the Go build cache and the unpacked toolchain"
-fi
-log "   cache size: $(du -sh "$CACHE" 2>/dev/null | cut -f1)"
+k8s_clean_up "$KEEP_SRC"
 step_done
 log "built in $((SECONDS - T_ALL)) s: $NODE"
 echo "$NODE"
