@@ -33,11 +33,15 @@ import logging
 import os
 import shlex
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import yaml
 
-from ray_nodeless.errors import ConfigError
+from ray_nodeless.errors import CatalogError, ConfigError
+
+if TYPE_CHECKING:
+    from ray_nodeless.core.catalog import Catalog
+    from ray_nodeless.swapin.kuberay import CatalogFacts
 
 logger = logging.getLogger(__name__)
 
@@ -85,18 +89,38 @@ def annotation_settings(ray_cr: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def group_node_config(group: Mapping[str, Any], index: int, cloud: str | None,
+def group_node_config(group: Mapping[str, Any], index: int, facts: CatalogFacts | None,
                       own: Mapping[str, Any]) -> dict[str, Any]:
-    """The node_config of a group's node type: its pod scheduling as constraint keys (swapin/kuberay.py group_rules;
-    a requirement ray_nodeless would break is a ConfigError naming it), then the annotation's groups.<name>.node_config
-    over them."""
+    """The node_config of a group's node type: its pod scheduling as constraint keys (swapin/kuberay.py group_rules,
+    resolved against `facts`, the catalog's CatalogFacts of the cluster's region; a requirement ray_nodeless would
+    break is a ConfigError naming it), then the annotation's groups.<name>.node_config over them."""
     from ray_nodeless.swapin import kuberay as swapin
 
-    rules = swapin.group_rules(group, key=f"spec.workerGroupSpecs[{index}]", cloud=cloud)
+    rules = swapin.group_rules(group, key=f"spec.workerGroupSpecs[{index}]", facts=facts)
     rules.check()
     for u in rules.unhonoured:
         logger.warning("kuberay-autoscaler: not honoured: %s", u)
     return {**rules.node_config, **dict(own.get("node_config") or {})}
+
+
+def catalog_and_facts(settings: Mapping[str, Any], catalog: Catalog | None = None) -> tuple[Catalog, CatalogFacts]:
+    """The catalog and the CatalogFacts (swapin/kuberay.py) the groups' scheduling is resolved against, for the
+    annotation's provider keys `settings`: the instance types and zones of its region in `catalog`, else in the
+    catalog the annotation names (launch/catalog.py catalog_for: `live` reads the embedded one, what a failed refresh
+    falls back to, so the bridge's loop does no cloud I/O for it). Errors name the annotation's key."""
+    from ray_nodeless.launch.config import catalog_for, load_provider
+    from ray_nodeless.swapin import kuberay as swapin
+
+    provider = {k: v for k, v in settings.items() if k not in ("kubernetes", swapin.GROUPS)}
+    try:         # the core keys only: how machines join plays no part in which types exist
+        core = load_provider(provider, planning=True).core
+        catalog = catalog if catalog is not None else catalog_for(core)
+    except ConfigError as e:
+        raise swapin.rekey(e) from e
+    try:
+        return catalog, swapin.CatalogFacts.of(catalog, core.price_cloud, core.region)
+    except CatalogError as e:       # a given catalog without the region
+        raise ConfigError(swapin.annotation_key("region"), f"{core.region!r}: {e}") from e
 
 
 def worker_pod_template(ray_cr: Mapping[str, Any], group: Mapping[str, Any]) -> dict[str, Any]:
@@ -156,10 +180,12 @@ def head_gcs_address(ray_cr: Mapping[str, Any]) -> str:
     return f"{svc}.{meta.get('namespace')}.svc:{port or DEFAULT_GCS_PORT}"
 
 
-def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip: str = "") -> dict[str, Any]:
+def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip: str = "",
+                  facts: CatalogFacts | None = None) -> dict[str, Any]:
     """Ray's autoscaling config of the RayCluster (`derived`, Ray's own derivation) with the provider swapped for
     ray_nodeless: the annotation's provider keys, `registration: kubernetes` in the cluster's namespace, one pod
-    template per worker group, each group's node_config and minimum from the annotation. Pure."""
+    template per worker group, each group's node_config (its scheduling resolved against `facts`:
+    catalog_and_facts) and minimum from the annotation. Pure."""
     settings = annotation_settings(ray_cr)
     groups_cfg = settings.pop("groups", {}) or {}
     meta = ray_cr.get("metadata") or {}
@@ -194,7 +220,7 @@ def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip
                 raise ConfigError(_annotation_key(f"groups.{name}.minWorkers"),
                                   f"must be an integer from 0 to the group's maxReplicas ({t['max_workers']})")
             t["min_workers"] = m
-        node_config = group_node_config(g, i, settings.get("cloud"), own)
+        node_config = group_node_config(g, i, facts, own)
         if node_config:
             t["node_config"] = node_config
         templates[name] = worker_pod_template(ray_cr, g)
@@ -297,9 +323,18 @@ class KubeRayBridge:
     first: dict[str, Any] | None = None                         # the provider block Ray's provider was built with
     last: dict[str, Any] | None = None                          # the last full config handed to Ray
     _warned: str = ""
+    _facts: tuple[str, CatalogFacts] | None = None              # (the annotation they were loaded for, the facts)
 
     def config(self, ray_cr: dict[str, Any]) -> dict[str, Any]:
-        return bridge_config(ray_cr, self.derive(ray_cr), self.head_ip)
+        return bridge_config(ray_cr, self.derive(ray_cr), self.head_ip, self.catalog_facts(ray_cr))
+
+    def catalog_facts(self, ray_cr: Mapping[str, Any]) -> CatalogFacts:
+        """catalog_and_facts of the annotation, loaded again only when it changes (the loop runs every few
+        seconds)."""
+        text = str(((ray_cr.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION))
+        if self._facts is None or self._facts[0] != text:
+            self._facts = (text, catalog_and_facts(annotation_settings(ray_cr))[1])
+        return self._facts[1]
 
     def __call__(self) -> dict[str, Any]:
         ray_cr = self.rayclusters.get()

@@ -33,6 +33,11 @@ turned into constraint keys of the group's node type (`node_config`: instance_ty
 zones, arch, ...), from `nodeSelector` and required node affinity on the well-known node labels of EKS, Karpenter,
 GKE, NVIDIA's GPU feature discovery and Kubernetes itself, and from the group's Ray labels (`labels`:
 `ray.io/market-type`, `ray.io/availability-zone`, `ray.io/availability-region`, `ray.io/accelerator-type`).
+Labels that name machines only indirectly (Karpenter's category, generation, size, vCPUs, memory, GPU count and
+memory, accelerators, `NotIn` zones, ...: CATALOG_LABELS) are resolved against the region's instance types and
+zones, which the caller passes as `CatalogFacts` (this module reads no catalog): each such requirement keeps exactly
+the catalog types whose Node would carry a matching value, written as the shortest of allowed / excluded families or
+instance types.
 What it cannot honour is returned, each naming the key path under the group, as `Unhonoured`: `blocking` ones are
 required placement ray_nodeless would break (multi-host groups, TPUs, required pod affinity, ORed selector terms,
 DoNotSchedule topology spread across zones, ...): convert refuses the manifest naming the key; the rest are
@@ -42,13 +47,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import yaml
 
 from ray_nodeless.core.catalog.model import InstanceType
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
 from ray_nodeless.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ray_nodeless.core.catalog import Catalog
 
 ANNOTATION = "ray-nodeless.io/config"
 MODULE = "ray_nodeless.NodelessProvider"
@@ -252,26 +260,154 @@ _CAPACITY_ORDER = ("spot", "on-demand")
 _KARPENTER_CAPACITY = {"spot": "spot", "on-demand": "on-demand"}
 _EKS_CAPACITY = {"SPOT": "spot", "ON_DEMAND": "on-demand"}
 _K8S_ARCH = {"amd64": "x86_64", "arm64": "arm64"}
-_KARPENTER_FAMILY = re.compile(r"^([a-z]+)(\d+)")
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 ZONE_KEYS = ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone")
 REGION_KEYS = ("topology.kubernetes.io/region", "failure-domain.beta.kubernetes.io/region")
 INSTANCE_TYPE_KEYS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
 ARCH_KEYS = ("kubernetes.io/arch", "beta.kubernetes.io/arch")
 OS_KEYS = ("kubernetes.io/os", "beta.kubernetes.io/os")
+GPU_NAME_KEYS = ("karpenter.k8s.aws/instance-gpu-name", "cloud.google.com/gke-accelerator", "nvidia.com/gpu.product")
+CAPACITY_KEYS = ("karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType", "cloud.google.com/gke-spot",
+                 "cloud.google.com/gke-preemptible")
+# Labels every Node of the kind a ray_nodeless machine stands for carries (kubelet's, the cloud's, Karpenter's or a
+# managed node group's): `Exists` holds for every machine, `DoesNotExist` for none. (gke-spot / gke-preemptible are
+# not among them: GKE sets them on spot / preemptible nodes only.)
+ALWAYS_PRESENT = (INSTANCE_TYPE_KEYS + ZONE_KEYS + REGION_KEYS + ARCH_KEYS + OS_KEYS
+                  + ("karpenter.k8s.aws/instance-family", "cloud.google.com/machine-family",
+                     "karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType"))
+
+# Karpenter's instance category and generation, parsed from the instance type's name as Karpenter's AWS provider
+# does (pkg/providers/instancetype/types.go, `instanceTypeScheme`): the leading letters are the category, an
+# optional `-<n>tb` (the u-6tb1 high-memory types) is skipped, the digits after are the generation; `m5.large` ->
+# m / 5, `c7i-flex.large` -> c / 7, `u-6tb1.metal` -> u / 1, `p6-b200.48xlarge` -> p / 6, `inf2.xlarge` -> inf / 2.
+# A name that does not match (no generation digit) has neither label, as on Karpenter's nodes.
+_KARPENTER_NAME = re.compile(r"^([a-z]+)(-[0-9]+tb)?([0-9]+).*\.")
+
+
+def karpenter_category_generation(name: str) -> tuple[str, int] | None:
+    """(category, generation) of an AWS instance type name, as Karpenter labels its node; None when it has none."""
+    m = _KARPENTER_NAME.match(name)
+    return (m.group(1), int(m.group(3))) if m else None
+
+
+def _kebab(text: str) -> str:
+    """Karpenter's lowerKabobCase: `Inferentia2` -> `inferentia2`, `Qualcomm AI100` -> `qualcomm-ai100`."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _whole(x: float) -> str | None:
+    return str(int(x)) if float(x).is_integer() else None
+
+
+def _mib(gib: float) -> str:
+    return str(int(round(gib * 1024)))
+
+
+def _cg(t: InstanceType, part: int) -> str | None:
+    cg = karpenter_category_generation(t.name)
+    return None if cg is None else str(cg[part])
+
+
+def _name_part(t: InstanceType, part: int) -> str | None:
+    parts = t.name.split(".")
+    return parts[part] if len(parts) == 2 else None
+
+
+def _gpu_memory_mib(t: InstanceType) -> str | None:
+    # the catalog holds the machine's total GPU memory; Karpenter's and GFD's labels are one GPU's
+    return _mib(t.gpu_memory_gib / t.gpu_count) if t.gpu_count and t.gpu_memory_gib else None
+
+
+@dataclass(frozen=True)
+class CatalogLabel:
+    """A node label whose value follows from the machine's instance type in the catalog: `value` is the label's
+    value on the Node of a machine of that type (None: the Node has no such label), `numeric` whether `Gt` / `Lt`
+    apply (Kubernetes compares the value as an integer), `family` whether it is a family's (every type of a family
+    has the same value: a selection on it names families, as `instance-family` does)."""
+
+    value: Callable[[InstanceType], str | None]
+    numeric: bool
+    family: bool = False
+
+
+# Resolved against the region's instance types (CatalogFacts): a requirement on one of these keeps the machines
+# whose type gives the label a value that satisfies it (README "KubeRay manifests"). Values as Karpenter sets them
+# (pkg/providers/instancetype/types.go computeRequirements) and NVIDIA GPU feature discovery (gpu.count, gpu.memory
+# in MiB per GPU).
+CATALOG_LABELS: dict[str, CatalogLabel] = {
+    "karpenter.k8s.aws/instance-category": CatalogLabel(lambda t: _cg(t, 0), False, family=True),
+    "karpenter.k8s.aws/instance-generation": CatalogLabel(lambda t: _cg(t, 1), True, family=True),
+    "karpenter.k8s.aws/instance-size": CatalogLabel(lambda t: _name_part(t, 1), False),
+    "karpenter.k8s.aws/instance-capability-flex": CatalogLabel(
+        lambda t: "true" if "-flex" in t.name.split(".")[0] else "false", False),
+    "karpenter.k8s.aws/instance-cpu": CatalogLabel(lambda t: _whole(t.vcpus), True),
+    "karpenter.k8s.aws/instance-memory": CatalogLabel(lambda t: _mib(t.memory_gib), True),
+    "karpenter.k8s.aws/instance-gpu-count": CatalogLabel(lambda t: str(t.gpu_count) if t.gpu_count else None, True),
+    "karpenter.k8s.aws/instance-gpu-memory": CatalogLabel(_gpu_memory_mib, True),
+    # every GPU model of the catalog's vocabulary (core/gpus.py) is NVIDIA's
+    "karpenter.k8s.aws/instance-gpu-manufacturer": CatalogLabel(lambda t: "nvidia" if t.gpu_count else None, False),
+    "karpenter.k8s.aws/instance-accelerator-name": CatalogLabel(
+        lambda t: _kebab(t.accelerator) if t.accelerator else None, False),
+    "karpenter.k8s.aws/instance-accelerator-count": CatalogLabel(
+        lambda t: str(t.accelerator_count) if t.accelerator else None, True),
+    "nvidia.com/gpu.count": CatalogLabel(lambda t: str(t.gpu_count) if t.gpu_count else None, True),
+    "nvidia.com/gpu.memory": CatalogLabel(_gpu_memory_mib, True),
+}
+# `Gt` on these is a minimum constraint key (exact: Karpenter's values are whole vCPUs / MiB), which needs no
+# catalog and keeps the annotation short; `Lt` and the rest go through CATALOG_LABELS.
+_GT_MINIMUM = {"karpenter.k8s.aws/instance-cpu": ("min_vcpus", lambda n: n + 1),
+               "karpenter.k8s.aws/instance-memory": ("min_memory_gib", lambda n: (n + 1) / 1024)}
+# Machine facts the catalog does not record: a requirement on them cannot be checked against any instance type.
+UNRECORDED = {
+    "topology.k8s.aws/zone-id": "zone ids (the catalog names zones, not their ids)",
+    "karpenter.k8s.aws/instance-cpu-sustained-clock-speed-mhz": "CPU clock speeds",
+    "karpenter.k8s.aws/instance-hypervisor": "hypervisors",
+    "karpenter.k8s.aws/instance-encryption-in-transit-supported": "in-transit encryption support",
+    "karpenter.k8s.aws/instance-ebs-bandwidth": "EBS bandwidths",
+    "karpenter.k8s.aws/instance-network-bandwidth": "network bandwidths",
+    "karpenter.k8s.aws/instance-local-nvme": "local NVMe sizes",
+    "karpenter.k8s.aws/instance-accelerator-manufacturer": "accelerator manufacturers",
+    "karpenter.k8s.aws/instance-tenancy": "tenancy (ray_nodeless launches default tenancy)",
+}
+CPU_MANUFACTURER = "karpenter.k8s.aws/instance-cpu-manufacturer"   # aws (Graviton) = arm64; intel / amd unrecorded
+GRAVITON = "aws"          # the manufacturer value of Graviton CPUs in Karpenter's vocabulary (not a cloud name)
+# Presence only (Exists / DoesNotExist) of the GPU-name labels: a Node has them iff its machine has GPUs.
+_GPU_PRESENT = CatalogLabel(lambda t: "present" if t.gpu_count else None, False)
+
 # The scheduling keys group_rules maps (README "KubeRay"), by the cloud whose nodes carry them (None: any).
 MAPPED_KEYS: dict[str, str | None] = {
     **{k: None for k in INSTANCE_TYPE_KEYS + ZONE_KEYS + REGION_KEYS + ARCH_KEYS + OS_KEYS},
-    "karpenter.k8s.aws/instance-family": "aws", "karpenter.k8s.aws/instance-category": "aws",
-    "karpenter.k8s.aws/instance-generation": "aws", "karpenter.k8s.aws/instance-gpu-name": "aws",
-    "karpenter.sh/capacity-type": "aws", "eks.amazonaws.com/capacityType": "aws",
+    "karpenter.k8s.aws/instance-family": "aws", "karpenter.k8s.aws/instance-gpu-name": "aws",
+    "karpenter.sh/capacity-type": "aws", "eks.amazonaws.com/capacityType": "aws", CPU_MANUFACTURER: "aws",
+    **{k: "aws" for k in CATALOG_LABELS if k.startswith("karpenter.")},
     "cloud.google.com/gke-accelerator": "gcp", "cloud.google.com/gke-spot": "gcp",
     "cloud.google.com/gke-preemptible": "gcp", "cloud.google.com/machine-family": "gcp",
-    "nvidia.com/gpu.product": None,
+    "nvidia.com/gpu.product": None, "nvidia.com/gpu.count": None, "nvidia.com/gpu.memory": None,
 }
 TPU_KEYS = ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology")
 RAY_LABEL_KEYS = ("ray.io/market-type", "ray.io/availability-zone", "ray.io/availability-region",
                   "ray.io/accelerator-type")
+
+
+@dataclass(frozen=True)
+class CatalogFacts:
+    """What group_rules needs of the catalog to resolve labels that name machines indirectly (Karpenter's category,
+    generation, size, vCPUs, memory, GPU count / memory; GCE types with attached GPUs; NotIn zones; the region a
+    group requires): the catalog cloud (a local backend's `simulate_cloud`), the region, the instance types the
+    catalog offers there and the region's zones. The caller builds it from the catalog it plans with (convert: the
+    one it prices with; the bridge and `plan`: ray_adapter/kuberay.py `catalog_and_facts`): this module reads no
+    catalog itself."""
+
+    cloud: str
+    region: str
+    types: tuple[InstanceType, ...]
+    zones: tuple[str, ...]
+
+    @classmethod
+    def of(cls, catalog: "Catalog", cloud: str, region: str) -> "CatalogFacts":
+        r = catalog.region(cloud, region)
+        return cls(cloud, region, tuple(sorted(r.types, key=lambda t: t.name)), tuple(r.zones))
 
 
 def gpu_product_model(value: str) -> str | None:
@@ -290,11 +426,15 @@ def gpu_product_model(value: str) -> str | None:
 
 
 class _Acc:
-    """Accumulates constraints from several keys: allow-lists intersect, exclusions add up; a contradiction is a
-    blocking Unhonoured naming both keys."""
+    """Accumulates constraints from several keys: allow-lists intersect, exclusions add up, minimums take the
+    larger; a contradiction is a blocking Unhonoured naming both keys."""
 
     def __init__(self, out: GroupRules):
         self.out = out
+
+    def _source(self, name: str, key: str) -> None:
+        src = self.out.sources
+        src[name] = f"{src[name]} and {key}" if name in src else key
 
     def allow(self, name: str, values: Sequence[str], key: str) -> None:
         nc = self.out.node_config
@@ -305,15 +445,19 @@ class _Acc:
                                                            f"({nc[name]}): no machine has both", True))
                 return
             nc[name] = kept
-            self.out.sources[name] = f"{self.out.sources[name]} and {key}"
         else:
             nc[name] = list(values)
-            self.out.sources[name] = key
+        self._source(name, key)
 
     def exclude(self, name: str, values: Sequence[str], key: str) -> None:
         nc = self.out.node_config
         nc[name] = sorted(set(nc.get(name, [])) | set(values))
-        self.out.sources[name] = f"{self.out.sources[name]} and {key}" if name in self.out.sources else key
+        self._source(name, key)
+
+    def at_least(self, name: str, value: float, key: str) -> None:
+        nc = self.out.node_config
+        nc[name] = max(nc.get(name, value), value)
+        self._source(name, key)
 
 
 def _capacities(values: Sequence[str], vocab: Mapping[str, str], key: str, out: GroupRules) -> list[str] | None:
@@ -343,87 +487,164 @@ def _bool_capacity(values: Sequence[str], key: str, out: GroupRules) -> list[str
     return [c for c in _CAPACITY_ORDER if c in caps]
 
 
-def _families_where(types: Iterable[InstanceType], pred) -> list[str]:
-    out = set()
-    for t in types:
-        m = _KARPENTER_FAMILY.match(t.family)
-        if m and pred(m.group(1), int(m.group(2))):
-            out.add(t.family)
-    return sorted(out)
+def _integer(op: str, values: Sequence[str], key: str, out: GroupRules) -> int | None:
+    """The one integer a `Gt` / `Lt` compares with (Kubernetes' rule), else a blocking Unhonoured."""
+    try:
+        if len(values) == 1:
+            return int(values[0])
+    except ValueError:
+        pass
+    out.unhonoured.append(Unhonoured(key, f"{op} needs exactly one integer value, got {list(values)}", True))
+    return None
+
+
+def _holds(op: str, value: str | None, values: Sequence[str], n: int | None) -> bool:
+    """Kubernetes' node selector operators on one Node's label value (None: the Node has no such label)."""
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    try:
+        v = int(value) if value is not None else None
+    except ValueError:
+        return False
+    return v is not None and (v > n if op == "Gt" else v < n)
+
+
+def _restrict(label: str, op: str, values: Sequence[str], key: str, matched: Sequence[InstanceType],
+              facts: CatalogFacts, acc: _Acc, out: GroupRules, *, names_families: bool) -> None:
+    """Keep exactly the instance types `matched` (of facts.types) as constraint keys: nothing when it is all of them,
+    else the shortest of: allowed families, excluded families (when `matched` is whole families), allowed
+    instance types, excluded instance types. An allow-list names its types, and ray_nodeless launches burstable
+    and non-GPU-accelerator types only when named: unless the label is a family's (`names_families`: category,
+    generation select families as instance-family does), they are left out of `matched` when it holds anything
+    else, so a per-type label (vCPUs, memory, size, ...) narrows ray_nodeless's defaults and never widens them.
+    Machines with GPUs only: GPU instances allowed for any shape."""
+    what = f"{label} {op}" + (f" {list(values)}" if op not in ("Exists", "DoesNotExist") else "")
+    if not matched:
+        out.unhonoured.append(Unhonoured(key, f"no {facts.cloud} instance type in {facts.region} has {what}", True))
+        return
+    if len(matched) == len(facts.types):
+        return                                       # every machine satisfies it
+    if not names_families:
+        matched = [t for t in matched if not (t.burstable or t.accelerator)] or list(matched)
+    names = {t.name for t in matched}
+    fam_types: dict[str, set[str]] = {}
+    for t in facts.types:
+        fam_types.setdefault(t.family, set()).add(t.name)
+    fams = {t.family for t in matched}
+    options: list[tuple[str, list[str]]] = []
+    if all(fam_types[f] <= names for f in fams):
+        options += [("families", sorted(fams)), ("exclude_families", sorted(set(fam_types) - fams))]
+    options += [("instance_types", sorted(names)),
+                ("exclude_instance_types", sorted(t.name for t in facts.types if t.name not in names))]
+    name, chosen = min(options, key=lambda o: len(o[1]))       # stable: the first of equal lengths
+    (acc.exclude if name.startswith("exclude_") else acc.allow)(name, chosen, key)
+    if all(t.gpu_count for t in matched):
+        out.node_config["allow_gpu_instances"] = True
+
+
+def _needs_catalog(label: str, key: str, facts: CatalogFacts | None, out: GroupRules) -> bool:
+    if facts is None:
+        out.unhonoured.append(Unhonoured(key, f"{label} is resolved against the catalog's instance types, and "
+                                              "none were given", True))
+        return True
+    return False
 
 
 def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: GroupRules, *,
-           cloud: str | None, types: Sequence[InstanceType], zones: Sequence[str] | None) -> None:
+           facts: CatalogFacts | None) -> None:
     """One requirement `label op values` (a nodeSelector pair is `In [value]`) at `key`."""
     if label in TPU_KEYS:
         out.unhonoured.append(Unhonoured(key, "TPU node pools: ray_nodeless launches no TPU slices", True))
         return
+    if op not in OPERATORS:
+        out.unhonoured.append(Unhonoured(key, f"operator {op!r} is not one of {', '.join(OPERATORS)}", True))
+        return
+    if op in ("In", "NotIn") and not values:
+        out.unhonoured.append(Unhonoured(key, f"{op} with no values", True))
+        return
+    if label in UNRECORDED:
+        out.clouds.add("aws")
+        out.unhonoured.append(Unhonoured(key, f"{label}: the catalog records no {UNRECORDED[label]}, so no "
+                                              "instance type can be checked against it", True))
+        return
     if label not in MAPPED_KEYS:
-        if op == "In" and len(values) == 1:
-            out.node_labels[label] = values[0]
-            out.unhonoured.append(Unhonoured(key, f"{label} is no label ray_nodeless maps to a rule: the machine's "
-                                                  f"Node is labelled {label}={values[0]} so the pod schedules, "
-                                                  "nothing else follows from it", False))
-        else:
-            out.unhonoured.append(Unhonoured(key, f"{op} on {label}: not a label ray_nodeless maps; only a single "
-                                                  "`In` value (set on the Node) can be honoured", True))
+        _unmapped(label, op, values, key, out)
         return
     need = MAPPED_KEYS[label]
     if need is not None:
         out.clouds.add(need)
-    if op in ("Exists", "DoesNotExist"):
-        out.unhonoured.append(Unhonoured(key, f"{op} on {label} narrows nothing ray_nodeless chooses by; dropped",
-                                         op == "DoesNotExist" and label not in OS_KEYS))
-        return
-    if op in ("Gt", "Lt"):
-        if label != "karpenter.k8s.aws/instance-generation":
-            out.unhonoured.append(Unhonoured(key, f"{op} only applies to karpenter.k8s.aws/instance-generation", True))
-            return
-        try:
-            n = int(values[0]) if len(values) == 1 else None
-        except ValueError:
-            n = None
-        if n is None:
-            out.unhonoured.append(Unhonoured(key, f"{op} needs one integer value, got {values}", True))
-            return
-        fams = _families_where(types, (lambda c, g: g > n) if op == "Gt" else (lambda c, g: g < n))
-        if not fams:
-            out.unhonoured.append(Unhonoured(key, f"no {cloud or 'aws'} family has a generation {op} {n}", True))
-            return
-        acc.allow("families", fams, key)
-        return
-    if op not in ("In", "NotIn"):
-        out.unhonoured.append(Unhonoured(key, f"operator {op!r} is not one of In, NotIn, Exists, DoesNotExist, "
-                                              "Gt, Lt", True))
-        return
-    if not values:
-        out.unhonoured.append(Unhonoured(key, f"{op} with no values", True))
-        return
     if op == "In" and len(values) == 1:
         out.node_labels[label] = values[0]
+
+    if label in CATALOG_LABELS or (label in GPU_NAME_KEYS and op in ("Exists", "DoesNotExist")):
+        spec = CATALOG_LABELS.get(label, _GPU_PRESENT)
+        if op in ("Gt", "Lt"):
+            if not spec.numeric:
+                out.unhonoured.append(Unhonoured(key, f"{op} compares integers; {label} is not a number", True))
+                return
+            n = _integer(op, values, key, out)
+            if n is None:
+                return
+            if op == "Gt" and label in _GT_MINIMUM:
+                name, minimum = _GT_MINIMUM[label]
+                acc.at_least(name, minimum(n), key)
+                return
+        else:
+            n = None
+        if _needs_catalog(label, key, facts, out):
+            return
+        matched = [t for t in facts.types if _holds(op, spec.value(t), values, n)]
+        _restrict(label, op, values, key, matched, facts, acc, out, names_families=spec.family)
+        return
+    if op in ("Gt", "Lt"):
+        numeric = sorted(k for k, s in CATALOG_LABELS.items() if s.numeric)
+        out.unhonoured.append(Unhonoured(key, f"{op} compares integers; {label} is not a number (numeric labels: "
+                                              f"{', '.join(numeric)})", True))
+        return
+    if op in ("Exists", "DoesNotExist"):
+        if label in ALWAYS_PRESENT:
+            if op == "DoesNotExist":
+                out.unhonoured.append(Unhonoured(key, f"every machine's Node has {label}: DoesNotExist selects "
+                                                      "none", True))
+        elif label in ("cloud.google.com/gke-spot", "cloud.google.com/gke-preemptible"):
+            acc.allow("capacity", ["spot" if op == "Exists" else "on-demand"], key)   # GKE labels spot nodes only
+        elif label == CPU_MANUFACTURER:
+            if op == "DoesNotExist":
+                out.unhonoured.append(Unhonoured(key, f"every machine's Node has {label}: DoesNotExist selects "
+                                                      "none", True))
+        return
     neg = op == "NotIn"
     if label in INSTANCE_TYPE_KEYS:
         names = list(values)
         # The catalog names a host with attached GPUs (GCE) `<machine_type>+<n>x<model>`: the Node's label is the
         # host's machine type, so those variants are the same selection.
+        types = facts.types if facts is not None else ()
         names += sorted(t.name for t in types if t.machine_type in values and t.name not in values)
         (acc.exclude if neg else acc.allow)("exclude_instance_types" if neg else "instance_types", names, key)
     elif label == "karpenter.k8s.aws/instance-family" or label == "cloud.google.com/machine-family":
         fams = [v.lower() for v in values]
         (acc.exclude if neg else acc.allow)("exclude_families" if neg else "families", fams, key)
-    elif label == "karpenter.k8s.aws/instance-category" or label == "karpenter.k8s.aws/instance-generation":
-        want = set(values)
-        if label.endswith("category"):
-            fams = _families_where(types, lambda c, g: (c in want) != neg)
-        else:
-            fams = _families_where(types, lambda c, g: (str(g) in want) != neg)
-        if not fams:
-            out.unhonoured.append(Unhonoured(key, f"{op} {values}: no {cloud or 'aws'} instance family matches"
-                                                  + ("" if types else " (no catalog types given)"), True))
+    elif label == CPU_MANUFACTURER:
+        # Graviton (`aws`) is every arm64 instance type of AWS; intel and amd share x86_64 and the catalog does not
+        # say which is which.
+        x86 = sorted(v for v in values if v != GRAVITON)
+        if not neg and x86:
+            out.unhonoured.append(Unhonoured(key, f"{x86}: the catalog does not record whether an x86_64 type's "
+                                                  f"CPU is Intel's or AMD's; only `{GRAVITON}` (Graviton: arm64) "
+                                                  "maps", True))
             return
-        acc.allow("families", fams, key)
-    elif label in ("karpenter.k8s.aws/instance-gpu-name", "cloud.google.com/gke-accelerator",
-                   "nvidia.com/gpu.product"):
+        if neg and x86:
+            out.unhonoured.append(Unhonoured(key, f"NotIn {x86}: the catalog does not record whether an x86_64 "
+                                                  "type's CPU is Intel's or AMD's", True))
+            return
+        acc.allow("arch", ["x86_64"] if neg else ["arm64"], key)
+    elif label in GPU_NAME_KEYS:
         models = []
         for v in values:
             m = gpu_product_model(v) if label == "nvidia.com/gpu.product" else canonical_gpu(v)
@@ -439,8 +660,7 @@ def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: Gro
         else:
             acc.allow("gpus", models, key)
             out.node_config["allow_gpu_instances"] = True
-    elif label in ("karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType",
-                   "cloud.google.com/gke-spot", "cloud.google.com/gke-preemptible"):
+    elif label in CAPACITY_KEYS:
         if label == "karpenter.sh/capacity-type":
             caps = _capacities(values, _KARPENTER_CAPACITY, key, out)
         elif label == "eks.amazonaws.com/capacityType":
@@ -457,20 +677,23 @@ def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: Gro
         acc.allow("capacity", caps, key)
     elif label in ZONE_KEYS:
         if neg:
-            if zones is None:
-                out.unhonoured.append(Unhonoured(key, "NotIn on zones needs the region's zones", True))
+            if _needs_catalog(label, key, facts, out):
                 return
-            left = [z for z in zones if z not in values]
+            left = [z for z in facts.zones if z not in values]
             if not left:
-                out.unhonoured.append(Unhonoured(key, "excludes every zone of the region", True))
+                out.unhonoured.append(Unhonoured(key, f"excludes every zone of {facts.region}", True))
                 return
             acc.allow("zones", left, key)
         else:
             acc.allow("zones", list(values), key)
     elif label in REGION_KEYS:
         if neg:
-            out.unhonoured.append(Unhonoured(key, "NotIn on the region: state the region the cluster runs in "
-                                                  "(the annotation's `region`) instead", True))
+            if facts is None:
+                out.unhonoured.append(Unhonoured(key, "NotIn on the region needs the cluster's region, and no "
+                                                      "catalog facts were given", True))
+            elif facts.region in values:
+                out.unhonoured.append(Unhonoured(key, f"excludes {facts.region}, the region the cluster runs in",
+                                                 True))
             return
         _regions(out, list(values), key)
     elif label in ARCH_KEYS:
@@ -491,6 +714,29 @@ def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: Gro
             out.unhonoured.append(Unhonoured(key, "ray_nodeless machines run Linux", True))
 
 
+def _unmapped(label: str, op: str, values: list[str], key: str, out: GroupRules) -> None:
+    """A label ray_nodeless does not map: the machine's Node carries only what a nodeSelector (or one `In` value)
+    asks of it, so `NotIn` / `DoesNotExist` hold there and `In` one value holds once the Node is labelled; the rest
+    cannot be honoured."""
+    if op == "In" and len(values) == 1:
+        out.node_labels[label] = values[0]
+        out.unhonoured.append(Unhonoured(key, f"{label} is no label ray_nodeless maps to a rule: the machine's "
+                                              f"Node is labelled {label}={values[0]} so the pod schedules, "
+                                              "nothing else follows from it", False))
+    elif op in ("NotIn", "DoesNotExist"):
+        have = out.node_labels.get(label)
+        if have is not None and (op == "DoesNotExist" or have in values):
+            out.unhonoured.append(Unhonoured(key, f"{op} on {label} contradicts the {label}={have} the group asks "
+                                                  "its Node to carry", True))
+        else:
+            out.unhonoured.append(Unhonoured(key, f"{op} on {label}: holds, the machine's Node does not carry "
+                                                  f"{label}; nothing else follows from it", False))
+    else:
+        out.unhonoured.append(Unhonoured(key, f"{op} on {label}: not a label ray_nodeless maps; only a single "
+                                              "`In` value (set on the Node), NotIn or DoesNotExist can be honoured",
+                                         True))
+
+
 def _regions(out: GroupRules, values: list[str], key: str) -> None:
     if out.regions is not None:
         both = tuple(r for r in out.regions if r in values)
@@ -505,16 +751,16 @@ def _regions(out: GroupRules, values: list[str], key: str) -> None:
         out.sources["region"] = key
 
 
-def group_rules(group: Mapping[str, Any], *, key: str, cloud: str | None = None,
-                types: Iterable[InstanceType] = (), zones: Sequence[str] | None = None) -> GroupRules:
+def group_rules(group: Mapping[str, Any], *, key: str, facts: CatalogFacts | None = None) -> GroupRules:
     """A KubeRay worker group's (`workerGroupSpecs[i]`, at key path `key`) scheduling as ray_nodeless constraint
-    keys. `cloud`, `types` (the cloud's catalog instance types) and `zones` (the region's) resolve what a label
-    names indirectly: Karpenter's instance category / generation (families), GCE types with attached GPUs, NotIn
-    zones. Never raises for the group's content: every key it cannot honour is in `unhonoured`."""
-    types = list(types)
+    keys. `facts` (the catalog's instance types and zones in the cluster's region) resolve what a label names
+    indirectly: Karpenter's category, generation, size, vCPUs, memory, GPU count / memory, accelerators
+    (CATALOG_LABELS), GCE types with attached GPUs, NotIn zones, a required region; without them those keys are
+    refused (only which clouds the keys name is then meaningful). Never raises for the group's content: every key
+    it cannot honour is in `unhonoured`."""
     out = GroupRules()
     acc = _Acc(out)
-    kw = dict(cloud=cloud, types=types, zones=zones)
+    kw = dict(facts=facts)
 
     hosts = group.get("numOfHosts", 1)
     if isinstance(hosts, int) and hosts > 1:
@@ -613,4 +859,7 @@ def group_rules(group: Mapping[str, Any], *, key: str, cloud: str | None = None,
         out.unhonoured.append(Unhonoured(f"{tkey}.schedulerName", f"{scheduler!r}: the Ray pod is bound to its "
                                                                  "machine's Node by ray_nodeless; gang scheduling "
                                                                  "is not honoured", False))
+    if facts is not None and out.regions is not None and facts.region not in out.regions:
+        out.unhonoured.append(Unhonoured(out.sources["region"], f"requires region {list(out.regions)}, the cluster "
+                                                                f"runs in {facts.region}", True))
     return out

@@ -73,29 +73,14 @@ def ray_cluster(doc: Mapping[str, Any], where: str = "") -> tuple[dict[str, Any]
     return {"apiVersion": K.API_VERSION, "kind": "RayCluster", "metadata": meta, "spec": copy.deepcopy(spec)}, spec_key
 
 
-def _catalog_values(provider: Mapping[str, Any], catalog: catalog_mod.Catalog | None):
-    from ray_nodeless.launch.config import catalog_for, load_provider
-
-    cloud, region = provider["cloud"], provider["region"]
-    if catalog is None:
-        try:         # the catalog the annotation names (embedded, live, a file), as the bridge loads it
-            catalog = catalog_for(load_provider({k: v for k, v in provider.items() if k != "kubernetes"}).core)
-        except ConfigError as e:
-            raise K.rekey(e) from e
-    cat = catalog
-    try:
-        zones = list(cat.region(cloud, region).zones)
-    except Exception as e:            # a region the catalog lacks: named by the provider check that follows
-        raise ConfigError(K.annotation_key("region"), f"{region!r}: {e}") from e
-    return cat, list(cat.types(cloud)), zones
-
-
 def bridge_cluster_config(ray_cr: Mapping[str, Any], spec_key: str = "spec", *, planning: bool = True,
-                          notes: list[str] | None = None) -> dict[str, Any]:
-    """The cluster config the bridge runs for this RayCluster (Ray's derivation, provider swapped), with a
+                          notes: list[str] | None = None,
+                          catalog: catalog_mod.Catalog | None = None) -> dict[str, Any]:
+    """The cluster config the bridge runs for this RayCluster (Ray's derivation, provider swapped, the groups'
+    scheduling resolved against `catalog`, else the one the annotation names, as the bridge resolves it), with a
     planning join when the annotation has none (noted)."""
     from ray_nodeless.ray_adapter.compat.kuberay import derive_config
-    from ray_nodeless.ray_adapter.kuberay import bridge_config
+    from ray_nodeless.ray_adapter.kuberay import annotation_settings, bridge_config, catalog_and_facts
 
     cr = copy.deepcopy(dict(ray_cr))
     settings = K.parse_annotation(cr.get("metadata"))
@@ -111,8 +96,9 @@ def bridge_cluster_config(ray_cr: Mapping[str, Any], spec_key: str = "spec", *, 
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ConfigError(spec_key, f"Ray's derivation of the autoscaling config from the RayCluster failed: "
                                     f"{e!r}") from e
+    _, facts = catalog_and_facts(annotation_settings(cr), catalog)
     try:
-        return bridge_config(cr, derived)
+        return bridge_config(cr, derived, facts=facts)
     except ConfigError as e:
         raise _respec(K.rekey(e), spec_key) from e
 
@@ -131,7 +117,7 @@ def plan_manifest(ray_cr: Mapping[str, Any], spec_key: str = "spec", catalog: ca
 
     from ray_nodeless.ray_adapter.bootstrap import settle_images
 
-    cfg = prepare_like_ray_up(bridge_cluster_config(ray_cr, spec_key, notes=notes))
+    cfg = prepare_like_ray_up(bridge_cluster_config(ray_cr, spec_key, notes=notes, catalog=catalog))
     # What the bridge hands its running provider about KubeRay's head pod (listing it as the head node) plays no
     # part in a plan.
     cfg["provider"].pop("kuberay", None)
@@ -218,18 +204,19 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
         raise K.rekey(e) from e
     if join is not None:
         provider["kubernetes"] = {**(provider.get("kubernetes") or {}), "join": dict(join)}
-    cat, types, zones = _catalog_values(provider, catalog)
+    from ray_nodeless.ray_adapter.kuberay import catalog_and_facts
+
+    # the catalog the annotation names (embedded, live, a file), as the bridge loads it: it prices the report and
+    # resolves the labels that name machines indirectly (Karpenter's category, vCPUs, ...; NotIn zones)
+    cat, facts = catalog_and_facts(provider, catalog)
 
     # Worker groups: the scheduling as constraint keys, the minimum into the annotation, no pods of the operator's.
     before_types: dict[str, str | None] = {}
     for j, g in enumerate(workers):
         gkey = f"{spec_key}.workerGroupSpecs[{j}]"
         name = str(g.get("groupName"))
-        gr = K.group_rules(g, key=gkey, cloud=cloud, types=types, zones=zones)
+        gr = K.group_rules(g, key=gkey, facts=facts)
         gr.check()                                     # one message, naming the key it cannot honour
-        if gr.regions is not None and region not in gr.regions:
-            raise ConfigError(gr.sources["region"], f"requires region {list(gr.regions)}, the cluster runs in "
-                                                    f"{region}")
         notes += [str(u) for u in gr.unhonoured]
         own = dict(groups_cfg.get(name) or {})
         nc = {**gr.node_config, **(own.get("node_config") or {})}

@@ -276,3 +276,73 @@ def test_group_idle_timeout_is_kept(tmp_path):
     assert cp.idle["small-group"].seconds == 120
     r = run(plan_command, str(out))
     assert "idle release: 120 s (the node type's idle_timeout_s)" in r.output
+
+
+# Karpenter NodePool-style requirements (resolved against the catalog: category, generation, vCPUs, NotIn zones) on a
+# real sample's group: convert writes them resolved, plan (the bridge's own derivation, resolving them again against
+# the catalog the annotation names) accepts the file, and the live bridge resolves them the same way.
+KARPENTER = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [
+        {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m"]},
+        {"key": "karpenter.k8s.aws/instance-generation", "operator": "Gt", "values": ["6"]},
+        {"key": "karpenter.k8s.aws/instance-cpu", "operator": "Lt", "values": ["9"]},
+        {"key": "karpenter.k8s.aws/instance-cpu-manufacturer", "operator": "In", "values": ["aws"]},
+        {"key": "topology.kubernetes.io/zone", "operator": "NotIn", "values": ["us-west-2a"]}]}]}}}
+
+
+def _karpenter_ok(t, zone: str) -> bool:
+    gen = int("".join(ch for ch in t.family[1:] if ch.isdigit())[:1])
+    return (t.family[0] in "cm" and t.family[1].isdigit() and gen > 6 and t.vcpus < 9 and t.arch == "arm64"
+            and zone != "us-west-2a")
+
+
+def test_karpenter_requirements_convert_and_plan(tmp_path):
+    report, settings, cp = _converted(tmp_path, _manifest(tmp_path, affinity=KARPENTER))
+    nc = settings["groups"]["small-group"]["node_config"]
+    assert nc["arch"] == ["arm64"] and nc["zones"] == ["us-west-2b", "us-west-2c", "us-west-2d"]
+    chosen = cp.plans["small-group"].chosen
+    assert _karpenter_ok(chosen.instance_type, chosen.zone), chosen
+    assert report["node_types"]["small-group"]["after"]["instance_type"] == chosen.instance_type.name
+    p = run(plan_command, str(tmp_path / "out.yaml"))
+    assert p.exit_code == 0, p.output
+    assert chosen.instance_type.name in p.output
+
+
+def test_plan_resolves_the_template_keys_as_the_bridge_does(tmp_path):
+    """An unconverted manifest with an annotation (the user's own, not convert's): plan resolves the Karpenter keys
+    of the template against the catalog, as the bridge does every loop."""
+    src = _manifest(tmp_path, affinity=KARPENTER)
+    doc = yaml.safe_load(src.read_text())
+    doc["metadata"]["annotations"] = {K.ANNOTATION: "cloud: aws\nregion: us-west-2\n"}
+    src.write_text(yaml.safe_dump(doc))
+    cr, key = KC.ray_cluster(doc)
+    cfg, cp = KC.plan_manifest(cr, key)
+    nc = cfg["available_node_types"]["small-group"]["node_config"]
+    assert nc["arch"] == ["arm64"] and "us-west-2a" not in nc["zones"]
+    chosen = cp.plans["small-group"].chosen
+    assert _karpenter_ok(chosen.instance_type, chosen.zone), chosen
+    assert run(plan_command, str(src)).exit_code == 0
+
+
+def test_the_bridge_resolves_catalog_labels_and_reloads_them_when_the_annotation_changes():
+    from ray_nodeless.ray_adapter.kuberay import KubeRayBridge
+
+    before, _ = _original("ray-cluster.complete.yaml")
+    rc = copy.deepcopy(before)
+    rc["metadata"].update(namespace="ray", uid="u-1", annotations={K.ANNOTATION: yaml.safe_dump(
+        {"cloud": "aws", "region": "us-west-2", "kubernetes": {"join": KC.PLANNING_JOIN}})})
+    g = rc["spec"]["workerGroupSpecs"][0]
+    g["replicas"] = g["minReplicas"] = 0
+    g["template"]["spec"]["affinity"] = copy.deepcopy(KARPENTER)
+    # Only what config() reads is given: the RayCluster comes as an argument, nothing is listed, launched or swept.
+    bridge = KubeRayBridge(rayclusters=None, head_ip="10.0.0.9", derive=derive_config, provider_of=None, sweep=None)
+    nc = bridge.config(rc)["available_node_types"]["small-group"]["node_config"]
+    assert nc["zones"] == ["us-west-2b", "us-west-2c", "us-west-2d"]
+    facts = bridge.catalog_facts(rc)
+    assert facts.region == "us-west-2" and len(facts.types) > 100
+    assert bridge.catalog_facts(rc) is facts                           # same annotation: not loaded again
+    rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump(
+        {"cloud": "aws", "region": "us-east-1", "kubernetes": {"join": KC.PLANNING_JOIN}})
+    nc = bridge.config(rc)["available_node_types"]["small-group"]["node_config"]
+    facts = bridge.catalog_facts(rc)
+    assert facts.region == "us-east-1" and nc["zones"] == list(facts.zones)     # us-west-2a is none of them

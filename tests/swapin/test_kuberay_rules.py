@@ -3,6 +3,8 @@ one scheduling key at a time; every mapped node_config is then parsed by the cor
 the embedded catalog (so a key maps to something the planner accepts, not merely to a dict)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ray_nodeless.core.catalog import embedded
@@ -35,7 +37,7 @@ def _required(*exprs):
 
 def _rules(group, cloud="aws", region="us-west-2"):
     cat = embedded()
-    out = K.group_rules(group, key=KEY, cloud=cloud, types=cat.types(cloud), zones=cat.region(cloud, region).zones)
+    out = K.group_rules(group, key=KEY, facts=K.CatalogFacts.of(cat, cloud, region))
     if not out.blocking():
         # The mapped keys parse and every value is one the catalog knows in that region.
         parse_requirements(out.node_config, "node_config")
@@ -87,14 +89,24 @@ def test_gce_instance_type_keeps_its_attached_gpu_variants():
     assert names[0] == "n1-standard-8" and any(n.startswith("n1-standard-8+") for n in names[1:])
 
 
-def test_region_is_returned_for_the_caller_to_check():
+def test_a_required_region_must_be_the_clusters():
     out = _rules(_group({"topology.kubernetes.io/region": "us-west-2"}))
-    assert out.regions == ("us-west-2",) and out.node_config == {}
-    out = _rules(_group(labels={"ray.io/availability-region": "us-east-1"},
-                        node_selector={"topology.kubernetes.io/region": "us-west-2"}))
+    assert out.regions == ("us-west-2",) and out.node_config == {} and out.blocking() == []
+    out = _rules(_group({"topology.kubernetes.io/region": "us-east-1"}))
     [b] = out.blocking()
     assert b.key == f'{KEY}.template.spec.nodeSelector["topology.kubernetes.io/region"]'
+    assert "the cluster runs in us-west-2" in b.reason
+    out = _rules(_group(labels={"ray.io/availability-region": "us-east-1"},
+                        node_selector={"topology.kubernetes.io/region": "us-west-2"}))
+    b = out.blocking()[0]
+    assert b.key == f'{KEY}.template.spec.nodeSelector["topology.kubernetes.io/region"]'
     assert "contradicts" in b.reason and "ray.io/availability-region" in b.reason
+    # NotIn on the region: holds unless it names the cluster's
+    assert _rules(_group(affinity=_required({"key": "topology.kubernetes.io/region", "operator": "NotIn",
+                                             "values": ["eu-west-1"]}))).unhonoured == []
+    [b] = _rules(_group(affinity=_required({"key": "topology.kubernetes.io/region", "operator": "NotIn",
+                                            "values": ["us-west-2"]}))).blocking()
+    assert "us-west-2, the region the cluster runs in" in b.reason
 
 
 def test_karpenter_category_and_generation_resolve_to_catalog_families():
@@ -167,7 +179,7 @@ def test_ray_labels_map_and_contradictions_block():
     (_group({"kubernetes.io/os": "windows"}), f'{KEY}.template.spec.nodeSelector["kubernetes.io/os"]', True),
 ])
 def test_what_cannot_be_honoured_names_the_key(group, key, blocking):
-    out = K.group_rules(group, key=KEY, cloud="aws")
+    out = K.group_rules(group, key=KEY)
     [u] = out.unhonoured
     assert (u.key, u.blocking) == (key, blocking)
     assert u.reason
@@ -251,3 +263,215 @@ def test_cluster_spec_of_each_kind():
                           )[2] == "spec.rayClusterSpec"
     assert K.cluster_spec({"apiVersion": "ray.io/v1", "kind": "RayService", "spec": {"rayClusterConfig": inner}},
                           "documents[1]")[2] == "documents[1].spec.rayClusterConfig"
+
+
+# ------------------------------------------------------------------------------ labels resolved against the catalog
+# Karpenter's instance labels, NVIDIA GPU feature discovery's, NotIn zones: resolved against the region's instance
+# types (CatalogFacts). Each case checks the constraint keys select exactly the types the label's meaning selects,
+# computed here from the catalog's fields (names, vCPUs, memory, GPUs) without the module's own label table.
+
+AWS = K.CatalogFacts.of(embedded(), "aws", "us-west-2")
+_NAME = re.compile(r"^([a-z]+)(?:-\d+tb)?(\d+)")     # Karpenter's category / generation from the type's name
+
+
+def _cat(t):
+    m = _NAME.match(t.name)
+    return m.group(1) if m else None
+
+
+def _gen(t):
+    m = _NAME.match(t.name)
+    return int(m.group(2)) if m else None
+
+
+def _selected(nc, facts=AWS):
+    """The catalog types the constraint keys of `nc` let through (the keys group_rules writes for these labels)."""
+    out = set()
+    for t in facts.types:
+        if "instance_types" in nc and t.name not in nc["instance_types"]:
+            continue
+        if t.name in nc.get("exclude_instance_types", ()):
+            continue
+        if "families" in nc and t.family not in nc["families"]:
+            continue
+        if t.family in nc.get("exclude_families", ()):
+            continue
+        if t.vcpus < nc.get("min_vcpus", 0) or t.memory_gib < nc.get("min_memory_gib", 0):
+            continue
+        out.add(t.name)
+    return out
+
+
+def _plain(pred, facts=AWS):
+    """What a per-type label selects: the matching types, without the burstable and non-GPU-accelerator ones that
+    ray_nodeless launches only when named (unless nothing else matches)."""
+    hit = [t for t in facts.types if pred(t)]
+    return {t.name for t in ([t for t in hit if not (t.burstable or t.accelerator)] or hit)}
+
+
+def _mib_per_gpu(t):
+    return t.gpu_memory_gib * 1024 / t.gpu_count if t.gpu_count else None
+
+
+@pytest.mark.parametrize("label,op,values,expected", [
+    # family-level labels name whole families, burstable ones included (as instance-family does)
+    ("karpenter.k8s.aws/instance-category", "In", ["c", "m", "r"],
+     lambda: {t.name for t in AWS.types if _cat(t) in ("c", "m", "r")}),
+    ("karpenter.k8s.aws/instance-category", "In", ["t"], lambda: {t.name for t in AWS.types if _cat(t) == "t"}),
+    ("karpenter.k8s.aws/instance-category", "NotIn", ["p", "g"],
+     lambda: {t.name for t in AWS.types if _cat(t) not in ("p", "g")}),
+    ("karpenter.k8s.aws/instance-generation", "Gt", ["6"],
+     lambda: {t.name for t in AWS.types if _gen(t) is not None and _gen(t) > 6}),
+    ("karpenter.k8s.aws/instance-generation", "Lt", ["4"],
+     lambda: {t.name for t in AWS.types if _gen(t) is not None and _gen(t) < 4}),
+    ("karpenter.k8s.aws/instance-generation", "In", ["5"], lambda: {t.name for t in AWS.types if _gen(t) == 5}),
+    # per-type labels
+    ("karpenter.k8s.aws/instance-cpu", "In", ["4", "8"], lambda: _plain(lambda t: t.vcpus in (4, 8))),
+    ("karpenter.k8s.aws/instance-cpu", "Lt", ["3"], lambda: _plain(lambda t: t.vcpus < 3)),
+    ("karpenter.k8s.aws/instance-memory", "Lt", ["4096"], lambda: _plain(lambda t: t.memory_gib * 1024 < 4096)),
+    ("karpenter.k8s.aws/instance-memory", "In", ["16384"], lambda: _plain(lambda t: t.memory_gib == 16)),
+    ("karpenter.k8s.aws/instance-size", "In", ["2xlarge"], lambda: _plain(lambda t: t.name.endswith(".2xlarge"))),
+    ("karpenter.k8s.aws/instance-size", "NotIn", ["metal"],
+     lambda: _plain(lambda t: not t.name.endswith(".metal"))),
+    ("karpenter.k8s.aws/instance-gpu-count", "Gt", ["1"], lambda: _plain(lambda t: t.gpu_count > 1)),
+    ("karpenter.k8s.aws/instance-gpu-count", "Exists", [], lambda: _plain(lambda t: t.gpu_count > 0)),
+    ("karpenter.k8s.aws/instance-gpu-count", "DoesNotExist", [], lambda: _plain(lambda t: t.gpu_count == 0)),
+    ("karpenter.k8s.aws/instance-gpu-memory", "Gt", ["40000"],
+     lambda: _plain(lambda t: t.gpu_count and _mib_per_gpu(t) > 40000)),
+    ("karpenter.k8s.aws/instance-gpu-manufacturer", "In", ["nvidia"], lambda: _plain(lambda t: t.gpu_count > 0)),
+    ("karpenter.k8s.aws/instance-gpu-name", "Exists", [], lambda: _plain(lambda t: t.gpu_count > 0)),
+    ("karpenter.k8s.aws/instance-accelerator-name", "In", ["inferentia2"],
+     lambda: {t.name for t in AWS.types if t.accelerator == "Inferentia2"}),
+    ("karpenter.k8s.aws/instance-accelerator-count", "DoesNotExist", [], lambda: _plain(lambda t: not t.accelerator)),
+    ("karpenter.k8s.aws/instance-capability-flex", "In", ["true"], lambda: _plain(lambda t: "-flex." in t.name)),
+    ("nvidia.com/gpu.count", "Lt", ["2"], lambda: _plain(lambda t: 0 < t.gpu_count < 2)),
+    ("nvidia.com/gpu.memory", "Gt", ["30000"], lambda: _plain(lambda t: t.gpu_count and _mib_per_gpu(t) > 30000)),
+    ("nvidia.com/gpu.product", "DoesNotExist", [], lambda: _plain(lambda t: t.gpu_count == 0)),
+])
+def test_catalog_labels_select_exactly_the_types_they_name(label, op, values, expected):
+    out = _rules(_group(affinity=_required({"key": label, "operator": op, "values": values})))
+    assert out.unhonoured == []
+    want = expected()
+    assert want and len(want) < len(AWS.types)               # each case narrows, and leaves something
+    assert _selected(out.node_config) == want
+    assert out.node_config.get("allow_gpu_instances", False) == all(
+        t.gpu_count for t in AWS.types if t.name in want)
+    assert out.sources[next(k for k in out.node_config if k != "allow_gpu_instances")].endswith("matchExpressions[0]")
+
+
+@pytest.mark.parametrize("label,op,n,key,value", [
+    ("karpenter.k8s.aws/instance-cpu", "Gt", "7", "min_vcpus", 8),
+    ("karpenter.k8s.aws/instance-memory", "Gt", "16383", "min_memory_gib", 16.0),
+])
+def test_gt_on_vcpus_and_memory_is_a_minimum(label, op, n, key, value):
+    """No catalog needed: Karpenter's values are whole vCPUs and MiB, so > n is >= n + 1."""
+    out = K.group_rules(_group(affinity=_required({"key": label, "operator": op, "values": [n]})), key=KEY)
+    assert out.unhonoured == [] and out.node_config == {key: value}
+
+
+def test_karpenter_default_nodepool_requirements_plan():
+    """The requirements of Karpenter's documented default NodePool, with a spread of operators, together."""
+    out = _rules(_group(affinity=_required(
+        {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c", "m", "r"]},
+        {"key": "karpenter.k8s.aws/instance-generation", "operator": "Gt", "values": ["2"]},
+        {"key": "karpenter.k8s.aws/instance-cpu", "operator": "Lt", "values": ["33"]},
+        {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot", "on-demand"]},
+        {"key": "topology.kubernetes.io/zone", "operator": "NotIn", "values": ["us-west-2d"]})))
+    assert out.unhonoured == []
+    nc = out.node_config
+    assert nc["capacity"] == ["spot", "on-demand"] and nc["zones"] == ["us-west-2a", "us-west-2b", "us-west-2c"]
+    want = {t.name for t in AWS.types if _cat(t) in ("c", "m", "r") and _gen(t) > 2 and t.vcpus < 33}
+    assert _selected(nc) == want
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("m5.large", ("m", 5)), ("c7i-flex.large", ("c", 7)), ("u-6tb1.metal", ("u", 1)),
+    ("u7i-12tb.metal", ("u", 7)), ("p6-b200.48xlarge", ("p", 6)), ("inf2.xlarge", ("inf", 2)),
+    ("im4gn.large", ("im", 4)), ("x2iedn.xlarge", ("x", 2)), ("mac2-m2.metal", ("mac", 2)),
+    ("n2-standard-8", None), ("e2", None),
+])
+def test_category_and_generation_parse_as_karpenter_does(name, expected):
+    assert K.karpenter_category_generation(name) == expected
+
+
+@pytest.mark.parametrize("expr,reason", [
+    ({"key": "karpenter.k8s.aws/instance-generation", "operator": "Gt", "values": ["x"]}, "exactly one integer"),
+    ({"key": "karpenter.k8s.aws/instance-cpu", "operator": "Lt", "values": ["2", "4"]}, "exactly one integer"),
+    ({"key": "karpenter.k8s.aws/instance-category", "operator": "Gt", "values": ["3"]}, "is not a number"),
+    ({"key": "node.kubernetes.io/instance-type", "operator": "Lt", "values": ["3"]}, "is not a number"),
+    ({"key": "karpenter.k8s.aws/instance-generation", "operator": "Gt", "values": ["99"]}, "no aws instance type"),
+    ({"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["zz"]}, "no aws instance type"),
+    ({"key": "node.kubernetes.io/instance-type", "operator": "DoesNotExist"}, "DoesNotExist selects none"),
+    ({"key": "karpenter.k8s.aws/instance-cpu", "operator": "DoesNotExist"}, "no aws instance type"),
+    ({"key": "topology.kubernetes.io/zone", "operator": "NotIn",
+      "values": ["us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"]}, "excludes every zone of us-west-2"),
+    ({"key": "topology.k8s.aws/zone-id", "operator": "In", "values": ["usw2-az1"]}, "records no zone ids"),
+    ({"key": "karpenter.k8s.aws/instance-hypervisor", "operator": "In", "values": ["nitro"]}, "no hypervisors"),
+    ({"key": "karpenter.k8s.aws/instance-local-nvme", "operator": "Gt", "values": ["100"]}, "no local NVMe"),
+    ({"key": "karpenter.k8s.aws/instance-cpu-manufacturer", "operator": "In", "values": ["intel"]},
+     "Intel's or AMD's"),
+    ({"key": "my.example/pool", "operator": "Exists"}, "not a label ray_nodeless maps"),
+    ({"key": "my.example/pool", "operator": "In", "values": ["a", "b"]}, "not a label ray_nodeless maps"),
+    ({"key": "kubernetes.io/arch", "operator": "Matches", "values": ["a"]}, "is not one of In, NotIn"),
+])
+def test_what_the_catalog_cannot_honour_names_the_key(expr, reason):
+    out = _rules(_group(affinity=_required(expr)))
+    [b] = out.blocking()
+    assert b.key == f"{KEY}.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution." \
+                    "nodeSelectorTerms[0].matchExpressions[0]"
+    assert reason in b.reason, b.reason
+
+
+@pytest.mark.parametrize("expr", [
+    {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["c"]},
+    {"key": "karpenter.k8s.aws/instance-generation", "operator": "Lt", "values": ["6"]},
+    {"key": "karpenter.k8s.aws/instance-cpu", "operator": "Lt", "values": ["6"]},
+    {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "Exists"},
+    {"key": "topology.kubernetes.io/zone", "operator": "NotIn", "values": ["us-west-2a"]},
+])
+def test_without_catalog_facts_the_resolved_keys_are_refused_naming_the_key(expr):
+    out = K.group_rules(_group(affinity=_required(expr)), key=KEY)
+    [b] = out.blocking()
+    assert b.key.endswith("matchExpressions[0]") and "catalog" in b.reason
+
+
+@pytest.mark.parametrize("expr,node_config", [
+    ({"key": "cloud.google.com/gke-spot", "operator": "Exists"}, {"capacity": ["spot"]}),
+    ({"key": "cloud.google.com/gke-spot", "operator": "DoesNotExist"}, {"capacity": ["on-demand"]}),
+    ({"key": "cloud.google.com/gke-preemptible", "operator": "Exists"}, {"capacity": ["spot"]}),
+    ({"key": "karpenter.k8s.aws/instance-cpu-manufacturer", "operator": "In", "values": ["aws"]}, {"arch": ["arm64"]}),
+    ({"key": "karpenter.k8s.aws/instance-cpu-manufacturer", "operator": "NotIn", "values": ["aws"]},
+     {"arch": ["x86_64"]}),
+    ({"key": "node.kubernetes.io/instance-type", "operator": "Exists"}, {}),
+    ({"key": "karpenter.sh/capacity-type", "operator": "Exists"}, {}),
+    ({"key": "karpenter.k8s.aws/instance-cpu", "operator": "Exists"}, {}),
+])
+def test_exists_and_does_not_exist_where_they_mean_something(expr, node_config):
+    out = K.group_rules(_group(affinity=_required(expr)), key=KEY, facts=AWS)
+    assert out.unhonoured == [] and out.node_config == node_config
+
+
+def test_an_unmapped_label_that_must_be_absent_holds_on_a_new_node():
+    out = _rules(_group(affinity=_required({"key": "node-role.kubernetes.io/control-plane",
+                                            "operator": "DoesNotExist"},
+                                           {"key": "my.example/pool", "operator": "NotIn", "values": ["gpu"]})))
+    assert out.blocking() == [] and len(out.unhonoured) == 2 and out.node_config == {}
+    # ... unless the group's own nodeSelector puts it on the Node
+    out = _rules(_group({"my.example/pool": "gpu"},
+                        affinity=_required({"key": "my.example/pool", "operator": "NotIn", "values": ["gpu"]})))
+    [b] = out.blocking()
+    assert "contradicts the my.example/pool=gpu" in b.reason
+
+
+def test_two_resolved_labels_intersect_and_a_contradiction_names_both():
+    out = _rules(_group(affinity=_required(
+        {"key": "karpenter.k8s.aws/instance-size", "operator": "In", "values": ["xlarge"]},
+        {"key": "karpenter.k8s.aws/instance-cpu", "operator": "In", "values": ["4"]})))
+    assert out.blocking() == []
+    assert _selected(out.node_config) == _plain(lambda t: t.name.endswith(".xlarge")) & _plain(lambda t: t.vcpus == 4)
+    out = _rules(_group(affinity=_required(
+        {"key": "karpenter.k8s.aws/instance-accelerator-name", "operator": "In", "values": ["inferentia2"]},
+        {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["m"]})))
+    [b] = out.blocking()
+    assert b.key.endswith("matchExpressions[1]") and "matchExpressions[0]" in b.reason and "no machine" in b.reason
