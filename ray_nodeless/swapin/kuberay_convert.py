@@ -360,26 +360,14 @@ def _ray_up(conv: ManifestConversion, ray_cr: Mapping[str, Any], cfg: Mapping[st
 
 
 def table(conv: ManifestConversion, output: str | None, ray_up_output: str | None = None) -> str:
-    from ray_nodeless.swapin.report import _price, _side
+    """The same before/after report as for Ray YAMLs (report.py cost_table); the head of a bridged cluster is
+    KubeRay's pod, listed without costs unless --ray-up made it a VM node type."""
+    from ray_nodeless.swapin.report import cost_table
 
-    lines = [f"converted {conv.source} (KubeRay) -> {output or 'stdout'} for the ray_nodeless bridge "
-             f"({conv.cloud} {conv.region})" + (f"; ray up YAML -> {ray_up_output}" if ray_up_output else "")]
-    rows = [("node type", "role", "before (node autoscaler)", "after (ray_nodeless)")]
-    if conv.head_node_type not in conv.node_types:
-        rows.append((conv.head_node_type, "head", "KubeRay's head pod", "KubeRay's head pod (not launched)"))
-    for name in sorted(conv.node_types, key=lambda n: (not conv.node_types[n].is_head, n)):
-        c = conv.node_types[name]
-        role = "head" if c.is_head else f"workers {c.min_workers}..{c.max_workers}"
-        before = _side(c.before) if c.before.instance_type else "(its pods' nodes: not pinned)"
-        rows.append((name, role, before, _side(c.after)))
-    widths = [max(len(r[k]) for r in rows) for k in range(3)]
-    lines += ["  ".join(r[k].ljust(widths[k]) for k in range(3)) + "  " + r[3] for r in rows]
-    s = conv.summary
-    lines.append(f"idle cost:    {_price(s['idle_cost_per_hour_before'])} -> {_price(s['idle_cost_per_hour_after'])}"
-                 " (min workers" + (", VM head" if conv.ray_up else "") + ")")
-    lines.append(f"ceiling cost: {_price(s['ceiling_cost_per_hour_before'])} -> "
-                 f"{_price(s['ceiling_cost_per_hour_after'])} (at max workers)")
-    if conv.notes:
-        lines.append("notes:")
-        lines += [f"  - {n}" for n in conv.notes]
-    return "\n".join(lines)
+    title = (f"converted {conv.source} (KubeRay) -> {output or 'stdout'} for the ray_nodeless bridge "
+             f"({conv.cloud} {conv.region})" + (f"; ray up YAML -> {ray_up_output}" if ray_up_output else ""))
+    head = ([] if conv.head_node_type in conv.node_types else
+            [(conv.head_node_type, "head", "KubeRay's head pod", "KubeRay's head pod (not launched)")])
+    return cost_table(title, "before (node autoscaler)", conv.node_types, conv.summary, conv.notes,
+                      idle_scope="min workers" + (", VM head" if conv.ray_up else ""),
+                      ceiling_scope="at max workers", not_pinned="(its pods' nodes: not pinned)", first_rows=head)
