@@ -39,6 +39,7 @@ from ray_nodeless.core.cluster_plan import load_cluster_yaml, plan_cluster  # no
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE  # noqa: E402
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes  # noqa: E402
+from ray_nodeless.simulate.calibrate import measured_timing  # noqa: E402
 from ray_nodeless.simulate.config import config_from_cluster  # noqa: E402
 from ray_nodeless.simulate.engine import simulate  # noqa: E402
 from ray_nodeless.trace.model import parse_trace  # noqa: E402
@@ -125,23 +126,21 @@ def overlap_hours(start: float, end: float, lo: float, hi: float) -> float:
 
 
 def replay(config: Path, trace_doc: dict, watcher: Watcher, window_s: tuple[float, float]) -> dict:
-    """The recorded run replayed under the same config, with this run's own mean launch latency (machine listed ->
-    its Ray node alive, from the watcher and the node table). Both sides are billed the same way from the run's
-    first demand (a trial's placement group request) on."""
+    """The recorded run replayed under the same config, with this run's own timing, each figure measured in the run
+    (simulate/calibrate.py: launch latency and how many nodes started at once, from the watcher's listings and the
+    node table; the time from a node having room to a trial running; the scale-down latency). Both sides are
+    billed the same way from the run's first demand (a trial's placement group request) on."""
     trace = parse_trace(trace_doc, "recorded run")
-    starts = sorted(n["start_ms"] / 1000 for n in trace_doc["meta"]["recorded_nodes"] if not n["is_head"])
-    launches = sorted(s for tags, s, _ in watcher.lifetimes.values() if tags.get("ray-node-type") == "worker")
-    gaps = [max(0.0, st - la) for la, st in zip(launches, starts)]
-    latency_s = sum(gaps) / len(gaps) if gaps else 0.0
-    r = simulate(trace, config_from_cluster(str(config), trace.default_schedule, False),
-                 launch_latency_ms=int(round(latency_s * 1000)))
+    machines = [(s, e) for tags, s, e in watcher.lifetimes.values() if tags.get("ray-node-type") == "worker"]
+    timing = measured_timing(trace_doc, machines)
+    r = simulate(trace, config_from_cluster(str(config), trace.default_schedule, False), **timing.kwargs())
     lo, hi = window_s
     # As the replay bills: the head for the run window, each worker from its launch to its end (idle tail
     # included: the replay models idle_timeout_minutes too).
     measured = sum(overlap_hours(s, e or time.time(), lo, hi if tags.get("ray-node-type") == "head" else 1e12)
                    for tags, s, e in watcher.lifetimes.values())
-    return {"result": r, "launch_latency_s": latency_s, "measured_node_hours": measured,
-            "replayed_node_hours": sum(r.node_hours().values())}
+    return {"result": r, "launch_latency_s": timing.launch_latency_ms / 1000, "timing": timing.to_dict(),
+            "measured_node_hours": measured, "replayed_node_hours": sum(r.node_hours().values())}
 
 
 def report(watcher: Watcher, wall_s: float, region: str, head_price: float, rep: dict | None) -> dict:
@@ -174,13 +173,17 @@ def report(watcher: Watcher, wall_s: float, region: str, head_price: float, rep:
         out.update(bound=round(bound, 6), useful_task_hours=round(useful, 6),
                    measured_node_hours=round(rep["measured_node_hours"], 6),
                    replayed_node_hours=round(rep["replayed_node_hours"], 6),
-                   launch_latency_s=round(rep["launch_latency_s"], 2), replayed_cost=round(r.workload_cost, 6))
+                   launch_latency_s=round(rep["launch_latency_s"], 2), replay_timing=rep["timing"],
+                   replayed_cost=round(r.workload_cost, 6))
         print(f"  {'lower bound':30} {useful:11.4f} {bound:10.5f}   (useful task-hours on the cheapest allowed "
               f"offering, + the head ${head_price:.3f}/h)")
         if bound:
             print(f"  ray_nodeless is {100 * (total / bound - 1):.1f} % above the bound; the fixed cluster "
                   f"{100 * (fixed / bound - 1):.1f} %")
-        print(f"Replay of the recorded run (simulate, launch latency {rep['launch_latency_s']:.1f} s as measured): "
+        tm = rep["timing"]
+        print(f"Replay of the recorded run (simulate, timing as measured: launch {tm['launch_latency_s']:.1f} s, "
+              f"{tm['launch_concurrency'] or 'any number'} at once, trial start {tm['task_start_s']:.1f} s, "
+              f"scale-down {tm['scale_down_s']:.1f} s): "
               f"{rep['replayed_node_hours']:.4f} node-hours against {rep['measured_node_hours']:.4f} measured in "
               f"the run ({100 * (rep['replayed_node_hours'] / rep['measured_node_hours'] - 1):+.1f} %)"
               if rep["measured_node_hours"] else "Replay: nothing measured")

@@ -11,7 +11,7 @@ import click
 from ray_nodeless.cli.errors import user_errors
 from ray_nodeless.core.cluster_plan import load_catalog
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.simulate.config import CAPACITY_VARIANTS, IDLE_RELEASE, build_configs
+from ray_nodeless.simulate.config import CAPACITY_VARIANTS, IDLE_RELEASE, REVERSION_VARIANTS, build_configs
 from ray_nodeless.simulate.engine import simulate
 from ray_nodeless.simulate.model import DEFAULT_LAUNCH_MINUTES
 from ray_nodeless.simulate.plot import plot_results
@@ -41,29 +41,56 @@ from ray_nodeless.trace.model import load_trace
               show_default=True, help="as-configured: each worker type's idle timeout as the plan decides it (the "
                                       "per-type idle_timeout_s Ray v2 reads: cost-aware break-even unless the type "
                                       "sets one); cluster-wide: Ray v1's one idle_timeout_minutes; both: each way.")
+@click.option("--reversion", type=click.Choice(list(REVERSION_VARIANTS)), default="as-configured",
+              show_default=True, help="On-demand -> spot reversion (provider.reversion): as configured (on by "
+                                      "default), off, or both (spot configs replayed each way).")
+@click.option("--spot-outage-minutes", type=float, default=0.0, show_default=True,
+              help="After a spot interruption, no spot capacity for the node type this long (launches fall back "
+                   "to on demand; reversion brings them back).")
+@click.option("--launch-concurrency", type=int, default=None,
+              help="At most this many nodes start at once (default: any number; the local backend starts one).")
+@click.option("--task-start-seconds", type=float, default=0.0, show_default=True,
+              help="A task holds its node this long before its recorded run begins (worker process start).")
+@click.option("--scale-down-seconds", type=float, default=0.0, show_default=True,
+              help="A terminated worker is billed this much longer (drain, terminate call).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a timeline PNG.")
 def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple[str, ...], capacity: str,
                      schedule: str | None, launch_minutes: float, spot_interruptions_per_hour: float, seed: int,
-                     catalog_spec: str, idle_release: str, as_json: bool, plot_path: str | None) -> None:
+                     catalog_spec: str, idle_release: str, reversion: str, spot_outage_minutes: float,
+                     launch_concurrency: int | None, task_start_seconds: float, scale_down_seconds: float,
+                     as_json: bool, plot_path: str | None) -> None:
     """Replay TRACE under each --config and --baseline: elapsed time, cost, idle cost, node-hours."""
     with user_errors():
         if not configs and not baselines:
             raise ConfigError("--config/--baseline", "give at least one configuration to replay under")
-        if launch_minutes < 0 or spot_interruptions_per_hour < 0:
-            raise ConfigError("--launch-minutes/--spot-interruptions-per-hour", "must be >= 0")
+        for key, v in (("--launch-minutes", launch_minutes), ("--spot-interruptions-per-hour",
+                       spot_interruptions_per_hour), ("--spot-outage-minutes", spot_outage_minutes),
+                       ("--task-start-seconds", task_start_seconds), ("--scale-down-seconds", scale_down_seconds)):
+            if v < 0:
+                raise ConfigError(key, f"must be >= 0, got {v}")
+        if launch_concurrency is not None and launch_concurrency < 1:
+            raise ConfigError("--launch-concurrency", f"must be >= 1, got {launch_concurrency}")
         trace = load_trace(trace_path)
         catalog = load_catalog(catalog_spec)
         idle = IDLE_RELEASE if idle_release == "both" else (idle_release,)
-        cfgs = build_configs(trace, configs, baselines, capacity, schedule, catalog, idle_release=idle)
-        results = [simulate(trace, c, launch_latency_ms=int(round(launch_minutes * 60_000)),
-                            spot_interruptions_per_hour=spot_interruptions_per_hour, seed=seed) for c in cfgs]
+        cfgs = build_configs(trace, configs, baselines, capacity, schedule, catalog, idle_release=idle,
+                             reversion=REVERSION_VARIANTS[reversion])
+        timing = {"launch_latency_ms": int(round(launch_minutes * 60_000)), "launch_concurrency": launch_concurrency,
+                  "task_start_ms": int(round(task_start_seconds * 1000)),
+                  "scale_down_ms": int(round(scale_down_seconds * 1000)),
+                  "spot_outage_ms": int(round(spot_outage_minutes * 60_000))}
+        results = [simulate(trace, c, spot_interruptions_per_hour=spot_interruptions_per_hour, seed=seed, **timing)
+                   for c in cfgs]
     baseline = next((r for r in results if r.config.kind == "fixed"), None)
     if plot_path:
         plot_results(results, plot_path)
     if as_json:
         params = report_params(launch_minutes=launch_minutes, spot_interruptions_per_hour=spot_interruptions_per_hour,
                                seed=seed, capacity=capacity, idle_release=idle_release)
+        params.update(reversion=reversion, spot_outage_minutes=spot_outage_minutes,
+                      launch_concurrency=launch_concurrency, task_start_seconds=task_start_seconds,
+                      scale_down_seconds=scale_down_seconds)
         click.echo(json.dumps(report_dict(trace, results, params), indent=2, sort_keys=True))
     else:
         click.echo(report_text(trace, results, baseline))

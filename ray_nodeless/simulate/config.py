@@ -17,7 +17,7 @@ from ray_nodeless.core.requirements import GIB
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.open_types import is_open_type, shape_open
-from ray_nodeless.simulate.model import Offer, SimConfig
+from ray_nodeless.simulate.model import TICK_MS, Offer, SimConfig
 from ray_nodeless.simulate.open import OpenCluster
 from ray_nodeless.trace.model import Trace
 
@@ -48,13 +48,36 @@ def force_on_demand(cfg: dict[str, Any]) -> dict[str, Any]:
 # Ray v2 does with the per-type idle_timeout_s bootstrap_config writes), or Ray v1's one idle_timeout_minutes.
 IDLE_RELEASE = ("as-configured", "cluster-wide")
 
+# `--reversion` -> replay each spot config with provider.reversion as configured (True), off (False), or both.
+REVERSION_VARIANTS: dict[str, tuple[bool, ...]] = {"as-configured": (True,), "off": (False,), "both": (True, False)}
+
+
+_UPDATE_INTERVAL = re.compile(r"(?:^|\s)AUTOSCALER_UPDATE_INTERVAL_S=([0-9]*\.?[0-9]+)(?=\s|$)")
+
+
+def autoscaler_tick_ms(cluster: dict[str, Any]) -> int:
+    """The autoscaler's loop period the cluster runs with: Ray's monitor reads AUTOSCALER_UPDATE_INTERVAL_S from its
+    environment, which is the head's `ray start` environment; a config sets it in head_start_ray_commands (the local
+    configs use 1 s). Otherwise Ray's default, 5 s."""
+    for cmd in cluster.get("head_start_ray_commands") or []:
+        m = _UPDATE_INTERVAL.search(str(cmd))
+        if m and float(m.group(1)) > 0:
+            return max(1, int(round(float(m.group(1)) * 1000)))
+    return TICK_MS
+
 
 def _ms(seconds: float | None) -> int:
     return -1 if seconds is None else int(round(seconds * 1000))
 
 
+def _offer(o: Any) -> Offer:
+    return Offer(instance_type=o.instance_type.name, capacity=o.capacity, zone=o.zone,
+                 hourly_price=float(o.hourly_price or 0.0))
+
+
 def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Catalog | None = None,
-                        idle_release: str = "as-configured") -> SimConfig:
+                        idle_release: str = "as-configured", reversion: bool = True) -> SimConfig:
+    """`reversion=False` replays the config with `provider.reversion` off (as-configured otherwise)."""
     raw = load_cluster_yaml(path)
     cfg = force_on_demand(raw) if on_demand else raw
     # The provider block read by the launch layer's loader, as `ray up` reads it: the backend registry says which
@@ -63,6 +86,7 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
     cp = plan_cluster(cfg, backend_overrides=bundle.requirement_overrides, catalog=catalog, settings=bundle.core)
     node_types: dict[str, dict[str, Any]] = {}
     offers: dict[str, Offer] = {}
+    candidates: dict[str, tuple[Offer, ...]] = {}
     for name, nt in cp.node_types.items():
         is_head = name == cp.head_node_type
         res = {k: float(v) for k, v in (nt.get("resources") or {}).items()}
@@ -70,8 +94,9 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
                             "min_workers": 0 if is_head else int(nt.get("min_workers", 0)),
                             "max_workers": 0 if is_head else int(nt.get("max_workers", cp.global_max_workers))}
         o = cp.plans[name].chosen
-        offers[name] = Offer(instance_type=o.instance_type.name, capacity=o.capacity, zone=o.zone,
-                             hourly_price=float(o.hourly_price or 0.0))
+        offers[name] = _offer(o)
+        if not is_head:
+            candidates[name] = tuple(_offer(c) for c in cp.plans[name].candidates())
     open_cluster = None
     if shape_open(cp.settings, cfg.get("available_node_types") or {}, cp.head_node_type):
         # Generated types a config file kept (a copy of a running head's) are the monitor's to make again.
@@ -79,6 +104,7 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
                     if n != cp.head_node_type and not is_open_type(cp.node_types[n])}
         for n in [n for n in node_types if is_open_type(cp.node_types[n])]:
             del node_types[n], offers[n]
+            candidates.pop(n, None)
         planner = planner_for(priced(catalog or load_catalog(cp.settings.catalog), cp.settings.price_overrides))
         open_cluster = OpenCluster.build(cp.settings, planner, declared, bundle.requirement_overrides)
     idle_min = raw.get("idle_timeout_minutes")
@@ -101,12 +127,15 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
                                          None if idle_ms < 0 else idle_ms / 1000)
                 return idle_ms if be is None else _ms(round(be, 3))
     label = Path(path).stem + (":on-demand" if on_demand else "") + (
-        ":cluster-idle" if idle_release == "cluster-wide" else "")
+        ":cluster-idle" if idle_release == "cluster-wide" else "") + ("" if reversion else ":no-reversion")
     return SimConfig(label=label, kind="autoscaled", schedule=schedule, head_node_type=cp.head_node_type,
                      node_types=node_types, offers=offers, max_workers=cp.global_max_workers,
                      upscaling_speed=float(raw.get("upscaling_speed", 1.0)), idle_timeout_ms=idle_ms,
                      idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path), open=open_cluster,
-                     idle_timeout_ms_by_type=by_type, open_idle_ms=open_idle)
+                     idle_timeout_ms_by_type=by_type, open_idle_ms=open_idle, tick_ms=autoscaler_tick_ms(raw),
+                     candidates=candidates, unavailable_ttl_ms=_ms(cp.settings.unavailable_ttl_s),
+                     reversion=cp.settings.reversion if reversion else None,
+                     max_hourly_cost=cp.settings.max_hourly_cost)
 
 
 _FIXED = re.compile(r"^fixed:(\d+)x([A-Za-z0-9.\-_+]+?)(?:@([a-z0-9\-]+))?$")
@@ -149,8 +178,10 @@ def _split_schedule(spec: str) -> tuple[str, str | None]:
 
 def build_configs(trace: Trace, configs: Iterable[str], baselines: Iterable[str], capacity: str,
                   schedule: str | None, catalog: Catalog,
-                  idle_release: Iterable[str] = ("as-configured",)) -> list[SimConfig]:
+                  idle_release: Iterable[str] = ("as-configured",),
+                  reversion: Iterable[bool] = (True,)) -> list[SimConfig]:
     out: list[SimConfig] = []
+    reversion = tuple(reversion)
     for spec in baselines:
         s, sched = _split_schedule(spec)
         out.append(config_from_fixed(s, sched or trace.baseline_schedule, catalog))
@@ -159,7 +190,11 @@ def build_configs(trace: Trace, configs: Iterable[str], baselines: Iterable[str]
         sched = sched or schedule or trace.default_schedule
         for od in CAPACITY_VARIANTS[capacity]:
             for idle in idle_release:
-                out.append(config_from_cluster(path, sched, od, catalog=catalog, idle_release=idle))
+                for rev in reversion:
+                    if od and not rev and True in reversion:
+                        continue    # all on demand: no fallback to revert, the same replay twice
+                    out.append(config_from_cluster(path, sched, od, catalog=catalog, idle_release=idle,
+                                                   reversion=rev))
     labels = [c.label for c in out]
     for c in out:
         if labels.count(c.label) > 1:

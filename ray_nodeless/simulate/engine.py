@@ -10,10 +10,17 @@ The replay runs the same decision code the provider runs in production, and imit
   added to the run's configuration as it opens them.
 
 What is modelled, and how (the "why" is in docs/trace-format.md):
-- time is whole milliseconds; the autoscaler ticks every `AUTOSCALER_UPDATE_INTERVAL_S` (5 s) on a fixed grid and
-  is only evaluated on ticks after something changed (its answer is a function of the state, so the skipped
-  ticks would return the same thing);
-- a launched node is billed from the launch request and can run tasks `launch_latency` later;
+- time is whole milliseconds; the autoscaler ticks every `AUTOSCALER_UPDATE_INTERVAL_S` (5 s unless the config's
+  head_start_ray_commands set it: `SimConfig.tick_ms`) on a fixed grid and is only evaluated on ticks after
+  something changed (its answer is a function of the state, so the skipped ticks would return the same thing);
+- a launched node is billed from the launch request and can run tasks `launch_latency` later; with
+  `launch_concurrency` N only N nodes start at once (the local backend starts one node process at a time, under
+  a host-wide lock): a node waits for a free start slot, unbilled, as its record does not exist yet, and is billed
+  from its slot's start;
+- a task placed on a node holds its resources `task_start` before its recorded run begins (a Tune trial: the
+  placement group's commit, the trial actor's worker process starting; a trace records only the run);
+- a worker the autoscaler terminates (idle, or a policy's release) stops taking work at once and is billed
+  `scale_down` longer (Ray's drain, the terminate call, the machine leaving the cloud's listing);
 - a worker that has run nothing for its node type's idle timeout is terminated on the next tick (never below
   `min_workers`): the per-type `idle_timeout_s` Ray v2 reads, as the cluster plan decides it (core/idle.py: the
   type's own value, the cost-aware break-even, or `idle_timeout_minutes`); `--idle-release cluster-wide` replays
@@ -22,7 +29,12 @@ What is modelled, and how (the "why" is in docs/trace-format.md):
   nodes as Ray's `scheduler_avoid_gpu_nodes` does); a task that fits nowhere does not block the others;
 - head-only phases run on the head, one at a time, outside Ray's resource accounting (they are driver code);
 - spot nodes may be interrupted (Poisson, `--spot-interruptions-per-hour`, RNG seeded per configuration and
-  node): the work of the tasks on them is lost and they rerun from the start;
+  node; or at scripted times, `interrupt_at`): the work of the tasks on them is lost and they rerun from the
+  start; the interrupted offering enters the capacity memory for the provider's `unavailable_ttl_s`, and with
+  `spot_outage_ms` every spot offering of the type has no capacity that long (a drought: launches fall back to
+  on demand, as the launcher's walk of the plan does, and those workers are fallbacks);
+- `provider.reversion` (on by default) replays on-demand -> spot reversion and the on-demand preference after
+  repeated interruptions (simulate/reversion.py, the live Reverter's steps);
 - `policies`: objects with `on_tick(sim)`, called after every autoscaler update (idle release, launches), may
   launch (`sim.launch(node_type)`) and terminate (`sim.release(node)`) nodes: the hook a replacement policy such as
   on-demand -> spot reversion plugs into without changing the loop.
@@ -38,7 +50,7 @@ from typing import Any, Mapping, Sequence
 from ray_nodeless.core.demand import NodeCapacity
 from ray_nodeless.ray_adapter.compat.scheduler import demand_scheduler, no_availability, quiet_scheduler
 from ray_nodeless.simulate.model import (
-    DEFAULT_LAUNCH_MINUTES, EPS, TICK_MS, JobRun, Offer, SimConfig, SimNode, SimulationError, TaskRun,
+    DEFAULT_LAUNCH_MINUTES, EPS, JobRun, Offer, SimConfig, SimNode, SimulationError, TaskRun,
 )
 from ray_nodeless.simulate.results import SimResult
 from ray_nodeless.trace.model import MS_PER_HOUR, Trace, stages_of
@@ -70,15 +82,41 @@ class Simulator:
     """One replay of one trace schedule under one configuration. Deterministic: integer time, seeded RNG."""
 
     def __init__(self, trace: Trace, config: SimConfig, *, launch_latency_ms: int = int(DEFAULT_LAUNCH_MINUTES * 60_000),
-                 spot_interruptions_per_hour: float = 0.0, seed: int = 0, policies: Sequence[Any] = ()):
+                 spot_interruptions_per_hour: float = 0.0, seed: int = 0, policies: Sequence[Any] = (),
+                 launch_concurrency: int | None = None, task_start_ms: int = 0, scale_down_ms: int = 0,
+                 tick_ms: int | None = None, spot_outage_ms: int = 0, interrupt_at: Mapping[int, int] | None = None):
+        if launch_concurrency is not None and launch_concurrency < 1:
+            raise SimulationError(f"launch_concurrency must be >= 1 (or None: unbounded), got {launch_concurrency}")
+        if min(launch_latency_ms, task_start_ms, scale_down_ms, spot_outage_ms) < 0 or \
+                (tick_ms is not None and tick_ms < 1):
+            raise SimulationError("launch_latency_ms, task_start_ms, scale_down_ms and spot_outage_ms must be >= 0, "
+                                  "tick_ms >= 1")
         self.trace = trace
         # The run's own copy: a shape-open cluster adds the node types it opens (the input config is reused).
         self.cfg = dataclasses.replace(config, node_types=dict(config.node_types), offers=dict(config.offers),
                                        idle_timeout_ms_by_type=dict(config.idle_timeout_ms_by_type))
+        self.on_interrupt: list[Any] = []           # callables (sim, node) run after a spot interruption
+        # The launcher's capacity memory (offering -> skipped until), spot droughts (node type -> no spot capacity
+        # until) and the on-demand preference after repeated interruptions (a reversion policy sets it).
+        self.unavailable: dict[Offer, int] = {}
+        self.spot_outage_ms = spot_outage_ms
+        self.outage_until: dict[str, int] = {}
+        self.prefer_on_demand: Any = lambda node_type: False
+        rev = self.cfg.reversion
+        if rev is not None and rev.enabled:
+            # As the provider builds its Reverter whenever reversion is on (the monitor's listing path ticks it).
+            from ray_nodeless.simulate.reversion import SimReverter
+            policies = (SimReverter(rev), *policies)
         self.policies = tuple(policies)
         self._opened: set[str] = set()
         self.launch_latency_ms = launch_latency_ms
+        self.launch_concurrency = launch_concurrency
+        self._start_slots: list[int] = []           # when each busy start slot frees (launch_concurrency)
+        self.task_start_ms = task_start_ms
+        self.scale_down_ms = scale_down_ms
+        self.tick_ms = tick_ms if tick_ms is not None else self.cfg.tick_ms
         self.spot_rate = spot_interruptions_per_hour
+        self.interrupt_at = dict(interrupt_at or {})     # node seq -> when it is interrupted (a scripted what-if)
         self.seed = seed
         self.now = 0
         self._events: list[tuple[int, int, str, Any]] = []
@@ -99,11 +137,18 @@ class Simulator:
         self._ticks: set[int] = set()
         self._dirty = True
         self._scheduler = None
+        for p in self.policies:
+            if hasattr(p, "attach"):          # a policy may hook interruptions and launches (simulate/reversion.py)
+                p.attach(self)
 
     # -- events ---------------------------------------------------------------------------------------------
     def _at(self, t: int, kind: str, payload: Any = None) -> None:
         self._eseq += 1
         heapq.heappush(self._events, (t, self._eseq, kind, payload))
+
+    def wake_at(self, t: int) -> None:
+        """Run the autoscaler (and the policies) on the first tick at or after `t` (for `policies`)."""
+        self._tick_at(-(-max(t, self.now) // self.tick_ms) * self.tick_ms)
 
     def _tick_at(self, t: int) -> None:
         if t not in self._ticks:
@@ -111,35 +156,101 @@ class Simulator:
             self._at(t, "tick")
 
     # -- nodes ----------------------------------------------------------------------------------------------
-    def _add_node(self, node_type: str, is_head: bool, ready_ms: int) -> SimNode:
+    def _launch_window(self) -> tuple[int, int]:
+        """(billed from, ready at) of a worker launched now: one launch latency, after a free start slot."""
+        start = self.now
+        if self.launch_concurrency is not None:
+            busy = sorted(t for t in self._start_slots if t > self.now)
+            if len(busy) >= self.launch_concurrency:
+                start = busy[len(busy) - self.launch_concurrency]
+            self._start_slots = busy + [start + self.launch_latency_ms]
+        return start, start + self.launch_latency_ms
+
+    def choose_offer(self, node_type: str, capacities: frozenset[str] | None = None) -> tuple[Offer | None, bool]:
+        """The offering the launcher takes for `node_type` now, and whether it is an on-demand fallback: the plan's
+        order (on-demand first while the type prefers it), skipping offerings in the capacity memory; a spot
+        offering tried in a drought fails and enters the memory, as a CapacityError does in the launcher."""
+        cands = self.cfg.candidates.get(node_type) or (self.cfg.offers[node_type],)
+        if self.prefer_on_demand(node_type):
+            cands = tuple(sorted(cands, key=lambda o: o.capacity == "spot"))      # stable: plan order otherwise
+        spot_missed = False
+        for o in cands:
+            if capacities is not None and o.capacity not in capacities:
+                continue
+            if self.unavailable.get(o, -1) > self.now:
+                spot_missed |= o.capacity == "spot"
+                continue
+            if o.capacity == "spot" and self.outage_until.get(node_type, -1) > self.now:
+                self.unavailable[o] = self.now + self.cfg.unavailable_ttl_ms
+                spot_missed = True
+                continue
+            return o, spot_missed and o.capacity != "spot"
+        return None, False
+
+    def spot_available(self, node_type: str) -> bool:
+        """Whether a spot offering of `node_type` is out of the capacity memory (what reversion waits for)."""
+        cands = self.cfg.candidates.get(node_type) or (self.cfg.offers[node_type],)
+        return any(o.capacity == "spot" and self.unavailable.get(o, -1) <= self.now for o in cands)
+
+    def hourly_cost(self) -> float:
+        """What the nodes up or launching cost per hour now (the launcher's view for max_hourly_cost)."""
+        return sum(n.offer.hourly_price for n in self.live.values())
+
+    def _add_worker(self, node_type: str, capacities: frozenset[str] | None = None) -> SimNode | None:
+        offer, fallback = self.choose_offer(node_type, capacities)
+        if offer is None:
+            # No offering has capacity now: look again on the first tick after one leaves the memory (a tick with
+            # nothing changed would not be run otherwise).
+            cands = self.cfg.candidates.get(node_type) or (self.cfg.offers[node_type],)
+            back = [t for t in [self.unavailable.get(o, -1) for o in cands] if t > self.now]
+            if back:
+                self._tick_at(-(-min(back) // self.tick_ms) * self.tick_ms)
+            return None
+        start, ready = self._launch_window()
+        n = self._add_node(node_type, False, ready, launch_ms=start, offer=offer)
+        n.fallback = fallback
+        return n
+
+    def _add_node(self, node_type: str, is_head: bool, ready_ms: int, launch_ms: int | None = None,
+                  offer: Offer | None = None) -> SimNode:
         res = dict(self.cfg.node_types[node_type]["resources"])
-        n = SimNode(seq=len(self.nodes), node_type=node_type, is_head=is_head, offer=self.cfg.offers[node_type],
-                    total=res, available=dict(res), launch_ms=self.now, ready_ms=ready_ms, idle_since_ms=ready_ms)
+        launch_ms = self.now if launch_ms is None else launch_ms
+        n = SimNode(seq=len(self.nodes), node_type=node_type, is_head=is_head,
+                    offer=offer or self.cfg.offers[node_type], total=res, available=dict(res), launch_ms=launch_ms,
+                    ready_ms=ready_ms, idle_since_ms=ready_ms)
         self.nodes.append(n)
         self.live[n.node_id] = n
         if ready_ms > self.now:
             self._at(ready_ms, "ready", n.seq)
-        if (n.offer.capacity == "spot" and self.spot_rate > 0 and not is_head):
+        if n.offer.capacity == "spot" and not is_head and n.seq in self.interrupt_at:
+            n.interrupt_ms = max(self.interrupt_at[n.seq], launch_ms + 1)
+            self._at(n.interrupt_ms, "interrupt", n.seq)
+        elif n.offer.capacity == "spot" and self.spot_rate > 0 and not is_head:
             # One RNG per node, seeded by configuration and node number: adding a configuration or a node elsewhere
             # does not shift anyone else's draws.
             rng = random.Random(f"{self.seed}:{self.cfg.label}:{n.seq}")
-            n.interrupt_ms = self.now + max(1, int(rng.expovariate(self.spot_rate) * MS_PER_HOUR))
+            n.interrupt_ms = launch_ms + max(1, int(rng.expovariate(self.spot_rate) * MS_PER_HOUR))
             self._at(n.interrupt_ms, "interrupt", n.seq)
         return n
 
-    def launch(self, node_type: str) -> SimNode:
-        """A worker of `node_type` requested now, ready one launch latency later (for `policies`)."""
+    def launch(self, node_type: str, capacities: frozenset[str] | None = None) -> SimNode | None:
+        """A worker of `node_type` requested now (only of `capacities` if given), ready one launch latency later;
+        None when no offering has capacity (for `policies`)."""
         self._dirty = True
-        return self._add_node(node_type, False, self.now + self.launch_latency_ms)
+        return self._add_worker(node_type, capacities)
 
     def release(self, n: SimNode) -> None:
-        """Terminate worker `n` now; its running tasks are lost and rerun, as on an interruption (for `policies`)."""
+        """Terminate worker `n` now; its running tasks are lost and rerun, as on an interruption (for `policies`).
+        Billed `scale_down` longer, as an idle termination (drain and terminate)."""
         if n.end_ms is None:
-            self._end_and_requeue(n)
+            self._end_and_requeue(n, self.scale_down_ms)
 
-    def _terminate(self, n: SimNode) -> None:
-        n.idle_until(self.now)
-        n.end_ms = self.now
+    def _terminate(self, n: SimNode, billed_ms: int = 0) -> None:
+        """End `n` now: it takes no more work; billed `billed_ms` longer (the scale-down latency), idle meanwhile."""
+        end = max(self.now + billed_ms, n.launch_ms)
+        n.idle_until(end)
+        n.idle_since_ms = None
+        n.end_ms = end
         self.live.pop(n.node_id, None)
 
     # -- jobs -----------------------------------------------------------------------------------------------
@@ -245,9 +356,10 @@ class Simulator:
             node.running.add(tr.seq)
             node.idle_until(self.now)
             node.idle_since_ms = None
-            tr.state, tr.node, tr.ran_on, tr.start_ms = "running", node.seq, node.seq, self.now
+            # The recorded run begins task_start later; the resources are held from now.
+            tr.state, tr.node, tr.ran_on, tr.start_ms = "running", node.seq, node.seq, self.now + self.task_start_ms
             tr.attempts += 1
-            self._at(self.now + tr.spec.duration_ms, "task_done", (tr.seq, tr.attempts))
+            self._at(tr.start_ms + tr.spec.duration_ms, "task_done", (tr.seq, tr.attempts))
             self._dirty = True
         self.pending = still
 
@@ -262,7 +374,7 @@ class Simulator:
         tr.node = None
 
     def _task_finished(self, tr: TaskRun, state: str) -> None:
-        tr.useful_ms += self.now - tr.start_ms
+        tr.useful_ms += max(0, self.now - tr.start_ms)
         self._release(tr)
         tr.state = state
         jr = self.jobs[tr.job]
@@ -279,7 +391,7 @@ class Simulator:
             return
         for tr in jr.tasks:
             if tr.state == "running":
-                tr.useful_ms += self.now - tr.start_ms
+                tr.useful_ms += max(0, self.now - tr.start_ms)
                 self._release(tr)
                 tr.state = "cut"
             elif tr.state in ("pending", "waiting"):
@@ -294,14 +406,21 @@ class Simulator:
             return
         self.interruptions += 1
         self._end_and_requeue(n)
+        # As the launcher on a machine that vanished: its offering is skipped for unavailable_ttl_s; a drought
+        # (spot_outage_ms) takes every spot offering of the type for that long.
+        self.unavailable[n.offer] = self.now + self.cfg.unavailable_ttl_ms
+        if self.spot_outage_ms > 0:
+            self.outage_until[n.node_type] = self.now + self.spot_outage_ms
+        for hook in self.on_interrupt:
+            hook(self, n)
 
-    def _end_and_requeue(self, n: SimNode) -> None:
-        """End worker `n` now (a policy's release or an interruption): its running tasks are lost and pending
-        again."""
+    def _end_and_requeue(self, n: SimNode, billed_ms: int = 0) -> None:
+        """End worker `n` now (a policy's release, billed `billed_ms` longer, or an interruption): its running
+        tasks are lost and pending again."""
         lost = [self.tasks[s] for s in sorted(n.running)]
-        self._terminate(n)
+        self._terminate(n, billed_ms)
         for tr in lost:
-            tr.lost_ms += self.now - tr.start_ms
+            tr.lost_ms += max(0, self.now - tr.start_ms)
             tr.state, tr.node = "pending", None
         # Lost work reruns from the start, ahead of later submissions (FIFO by first submission).
         self.pending = sorted(self.pending + lost, key=lambda t: (t.submit_ms, t.seq))
@@ -340,7 +459,7 @@ class Simulator:
                 if self.cfg.open_idle_ms is not None:
                     self.cfg.idle_timeout_ms_by_type[t.name] = self.cfg.open_idle_ms(o.hourly_price)
             for _ in range(count):
-                self._add_node(t.name, False, self.now + self.launch_latency_ms)
+                self._add_worker(t.name)
                 logger.debug("%s t=%.3fh open %s", self.cfg.label, self.now / MS_PER_HOUR, t.name)
 
     def _autoscale(self) -> None:
@@ -355,7 +474,7 @@ class Simulator:
             if timeout >= 0 and self.now - n.idle_since_ms >= timeout and \
                     counts[n.node_type] > self.cfg.node_types[n.node_type]["min_workers"]:
                 counts[n.node_type] -= 1
-                self._terminate(n)
+                self._terminate(n, self.scale_down_ms)
                 self._dirty = True
         min_short = any(
             nt["min_workers"] > sum(1 for n in self.live.values() if n.node_type == name and not n.is_head)
@@ -388,7 +507,7 @@ class Simulator:
             )
         for node_type in sorted(to_launch):
             for _ in range(int(to_launch[node_type])):
-                self._add_node(node_type, False, self.now + self.launch_latency_ms)
+                self._add_worker(node_type)
                 logger.debug("%s t=%.3fh launch %s (%s)", self.cfg.label, self.now / MS_PER_HOUR, node_type,
                              self.cfg.offers[node_type].key)
         self._run_policies()
@@ -402,9 +521,9 @@ class Simulator:
             return
         want: list[int] = []
         if self._dirty and self.pending:
-            g = -(-self.now // TICK_MS) * TICK_MS
+            g = -(-self.now // self.tick_ms) * self.tick_ms
             if g == self.now and ran_tick:
-                g += TICK_MS
+                g += self.tick_ms
             want.append(g)
         workers: dict[str, int] = {}
         for n in self.live.values():
@@ -419,7 +538,7 @@ class Simulator:
             if workers[n.node_type] <= self.cfg.node_types[n.node_type]["min_workers"]:
                 continue
             due = max(n.idle_since_ms + self.cfg.idle_ms(n.node_type), self.now + (1 if ran_tick else 0))
-            want.append(-(-due // TICK_MS) * TICK_MS)
+            want.append(-(-due // self.tick_ms) * self.tick_ms)
         for t in want:
             self._tick_at(t)
 
@@ -485,9 +604,10 @@ class Simulator:
             if n.end_ms is None:
                 n.idle_until(max(self.workload_end, n.launch_ms))
                 n.end_ms = max(self.workload_end, n.launch_ms)
+        stats = {type(p).__name__: p.stats.to_dict() for p in self.policies if hasattr(p, "stats")}
         return SimResult(config=self.cfg, elapsed_ms=self.workload_end, nodes=self.nodes, tasks=self.tasks,
                          head_phase_ms=self.head_phase_ms, interruptions=self.interruptions,
-                         scheduler_calls=self.scheduler_calls)
+                         scheduler_calls=self.scheduler_calls, policy_stats=stats)
 
 
 def simulate(trace: Trace, config: SimConfig, **kw: Any) -> SimResult:

@@ -10,7 +10,7 @@ from typing import Any
 from ray_nodeless.errors import NodelessError
 from ray_nodeless.trace.model import JobSpec, TaskSpec
 
-TICK_MS = 5_000                      # Ray's AUTOSCALER_UPDATE_INTERVAL_S
+TICK_MS = 5_000                      # Ray's AUTOSCALER_UPDATE_INTERVAL_S default (a config may set another)
 DEFAULT_LAUNCH_MINUTES = 3.0         # request -> Ray node ready (boot + `ray start`); see docs/trace-format.md
 EPS = 1e-9                           # resource amounts are floats: 0.1 + 0.2 must still fit in 0.3
 
@@ -62,6 +62,17 @@ class SimConfig:
     # A shape-open cluster's generated types: the break-even idle timeout of an offering at a price (ms, or None
     # for the cluster-wide one), as launch/open_types.py gives the types it generates.
     open_idle_ms: Any = None
+    # The autoscaler's loop period: Ray's AUTOSCALER_UPDATE_INTERVAL_S, 5 s unless the head's start command sets it.
+    tick_ms: int = TICK_MS
+    # Per node type, the plan's offerings in its order (the launcher walks them, skipping those in the capacity
+    # memory); a type not here launches its one `offers` entry. How long an offering that failed or was
+    # interrupted is skipped: the provider's unavailable_ttl_s.
+    candidates: dict[str, tuple[Offer, ...]] = field(default_factory=dict)
+    unavailable_ttl_ms: int = 180_000
+    # The provider's `reversion` settings (core/reversion.ReversionSettings; None or disabled: no reversion, no
+    # on-demand preference after interruptions) and `max_hourly_cost` (None: no cap).
+    reversion: Any = None
+    max_hourly_cost: float | None = None
 
     def idle_ms(self, node_type: str) -> int:
         return self.idle_timeout_ms_by_type.get(node_type, self.idle_timeout_ms)
@@ -85,6 +96,7 @@ class SimNode:
     running: set[int] = field(default_factory=set)
     idle_since_ms: int | None = None
     interrupt_ms: int | None = None
+    fallback: bool = False            # launched on demand because no spot offering had capacity (TAG_FALLBACK)
     idle_ms: int = 0                  # ready and running nothing (the idle tails), up to its end
 
     def idle_until(self, now: int) -> None:

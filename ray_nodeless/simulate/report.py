@@ -71,6 +71,14 @@ def report_text(trace: Trace, results: list[SimResult], baseline: SimResult | No
                          if r.config.idle_timeout_ms >= 0 else idle or "never"))
         if r.interruptions:
             extra = f"; {r.interruptions} spot interruptions, {r.lost_task_hours:.2f} task-hours lost and rerun"
+        fb = sum(r.node_ms(n) for n in r.nodes if n.fallback) / MS_PER_HOUR
+        rev = r.policy_stats.get("SimReverter")
+        if fb or (rev and any(v for v in rev.values())):
+            extra += f"; on-demand fallbacks {fb:.2f} node-h"
+            if rev:
+                extra += (f"; reversion: {rev['started']} spot replacements launched, {rev['replaced']} fallbacks "
+                          f"replaced, {rev['refused_busy']} drains refused (busy), {rev['kept']} kept, "
+                          f"{rev['preferred_on_demand']} on-demand preferences")
         lines.append(f"{r.config.label}: {inst}")
         lines.append(f"    node-hours: {nh}; useful task-hours {r.useful_task_hours:.2f}; "
                      f"head-only {r.head_phase_ms / MS_PER_HOUR:.2f} h{extra}")

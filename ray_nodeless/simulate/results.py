@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ray_nodeless.simulate.model import EPS, SimConfig, SimNode, TaskRun
@@ -18,6 +18,7 @@ class SimResult:
     head_phase_ms: int
     interruptions: int
     scheduler_calls: int
+    policy_stats: dict[str, dict[str, Any]] = field(default_factory=dict)   # per policy class, e.g. SimReverter
 
     # -- figures ------------------------------------------------------------------------------------------
     def node_ms(self, n: SimNode) -> int:
@@ -159,6 +160,9 @@ class SimResult:
             "launches": sum(1 for n in self.nodes if not n.is_head and self.config.kind == "autoscaled"),
             "peak_nodes": self.peak_nodes(),
             "spot_interruptions": self.interruptions,
+            "tick_seconds": self.config.tick_ms / 1000,
+            "fallback_node_hours": round(sum(self.node_ms(n) for n in self.nodes if n.fallback) / MS_PER_HOUR, 6),
+            "reversion": self.policy_stats.get("SimReverter"),
         }
 
     def peak_nodes(self) -> int:

@@ -129,7 +129,8 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
         # Ray also keeps only a bounded number of task events (RAY_task_events_max_num_task_in_gcs): a long run may
         # be missing its oldest tasks either way. Say so; a partial trace under-counts.
         logger.warning("the state API returned %d tasks, its limit: the trace may be missing tasks", len(tasks))
-    items: list[tuple[str, str, dict[str, float], int, int, int]] = []   # job, name, res, demand, start, end
+    # job, name, res, demand, start, end, node id
+    items: list[tuple[str, str, dict[str, float], int, int, int, str]] = []
     actor_creation: dict[str, Any] = {}
     actor_last_end: dict[str, int] = {}
     for t in tasks:
@@ -143,18 +144,18 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
         if not t.start_time_ms or not t.end_time_ms:
             continue
         items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _placed_demand_ms(t, groups),
-                      int(t.start_time_ms), int(t.end_time_ms)))
+                      int(t.start_time_ms), int(t.end_time_ms), str(getattr(t, "node_id", None) or "")))
     for actor_id, t in actor_creation.items():
         if not t.start_time_ms or actor_id not in actor_last_end:
             continue
         items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _placed_demand_ms(t, groups),
-                      int(t.start_time_ms), actor_last_end[actor_id]))
+                      int(t.start_time_ms), actor_last_end[actor_id], str(getattr(t, "node_id", None) or "")))
     items = [i for i in items if i[2]]     # zero-resource tasks never drive scaling
     if not items:
         raise ConfigError("trace record", "the cluster has no finished tasks or actors with resources to record")
     items.sort(key=lambda i: (i[3], i[4], i[0], i[1]))
     t0 = items[0][3]
-    by_job: dict[str, list[tuple[str, str, dict[str, float], int, int, int]]] = {}
+    by_job: dict[str, list[tuple[str, str, dict[str, float], int, int, int, str]]] = {}
     for it in items:
         by_job.setdefault(it[0], []).append(it)
     jobs_doc = []
@@ -164,7 +165,7 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
             "name": f"job-{job_id}",
             "delay_seconds": round((j0 - t0) / 1000, 3),
             "tasks": [{"name": n, "resources": r, "seconds": round((e - s) / 1000, 3),
-                       "submit_at_seconds": round((d - j0) / 1000, 3)} for _, n, r, d, s, e in its],
+                       "submit_at_seconds": round((d - j0) / 1000, 3)} for _, n, r, d, s, e, _ in its],
         })
     window_end = max(i[5] for i in items)
     rec_nodes = []
@@ -185,6 +186,10 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
         "meta": {
             "recorded_nodes": [{"node_id": n.node_id, "is_head": n.is_head, "resources": n.resources,
                                 "start_ms": n.start_ms, "end_ms": n.end_ms} for n in rec_nodes],
+            # Where and when each task ran (epoch ms), in the order of `jobs`: what a replay's timing is measured
+            # from (simulate/calibrate.py: the time between a node having room and the task running).
+            "recorded_tasks": [{"node_id": i[6], "resources": i[2], "demand_ms": i[3], "start_ms": i[4],
+                                "end_ms": i[5]} for its in by_job.values() for i in its],
             "window_ms": [t0, window_end],
             "measured_node_hours": round(rec.measured_node_hours, 6),
         },

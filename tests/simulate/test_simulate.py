@@ -336,7 +336,9 @@ def test_cli_json_is_deterministic_and_complete(tmp_path):
     assert doc["trace"] == "automl-published" and doc["published"]
     assert doc["parameters"] == {"launch_minutes": 3.0, "spot_interruptions_per_hour": 0.0, "seed": 0,
                                  "capacity": "both", "tick_seconds": 5, "idle_release": "as-configured",
-                                 "autoscaler": "ray v1 ResourceDemandScheduler.get_nodes_to_launch"}
+                                 "autoscaler": "ray v1 ResourceDemandScheduler.get_nodes_to_launch",
+                                 "reversion": "as-configured", "spot_outage_minutes": 0.0, "launch_concurrency": None,
+                                 "task_start_seconds": 0.0, "scale_down_seconds": 0.0}
 
 
 def test_cli_text_plot_and_errors(tmp_path):
@@ -359,7 +361,9 @@ def test_cli_text_plot_and_errors(tmp_path):
     (["--baseline", "fixed:3xnope.huge"], "--baseline: nope.huge has no on-demand price in aws us-west-2"),
     (["--baseline", "three g4dn"], "--baseline: 'three g4dn' is not fixed:<N>x<instance type>[@region]"),
     ([], "--config/--baseline: give at least one configuration"),
-    (["--baseline", "fixed:1xg4dn.xlarge", "--launch-minutes", "-1"], "--launch-minutes/--spot-interruptions-per-hour"),
+    (["--baseline", "fixed:1xg4dn.xlarge", "--launch-minutes", "-1"], "--launch-minutes: must be >= 0"),
+    (["--baseline", "fixed:1xg4dn.xlarge", "--scale-down-seconds", "-2"], "--scale-down-seconds: must be >= 0"),
+    (["--baseline", "fixed:1xg4dn.xlarge", "--launch-concurrency", "0"], "--launch-concurrency: must be >= 1"),
     (["--config", str(GPU_HEAD), "--schedule", "nightly"], "'nightly' is not one of the trace's schedules"),
 ])
 def test_cli_bad_input_exits_2_naming_the_key(args, key):
