@@ -548,6 +548,24 @@ def _restrict(label: str, op: str, values: Sequence[str], key: str, matched: Seq
         out.node_config["allow_gpu_instances"] = True
 
 
+def _known(what: str, values: Sequence[str], known: set[str], key: str, facts: CatalogFacts | None,
+           out: GroupRules) -> list[str] | None:
+    """The `In` values the catalog has in the region (all of them without facts); the others select no Node, as in
+    Kubernetes: dropped with a note, or a blocking Unhonoured when none is left."""
+    if facts is None:
+        return list(values)
+    kept = [v for v in values if v in known]
+    gone = [v for v in values if v not in known]
+    if not kept:
+        out.unhonoured.append(Unhonoured(key, f"{list(values)}: no {what} of {facts.cloud} in {facts.region} (the "
+                                              "catalog's)", True))
+        return None
+    if gone:
+        out.unhonoured.append(Unhonoured(key, f"{gone}: no {what} of {facts.cloud} in {facts.region} (the "
+                                              "catalog's): selects nothing, dropped", False))
+    return kept
+
+
 def _needs_catalog(label: str, key: str, facts: CatalogFacts | None, out: GroupRules) -> bool:
     if facts is None:
         out.unhonoured.append(Unhonoured(key, f"{label} is resolved against the catalog's instance types, and "
@@ -621,14 +639,24 @@ def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: Gro
         return
     neg = op == "NotIn"
     if label in INSTANCE_TYPE_KEYS:
-        names = list(values)
+        types = facts.types if facts is not None else ()
+        names = list(values) if neg else _known("instance type", values, {t.machine_type for t in types} |
+                                                {t.name for t in types}, key, facts, out)
+        if names is None:
+            return
         # The catalog names a host with attached GPUs (GCE) `<machine_type>+<n>x<model>`: the Node's label is the
         # host's machine type, so those variants are the same selection.
-        types = facts.types if facts is not None else ()
         names += sorted(t.name for t in types if t.machine_type in values and t.name not in values)
+        if types and not neg:        # a GCE host type the catalog lists only with its GPUs attached
+            listed = {t.name for t in types}
+            names = [n for n in names if n in listed]
         (acc.exclude if neg else acc.allow)("exclude_instance_types" if neg else "instance_types", names, key)
     elif label == "karpenter.k8s.aws/instance-family" or label == "cloud.google.com/machine-family":
         fams = [v.lower() for v in values]
+        if not neg:
+            fams = _known("family", fams, {t.family for t in facts.types} if facts else set(), key, facts, out)
+            if fams is None:
+                return
         (acc.exclude if neg else acc.allow)("exclude_families" if neg else "families", fams, key)
     elif label == CPU_MANUFACTURER:
         # Graviton (`aws`) is every arm64 instance type of AWS; intel and amd share x86_64 and the catalog does not
@@ -654,6 +682,8 @@ def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: Gro
                                                  True))
                 return
             models.append(m)
+            if label == "karpenter.k8s.aws/instance-gpu-name" and m == "A100":
+                models.append("A100-80GB")     # EC2 names both A100s `A100` (p4d, p4de): Karpenter's `a100`
         models = sorted(set(models))
         if neg:
             acc.exclude("exclude_gpus", models, key)
@@ -685,7 +715,9 @@ def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: Gro
                 return
             acc.allow("zones", left, key)
         else:
-            acc.allow("zones", list(values), key)
+            zones = _known("zone", values, set(facts.zones) if facts else set(), key, facts, out)
+            if zones is not None:
+                acc.allow("zones", zones, key)
     elif label in REGION_KEYS:
         if neg:
             if facts is None:
@@ -778,7 +810,9 @@ def group_rules(group: Mapping[str, Any], *, key: str, facts: CatalogFacts | Non
                 if caps:
                     acc.allow("capacity", caps, k)
             elif name == "ray.io/availability-zone":
-                acc.allow("zones", [str(v)], k)
+                zones = _known("zone", [str(v)], set(facts.zones) if facts else set(), k, facts, out)
+                if zones is not None:
+                    acc.allow("zones", zones, k)
             elif name == "ray.io/availability-region":
                 _regions(out, [str(v)], k)
             elif name == "ray.io/accelerator-type":

@@ -475,3 +475,36 @@ def test_two_resolved_labels_intersect_and_a_contradiction_names_both():
         {"key": "karpenter.k8s.aws/instance-category", "operator": "In", "values": ["m"]})))
     [b] = out.blocking()
     assert b.key.endswith("matchExpressions[1]") and "matchExpressions[0]" in b.reason and "no machine" in b.reason
+
+
+@pytest.mark.parametrize("group,key,what", [
+    (_group({"topology.kubernetes.io/zone": "us-east-1a"}),
+     f'{KEY}.template.spec.nodeSelector["topology.kubernetes.io/zone"]', "no zone of aws in us-west-2"),
+    (_group(labels={"ray.io/availability-zone": "us-west-2z"}), f'{KEY}.labels["ray.io/availability-zone"]',
+     "no zone of aws in us-west-2"),
+    (_group({"node.kubernetes.io/instance-type": "m99.huge"}),
+     f'{KEY}.template.spec.nodeSelector["node.kubernetes.io/instance-type"]', "no instance type of aws"),
+    (_group({"karpenter.k8s.aws/instance-family": "zz9"}),
+     f'{KEY}.template.spec.nodeSelector["karpenter.k8s.aws/instance-family"]', "no family of aws"),
+])
+def test_values_the_catalog_lacks_in_the_region_name_the_template_key(group, key, what):
+    """Refused at the template's key, rather than later at the node_config key the plan would name."""
+    [b] = _rules(group).blocking()
+    assert b.key == key and what in b.reason
+
+
+def test_in_values_the_region_lacks_are_dropped_with_a_note():
+    out = _rules(_group(affinity=_required({"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                            "values": ["m5.large", "m99.huge"]},
+                                           {"key": "topology.kubernetes.io/zone", "operator": "In",
+                                            "values": ["us-west-2b", "eu-west-1a"]})))
+    assert out.blocking() == []
+    assert out.node_config == {"instance_types": ["m5.large"], "zones": ["us-west-2b"]}
+    assert [u.reason.split(":")[0] for u in out.unhonoured] == ["['m99.huge']", "['eu-west-1a']"]
+
+
+def test_karpenter_a100_is_both_a100s():
+    """EC2 (and so Karpenter's instance-gpu-name) calls the 40 GB and the 80 GB A100 `A100` (p4d, p4de)."""
+    out = _rules(_group({"karpenter.k8s.aws/instance-gpu-name": "a100"}))
+    assert out.node_config["gpus"] == ["A100", "A100-80GB"]
+    assert _rules(_group({"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"})).node_config["gpus"] == ["A100"]
