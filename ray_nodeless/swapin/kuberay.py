@@ -333,8 +333,8 @@ class CatalogLabel:
 
 # Resolved against the region's instance types (CatalogFacts): a requirement on one of these keeps the machines
 # whose type gives the label a value that satisfies it (README "KubeRay manifests"). Values as Karpenter sets them
-# (pkg/providers/instancetype/types.go computeRequirements) and NVIDIA GPU feature discovery (gpu.count, gpu.memory
-# in MiB per GPU).
+# (pkg/providers/instancetype/types.go computeRequirements), GKE (gke-accelerator-count: the GPUs of a GPU node) and
+# NVIDIA GPU feature discovery (gpu.count, gpu.memory in MiB per GPU).
 CATALOG_LABELS: dict[str, CatalogLabel] = {
     "karpenter.k8s.aws/instance-category": CatalogLabel(lambda t: _cg(t, 0), False, family=True),
     "karpenter.k8s.aws/instance-generation": CatalogLabel(lambda t: _cg(t, 1), True, family=True),
@@ -351,6 +351,8 @@ CATALOG_LABELS: dict[str, CatalogLabel] = {
         lambda t: _kebab(t.accelerator) if t.accelerator else None, False),
     "karpenter.k8s.aws/instance-accelerator-count": CatalogLabel(
         lambda t: str(t.accelerator_count) if t.accelerator else None, True),
+    "cloud.google.com/gke-accelerator-count": CatalogLabel(lambda t: str(t.gpu_count) if t.gpu_count else None,
+                                                           True),
     "nvidia.com/gpu.count": CatalogLabel(lambda t: str(t.gpu_count) if t.gpu_count else None, True),
     "nvidia.com/gpu.memory": CatalogLabel(_gpu_memory_mib, True),
 }
@@ -383,6 +385,7 @@ MAPPED_KEYS: dict[str, str | None] = {
     **{k: "aws" for k in CATALOG_LABELS if k.startswith("karpenter.")},
     "cloud.google.com/gke-accelerator": "gcp", "cloud.google.com/gke-spot": "gcp",
     "cloud.google.com/gke-preemptible": "gcp", "cloud.google.com/machine-family": "gcp",
+    "cloud.google.com/gke-accelerator-count": "gcp",
     "nvidia.com/gpu.product": None, "nvidia.com/gpu.count": None, "nvidia.com/gpu.memory": None,
 }
 TPU_KEYS = ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology")

@@ -508,3 +508,16 @@ def test_karpenter_a100_is_both_a100s():
     out = _rules(_group({"karpenter.k8s.aws/instance-gpu-name": "a100"}))
     assert out.node_config["gpus"] == ["A100", "A100-80GB"]
     assert _rules(_group({"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"})).node_config["gpus"] == ["A100"]
+
+
+def test_gke_accelerator_count_on_gcp_keeps_the_hosts_with_that_many_gpus():
+    """GKE's GPU count label (Autopilot's GPU selector): resolved against GCP's types, attached-GPU hosts included."""
+    gcp = K.CatalogFacts.of(embedded(), "gcp", "us-central1")
+    out = _rules(_group({"cloud.google.com/gke-accelerator": "nvidia-l4",
+                         "cloud.google.com/gke-accelerator-count": "2"}), "gcp", "us-central1")
+    assert out.blocking() == [] and out.clouds == {"gcp"}
+    assert out.node_config["gpus"] == ["L4"] and out.node_config["allow_gpu_instances"] is True
+    assert _selected(out.node_config, gcp) == {t.name for t in gcp.types if t.gpu_count == 2}
+    out = _rules(_group({"cloud.google.com/gke-accelerator": "nvidia-tesla-t4",
+                         "cloud.google.com/gke-accelerator-count": "4"}), "gcp", "us-central1")
+    assert any("+4xT4" in n for n in _selected(out.node_config, gcp))
