@@ -142,30 +142,41 @@ def _gcp_target(gce: Any) -> Callable[[dict], None]:
     return point
 
 
-@pytest.mark.parametrize("b,corpus,name,mutate,key", [_param(*c) for c in CASES])
-def test_ray_up_names_the_key_and_launches_nothing(b, corpus, name, mutate, key, request, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch):
+def _target(b: str, request: pytest.FixtureRequest, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> tuple[Callable[[dict], None], Callable[[], list]]:
+    """What a case's config is pointed at (moto, the fake GCE; nothing for the local backend) and how to list the
+    machines that exist there afterwards."""
     if b == "aws":
         moto = request.getfixturevalue("moto")
-        point = _aws_target(moto, tmp_path, monkeypatch)
-        instances = lambda: all_instances(moto)  # noqa: E731
-    elif b == "k8s":
+        return _aws_target(moto, tmp_path, monkeypatch), lambda: all_instances(moto)
+    if b == "k8s":
         monkeypatch.setenv("HOME", str(tmp_path))
-        point = lambda c: None  # noqa: E731
         # The local backend launches only through Ray's head step (stubbed, recorded as acceptance) and the
         # provider objects Ray builds after it: nothing to list before that step.
-        instances = lambda: []  # noqa: E731
-    else:
-        gce = request.getfixturevalue("gce")
-        gce.instances.clear()
-        point = _gcp_target(gce)
-        instances = lambda: list(gce.instances)  # noqa: E731
+        return lambda c: None, lambda: []
+    gce = request.getfixturevalue("gce")
+    gce.instances.clear()
+    return _gcp_target(gce), lambda: list(gce.instances)
+
+
+def _case_file(b: str, mutate: Callable[[dict], None], tmp_path: Path,
+               point: Callable[[dict], None] | None = None) -> Path:
+    """The case's cluster YAML: the backend's base config, pointed (before the mutation: a case may change or remove
+    those keys too), then mutated."""
     cfg = copy.deepcopy(base(b))
-    point(cfg)                 # before the mutation: a case may change or remove these keys too
+    if point is not None:
+        point(cfg)
     mutate(cfg)
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
-    e = ray_up(path, monkeypatch)
+    return path
+
+
+@pytest.mark.parametrize("b,corpus,name,mutate,key", [_param(*c) for c in CASES])
+def test_ray_up_names_the_key_and_launches_nothing(b, corpus, name, mutate, key, request, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch):
+    point, instances = _target(b, request, tmp_path, monkeypatch)
+    e = ray_up(_case_file(b, mutate, tmp_path, point), monkeypatch)
     named = e is not None and not isinstance(e, CRASHES) and key in _message(e)
     RESULTS.setdefault((b, corpus), []).append(named)
     assert instances() == [], f"{name}: a machine exists after `ray up`"
@@ -183,11 +194,7 @@ def test_ray_crashes_where_documented(b, name, tmp_path: Path, monkeypatch: pyte
 
     function, exc_type, _why = RAY_CRASHES[name]
     [(mutate, key)] = [(m, k) for c, _corpus, n, m, k in CASES if c == b and n == name]
-    cfg = copy.deepcopy(base(b))
-    mutate(cfg)
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
-    e = ray_up_without_guard(path, monkeypatch)
+    e = ray_up_without_guard(_case_file(b, mutate, tmp_path), monkeypatch)
     assert isinstance(e, exc_type), f"{name}: {e!r}"
     frames = traceback.extract_tb(e.__traceback__)
     assert not [f for f in frames if "/ray_nodeless/" in f.filename], f"{name}: our code ran: {frames}"
@@ -211,21 +218,8 @@ def test_the_ray_cli_runs_the_guard(b, name, request, tmp_path: Path, monkeypatc
     no instance afterwards."""
     assert _hook_installed(), "ray_nodeless_up_guard.pth is not in site-packages: run `make install`"
     [(mutate, key)] = [(m, k) for c, _corpus, n, m, k in CASES if c == b and n == name]
-    if b == "aws":
-        moto = request.getfixturevalue("moto")
-        point = _aws_target(moto, tmp_path, monkeypatch)
-        instances = lambda: all_instances(moto)  # noqa: E731
-    else:
-        gce = request.getfixturevalue("gce")
-        gce.instances.clear()
-        point = _gcp_target(gce)
-        instances = lambda: list(gce.instances)  # noqa: E731
-    cfg = copy.deepcopy(base(b))
-    if isinstance(cfg.get("provider"), dict):
-        point(cfg)
-    mutate(cfg)
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(cfg, allow_unicode=True))
+    point, instances = _target(b, request, tmp_path, monkeypatch)
+    path = _case_file(b, mutate, tmp_path, point)
     env = {**os.environ, "HOME": str(tmp_path)}
     r = subprocess.run([str(RAY_BIN), "up", "-y", "--no-config-cache", str(path)], capture_output=True, text=True,
                        env=env, timeout=300)
@@ -238,10 +232,7 @@ def test_the_ray_cli_runs_the_guard(b, name, request, tmp_path: Path, monkeypatc
 def test_the_ray_cli_runs_ray_when_the_guard_stands_aside(tmp_path: Path):
     """A config the guard does not model (an unknown provider type) reaches Ray, whose own message answers."""
     assert _hook_installed(), "ray_nodeless_up_guard.pth is not in site-packages: run `make install`"
-    cfg = copy.deepcopy(base("aws"))
-    cfg["provider"]["type"] = "nope"
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = _case_file("aws", lambda c: c["provider"].update(type="nope"), tmp_path)
     r = subprocess.run([str(RAY_BIN), "up", "-y", "--no-config-cache", str(path)], capture_output=True, text=True,
                        env={**os.environ, "HOME": str(tmp_path)}, timeout=300)
     assert r.returncode != 0 and "Unknown provider type" in r.stdout + r.stderr, r.stdout + r.stderr
