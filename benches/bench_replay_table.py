@@ -10,6 +10,7 @@ draw of where the interruptions fall, not a trend.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import statistics
@@ -65,13 +66,17 @@ def main() -> None:
         for label, rate, outage in (("none", 0.0, 0.0), (f"{args.rate:g}/node-h", args.rate, 0.0),
                                     (f"{args.rate:g}/node-h + {args.outage_minutes:g}-min drought", args.rate,
                                      args.outage_minutes)):
-            for rev in (False, True):
-                cfg = config_from_cluster(path, trace.default_schedule, False, reversion=rev)
+            for rev in (("off", "on", "on, no on-demand preference") if rate > 0 else ("off", "on")):
+                cfg = config_from_cluster(path, trace.default_schedule, False, reversion=rev != "off")
+                if rev == "on, no on-demand preference":
+                    # The replacement step alone: the interruption limit out of reach.
+                    cfg = dataclasses.replace(cfg, reversion=cfg.reversion.model_copy(
+                        update={"interruption_limit": 10**9}))
                 seeds = range(args.seeds) if rate > 0 else range(1)
                 runs = [figures(simulate(trace, cfg, spot_interruptions_per_hour=rate, seed=s,
                                          spot_outage_ms=int(outage * 60_000))) for s in seeds]
                 rows.append({"head": head, "capacity": "spot first", "interruptions": label,
-                             "reversion": "on" if rev else "off", **mean_row(runs)})
+                             "reversion": rev, **mean_row(runs)})
     fixed = config_from_fixed("fixed:3xg4dn.4xlarge", trace.baseline_schedule, load_catalog("embedded"))
     rows.append({"head": "fixed 3 x g4dn.4xlarge", "capacity": "on demand", "interruptions": "none",
                  "reversion": "-", **figures(simulate(trace, fixed))})
