@@ -398,9 +398,9 @@ class CatalogFacts:
     """What group_rules needs of the catalog to resolve labels that name machines indirectly (Karpenter's category,
     generation, size, vCPUs, memory, GPU count / memory; GCE types with attached GPUs; NotIn zones; the region a
     group requires): the catalog cloud (a local backend's `simulate_cloud`), the region, the instance types the
-    catalog offers there and the region's zones. The caller builds it from the catalog it plans with (convert: the
-    one it prices with; the bridge and `plan`: ray_adapter/kuberay.py `catalog_and_facts`): this module reads no
-    catalog itself."""
+    catalog offers there (at least one offering in the region) and the region's zones. The caller builds it from
+    the catalog it plans with (convert: the one it prices with; the bridge and `plan`: ray_adapter/kuberay.py
+    `catalog_and_facts`): this module reads no catalog itself."""
 
     cloud: str
     region: str
@@ -410,7 +410,8 @@ class CatalogFacts:
     @classmethod
     def of(cls, catalog: "Catalog", cloud: str, region: str) -> "CatalogFacts":
         r = catalog.region(cloud, region)
-        return cls(cloud, region, tuple(sorted(r.types, key=lambda t: t.name)), tuple(r.zones))
+        offered = {r.types[i] for i in set(r.type_ids)}       # the region's rows index the cloud's whole table
+        return cls(cloud, region, tuple(sorted(offered, key=lambda t: t.name)), tuple(r.zones))
 
 
 def gpu_product_model(value: str) -> str | None:
