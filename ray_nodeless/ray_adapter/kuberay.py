@@ -99,8 +99,13 @@ def group_node_config(group: Mapping[str, Any], index: int, facts: CatalogFacts 
     rules = swapin.group_rules(group, key=f"spec.workerGroupSpecs[{index}]", facts=facts)
     rules.check()
     for u in rules.unhonoured:
-        logger.warning("kuberay-autoscaler: not honoured: %s", u)
+        if str(u) not in _NOTED:            # the config is derived every loop: each note once per process
+            _NOTED.add(str(u))
+            logger.warning("kuberay-autoscaler: not honoured: %s", u)
     return {**rules.node_config, **dict(own.get("node_config") or {})}
+
+
+_NOTED: set[str] = set()
 
 
 def catalog_and_facts(settings: Mapping[str, Any], catalog: Catalog | None = None) -> tuple[Catalog, CatalogFacts]:

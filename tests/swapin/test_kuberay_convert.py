@@ -346,3 +346,21 @@ def test_the_bridge_resolves_catalog_labels_and_reloads_them_when_the_annotation
     nc = bridge.config(rc)["available_node_types"]["small-group"]["node_config"]
     facts = bridge.catalog_facts(rc)
     assert facts.region == "us-east-1" and nc["zones"] == list(facts.zones)     # us-west-2a is none of them
+
+
+def test_the_bridge_logs_each_note_once_though_it_derives_the_config_every_loop(caplog):
+    from ray_nodeless.ray_adapter.kuberay import KubeRayBridge
+
+    before, _ = _original("ray-cluster.complete.yaml")
+    rc = copy.deepcopy(before)
+    rc["metadata"].update(namespace="ray", annotations={K.ANNOTATION: yaml.safe_dump(
+        {"cloud": "aws", "region": "us-west-2", "kubernetes": {"join": KC.PLANNING_JOIN}})})
+    g = rc["spec"]["workerGroupSpecs"][0]
+    g["replicas"] = g["minReplicas"] = 0
+    g["template"]["spec"]["nodeSelector"] = {"example.test/once-per-process": "a"}     # a note, not a refusal
+    bridge = KubeRayBridge(rayclusters=None, head_ip="10.0.0.9", derive=derive_config, provider_of=None, sweep=None)
+    with caplog.at_level("WARNING", logger="ray_nodeless.ray_adapter.kuberay"):
+        for _ in range(3):
+            bridge.config(rc)
+    noted = [r for r in caplog.records if "example.test/once-per-process" in r.getMessage()]
+    assert len(noted) == 1 and "not honoured" in noted[0].getMessage()
