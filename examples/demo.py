@@ -39,7 +39,7 @@ from ray_nodeless.core.cluster_plan import load_cluster_yaml, plan_cluster  # no
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE  # noqa: E402
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes  # noqa: E402
-from ray_nodeless.simulate.calibrate import measured_timing  # noqa: E402
+from ray_nodeless.simulate.calibrate import cloud_machines, measured_timing  # noqa: E402
 from ray_nodeless.simulate.config import config_from_cluster  # noqa: E402
 from ray_nodeless.simulate.engine import simulate  # noqa: E402
 from ray_nodeless.trace.model import parse_trace  # noqa: E402
@@ -131,8 +131,7 @@ def replay(config: Path, trace_doc: dict, watcher: Watcher, window_s: tuple[floa
     node table; the time from a node having room to a trial running; the scale-down latency). Both sides are
     billed the same way from the run's first demand (a trial's placement group request) on."""
     trace = parse_trace(trace_doc, "recorded run")
-    machines = [(s, e) for tags, s, e in watcher.lifetimes.values() if tags.get("ray-node-type") == "worker"]
-    timing = measured_timing(trace_doc, machines)
+    timing = measured_timing(trace_doc, cloud_machines(trace_doc))
     r = simulate(trace, config_from_cluster(str(config), trace.default_schedule, False), **timing.kwargs())
     lo, hi = window_s
     # As the replay bills: the head for the run window, each worker from its launch to its end (idle tail
@@ -247,6 +246,12 @@ def main() -> int:
         rep = None
         try:
             rec = record_trace(address=f"http://127.0.0.1:{dash_port}", name="demo-tune-sweep")
+            # The workers' lives as the cloud listed them: with them the trace alone replays with this run's
+            # timing (`ray-nodeless simulate --measured-timing`, simulate/calibrate.py).
+            rec.doc["meta"]["cloud_machines"] = [
+                {"listed_s": round(s, 3), "gone_s": None if e is None else round(e, 3)}
+                for tags, s, e in sorted(watcher.lifetimes.values(), key=lambda v: v[1])
+                if tags.get("ray-node-type") == "worker"]
             trace_path = out_dir / "trace.yaml"
             trace_path.write_text(yaml.safe_dump(rec.doc, sort_keys=False))
             say(f"recorded the run: {trace_path} (replay it: ray-nodeless simulate {trace_path} --config "

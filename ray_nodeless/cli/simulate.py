@@ -11,6 +11,7 @@ import click
 from ray_nodeless.cli.errors import user_errors
 from ray_nodeless.core.cluster_plan import load_catalog
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.simulate import calibrate
 from ray_nodeless.simulate.config import CAPACITY_VARIANTS, IDLE_RELEASE, REVERSION_VARIANTS, build_configs
 from ray_nodeless.simulate.engine import simulate
 from ray_nodeless.simulate.model import DEFAULT_LAUNCH_MINUTES
@@ -53,13 +54,17 @@ from ray_nodeless.trace.model import load_trace
               help="A task holds its node this long before its recorded run begins (worker process start).")
 @click.option("--scale-down-seconds", type=float, default=0.0, show_default=True,
               help="A terminated worker is billed this much longer (drain, terminate call).")
+@click.option("--measured-timing", is_flag=True,
+              help="A recorded run: replay with the timing measured in it (launch latency and concurrency, task "
+                   "start, scale-down), from the trace's meta.recorded_nodes/recorded_tasks/cloud_machines; "
+                   "replaces --launch-minutes, --launch-concurrency, --task-start-seconds, --scale-down-seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a timeline PNG.")
 def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple[str, ...], capacity: str,
                      schedule: str | None, launch_minutes: float, spot_interruptions_per_hour: float, seed: int,
                      catalog_spec: str, idle_release: str, reversion: str, spot_outage_minutes: float,
                      launch_concurrency: int | None, task_start_seconds: float, scale_down_seconds: float,
-                     as_json: bool, plot_path: str | None) -> None:
+                     measured_timing: bool, as_json: bool, plot_path: str | None) -> None:
     """Replay TRACE under each --config and --baseline: elapsed time, cost, idle cost, node-hours."""
     with user_errors():
         if not configs and not baselines:
@@ -80,6 +85,13 @@ def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple
                   "task_start_ms": int(round(task_start_seconds * 1000)),
                   "scale_down_ms": int(round(scale_down_seconds * 1000)),
                   "spot_outage_ms": int(round(spot_outage_minutes * 60_000))}
+        if measured_timing:
+            meta = trace.meta
+            if not (meta.get("recorded_tasks") and meta.get("cloud_machines")):
+                raise ConfigError("--measured-timing", f"{trace_path} has no meta.recorded_tasks and "
+                                                       "meta.cloud_machines (a run recorded by examples/demo.py has)")
+            measured = calibrate.measured_timing({"meta": meta}, calibrate.cloud_machines({"meta": meta}))
+            timing.update(measured.kwargs())
         results = [simulate(trace, c, spot_interruptions_per_hour=spot_interruptions_per_hour, seed=seed, **timing)
                    for c in cfgs]
     baseline = next((r for r in results if r.config.kind == "fixed"), None)
@@ -89,8 +101,11 @@ def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple
         params = report_params(launch_minutes=launch_minutes, spot_interruptions_per_hour=spot_interruptions_per_hour,
                                seed=seed, capacity=capacity, idle_release=idle_release)
         params.update(reversion=reversion, spot_outage_minutes=spot_outage_minutes,
-                      launch_concurrency=launch_concurrency, task_start_seconds=task_start_seconds,
-                      scale_down_seconds=scale_down_seconds)
+                      launch_concurrency=timing["launch_concurrency"],
+                      task_start_seconds=timing["task_start_ms"] / 1000,
+                      scale_down_seconds=timing["scale_down_ms"] / 1000)
+        if measured_timing:
+            params.update(measured_timing=True, launch_minutes=timing["launch_latency_ms"] / 60_000)
         click.echo(json.dumps(report_dict(trace, results, params), indent=2, sort_keys=True))
     else:
         click.echo(report_text(trace, results, baseline))

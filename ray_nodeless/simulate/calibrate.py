@@ -17,7 +17,8 @@ measured, none fitted to the measured node-hours:
   cloud's listing (mean over workers that ended): the drain, the terminate call, the listing catching up.
 
 Pure: the inputs are the trace document `ray_nodeless.trace.record` wrote (its `meta.recorded_nodes` and
-`meta.recorded_tasks`) and the cloud's machine lifetimes as the caller saw them.
+`meta.recorded_tasks`) and the cloud's machine lifetimes as the caller saw them (examples/demo.py keeps them in the
+trace as `meta.cloud_machines`, so `ray-nodeless simulate --measured-timing` replays a recorded run on its own).
 """
 from __future__ import annotations
 
@@ -88,6 +89,13 @@ def task_start_gaps_ms(doc: Mapping[str, Any]) -> list[int]:
             gaps.append(max(0, int(t["start_ms"]) - max(slot, int(t["demand_ms"]))))
             heapq.heappush(free, int(t["end_ms"]))
     return gaps
+
+
+def cloud_machines(doc: Mapping[str, Any]) -> list[tuple[float, float | None]]:
+    """The workers' (listed, gone) a recorder kept in the trace (`meta.cloud_machines`, as examples/demo.py writes
+    them: the cloud's listing, epoch seconds)."""
+    return [(float(m["listed_s"]), None if m.get("gone_s") is None else float(m["gone_s"]))
+            for m in (doc.get("meta") or {}).get("cloud_machines") or []]
 
 
 def measured_timing(doc: Mapping[str, Any], machines: Sequence[tuple[float, float | None]]) -> ReplayTiming:

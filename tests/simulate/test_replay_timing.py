@@ -3,8 +3,14 @@ one at a time, the time a task holds its node before its recorded run, the scale
 measured from a recorded run (simulate/calibrate.py)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import yaml
+from click.testing import CliRunner
+
+from ray_nodeless.cli import main
 
 from ray_nodeless.simulate.calibrate import measured_timing, task_start_gaps_ms
 from ray_nodeless.simulate.config import autoscaler_tick_ms, config_from_cluster
@@ -109,3 +115,38 @@ def test_the_timing_of_a_recorded_run_is_measured_from_it():
                     "recorded_tasks": [{"node_id": "w", "resources": {"GPU": 1.0}, "demand_ms": 0, "start_ms": s,
                                         "end_ms": e} for s, e in ((1100, 5000), (1600, 3000), (3500, 4000))]}}
     assert task_start_gaps_ms(two) == [1000, 1500, 500]
+
+
+def test_cli_replays_a_recorded_run_with_its_measured_timing(tmp_path):
+    # A synthetic recording in the demo's format (not a real run): one job of three 1-GPU trials, the recorder's
+    # nodes and tasks, the cloud's listing of the workers.
+    doc = _recorded([(1006_000, 1040_000), (1012_500, 1045_000), (1024_000, 1045_000)],
+                    [("w0", 1000_000, 1009_000, 1016_000), ("w1", 1000_000, 1015_500, 1020_000),
+                     ("w2", 1000_000, 1027_000, 1033_000)])
+    doc["meta"]["cloud_machines"] = [{"listed_s": 1000.0, "gone_s": 1042.0}, {"listed_s": 1006.5, "gone_s": 1047.0},
+                                     {"listed_s": 1013.0, "gone_s": 1047.0}]
+    doc.update(version=1, name="rec", default_schedule="recorded", schedules={"recorded": [["j"]]},
+               jobs=[{"name": "j", "tasks": [{"name": f"t{i}", "resources": {"CPU": 1, "GPU": 1}, "seconds": s,
+                                              "submit_at_seconds": 0} for i, s in enumerate((7, 4.5, 6))]}])
+    trace = tmp_path / "rec.yaml"
+    trace.write_text(yaml.safe_dump(doc))
+    cfg = str(Path(__file__).resolve().parents[2] / "cluster-configs" / "local-cpu-head.yaml")
+    out = CliRunner().invoke(main, ["simulate", str(trace), "--config", cfg, "--measured-timing", "--json"])
+    assert out.exit_code == 0, out.output
+    rep = json.loads(out.output)
+    p = rep["parameters"]
+    assert p["measured_timing"] is True and p["launch_concurrency"] == 1
+    assert (p["task_start_seconds"], p["scale_down_seconds"]) == (3.0, 2.0)
+    assert p["launch_minutes"] == pytest.approx(round((6_000 + 6_000 + 11_000) / 3) / 60_000)
+    [conf] = rep["configurations"].values()
+    assert conf["tick_seconds"] == 1.0                    # the local config's AUTOSCALER_UPDATE_INTERVAL_S=1
+    plain = json.loads(CliRunner().invoke(main, ["simulate", str(trace), "--config", cfg, "--json",
+                                                 "--launch-minutes", str(p["launch_minutes"])]).output)
+    [pconf] = plain["configurations"].values()
+    # One start at a time, each trial 3 s later than its node is free, 2 s more per worker: a longer replay.
+    assert conf["elapsed_hours"] > pconf["elapsed_hours"]
+    assert sum(conf["node_hours"].values()) > sum(pconf["node_hours"].values())
+    del doc["meta"]["cloud_machines"]
+    trace.write_text(yaml.safe_dump(doc))
+    bad = CliRunner().invoke(main, ["simulate", str(trace), "--config", cfg, "--measured-timing"])
+    assert bad.exit_code == 2 and "--measured-timing" in bad.output
