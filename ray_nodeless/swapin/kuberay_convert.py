@@ -6,8 +6,8 @@ What it writes, per KubeRay document (README "KubeRay manifests"):
   `ray-nodeless kuberay-autoscaler` (image, command, args; the user's other options kept), each worker group's
   `replicas` / `minReplicas` set to 0 (the KubeRay operator creates clamp(replicas, minReplicas, maxReplicas) x
   numOfHosts pods of a group itself; its GetWorkerGroupDesiredReplicas), and the `ray-nodeless.io/config`
-  annotation: cloud, region, the group's minimum (`groups.<g>.minWorkers`) and its pod scheduling mapped to
-  constraint keys (`groups.<g>.node_config`, swapin/kuberay.py `group_rules`);
+  annotation: cloud, region, the group's minimum (`groups.<g>.minWorkers`); the groups' pod scheduling stays in
+  their templates, checked here as the bridge maps it every loop (swapin/kuberay.py `group_rules`);
 - optionally a `ray up` YAML with `registration: kubernetes` (a VM head; the workers join the Kubernetes cluster
   as Nodes running the groups' pod templates), converted as a Ray YAML for the cloud is (swapin/convert.py).
 
@@ -210,7 +210,7 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
     # resolves the labels that name machines indirectly (Karpenter's category, vCPUs, ...; NotIn zones)
     cat, facts = catalog_and_facts(provider, catalog)
 
-    # Worker groups: the scheduling as constraint keys, the minimum into the annotation, no pods of the operator's.
+    # Worker groups: the scheduling checked, the minimum into the annotation, no pods of the operator's.
     before_types: dict[str, str | None] = {}
     for j, g in enumerate(workers):
         gkey = f"{spec_key}.workerGroupSpecs[{j}]"
@@ -219,9 +219,12 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
         gr.check()                                     # one message, naming the key it cannot honour
         notes += [str(u) for u in gr.unhonoured]
         own = dict(groups_cfg.get(name) or {})
-        nc = {**gr.node_config, **(own.get("node_config") or {})}
-        if nc:
-            own["node_config"] = nc
+        # The scheduling stays in the template, which the bridge maps every loop (an edit of it takes effect, and
+        # catalog-resolved lists follow the catalog the bridge reads): a copy in the annotation's node_config would
+        # go over it and freeze it. That node_config keeps only the user's own keys.
+        if gr.node_config:
+            notes.append(f"{gkey}.template.spec: its scheduling maps to {', '.join(sorted(gr.node_config))} (the "
+                         "bridge maps it every loop; `ray-nodeless plan` shows the values)")
         minimum = int(g.get("minReplicas") or 0)
         if minimum and "minWorkers" not in own:
             own["minWorkers"] = minimum

@@ -170,8 +170,9 @@ def test_a_pinned_instance_type_is_the_before_and_the_plan(tmp_path):
     report, settings, cp = _converted(tmp_path, _manifest(tmp_path, {"node.kubernetes.io/instance-type": "m5.large",
                                                                      "karpenter.sh/capacity-type": "spot"},
                                                           minimum=1))
-    assert settings["groups"]["small-group"] == {
-        "node_config": {"instance_types": ["m5.large"], "capacity": ["spot"]}, "minWorkers": 1}
+    # the minimum moves to the annotation; the scheduling stays in the template, mapped by the bridge (and plan)
+    assert settings["groups"]["small-group"] == {"minWorkers": 1}
+    assert cp.plans["small-group"].request.requirements.capacity == ("spot",)
     nt = report["node_types"]["small-group"]
     assert nt["before"]["instance_type"] == "m5.large" and nt["before"]["capacity"] == "spot"
     assert nt["after"]["instance_type"] == "m5.large" and nt["after"]["capacity"] == "spot"
@@ -298,8 +299,7 @@ def _karpenter_ok(t, zone: str) -> bool:
 
 def test_karpenter_requirements_convert_and_plan(tmp_path):
     report, settings, cp = _converted(tmp_path, _manifest(tmp_path, affinity=KARPENTER))
-    nc = settings["groups"]["small-group"]["node_config"]
-    assert nc["arch"] == ["arm64"] and nc["zones"] == ["us-west-2b", "us-west-2c", "us-west-2d"]
+    assert "node_config" not in settings.get("groups", {}).get("small-group", {})   # stays in the template
     chosen = cp.plans["small-group"].chosen
     assert _karpenter_ok(chosen.instance_type, chosen.zone), chosen
     assert report["node_types"]["small-group"]["after"]["instance_type"] == chosen.instance_type.name
@@ -364,3 +364,14 @@ def test_the_bridge_logs_each_note_once_though_it_derives_the_config_every_loop(
             bridge.config(rc)
     noted = [r for r in caplog.records if "example.test/once-per-process" in r.getMessage()]
     assert len(noted) == 1 and "not honoured" in noted[0].getMessage()
+
+
+def test_an_edit_of_the_converted_template_takes_effect(tmp_path):
+    """The scheduling is read from the template by the bridge every loop (and by plan), not frozen in the
+    annotation by convert: changing the nodeSelector after the conversion changes the plan."""
+    _converted(tmp_path, _manifest(tmp_path, {"karpenter.sh/capacity-type": "spot"}))
+    doc = next(iter(yaml.safe_load_all((tmp_path / "out.yaml").read_text())))
+    cr, key = KC.ray_cluster(doc)
+    assert KC.plan_manifest(cr, key)[1].plans["small-group"].chosen.capacity == "spot"
+    cr["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] = {"karpenter.sh/capacity-type": "on-demand"}
+    assert KC.plan_manifest(cr, key)[1].plans["small-group"].chosen.capacity == "on-demand"
