@@ -231,8 +231,8 @@ class GroupRules:
       None: any. The caller checks the provider's region is among them.
     - `clouds`: the clouds whose node labels the group names (GKE keys: gcp; EKS / Karpenter keys: aws).
     - `node_labels`: the label pairs the pod's nodeSelector (and single-valued required `In` terms) asks of its
-      Node; a machine made for the group must carry them for the Ray pod to be scheduled there (every mapped key
-      holds on it by construction of `node_config`).
+      Node (every mapped one holds on a machine of the group by construction of `node_config`; the others are
+      noted in `unhonoured`, and contradict a `NotIn` / `DoesNotExist` on the same label).
     - `sources`: constraint key -> the group key path it came from (for notes and errors).
     - `unhonoured`: what is not honoured, in manifest order.
     """
@@ -751,19 +751,21 @@ def _apply(label: str, op: str, values: list[str], key: str, acc: _Acc, out: Gro
 
 
 def _unmapped(label: str, op: str, values: list[str], key: str, out: GroupRules) -> None:
-    """A label ray_nodeless does not map: the machine's Node carries only what a nodeSelector (or one `In` value)
-    asks of it, so `NotIn` / `DoesNotExist` hold there and `In` one value holds once the Node is labelled; the rest
-    cannot be honoured."""
+    """A label ray_nodeless does not map. The Ray pod is bound to its machine's Node by the machine's id (the
+    template's node selection is not kept: ray_adapter/kuberay.py worker_pod_template), and that Node carries
+    ray_nodeless's and the kubelet's labels only: `NotIn` / `DoesNotExist` hold there, one `In` value is dropped
+    with a note (a pool name, a team label: nothing to choose a machine by); `Exists`, several `In` values and
+    `Gt` / `Lt` ask for something ray_nodeless cannot tell, and are refused."""
     if op == "In" and len(values) == 1:
         out.node_labels[label] = values[0]
-        out.unhonoured.append(Unhonoured(key, f"{label} is no label ray_nodeless maps to a rule: the machine's "
-                                              f"Node is labelled {label}={values[0]} so the pod schedules, "
-                                              "nothing else follows from it", False))
+        out.unhonoured.append(Unhonoured(key, f"{label} is no label ray_nodeless maps to a rule: dropped (the Ray "
+                                              "pod is bound to its machine's Node by the machine's id, not by "
+                                              "this selector); nothing follows from it", False))
     elif op in ("NotIn", "DoesNotExist"):
         have = out.node_labels.get(label)
         if have is not None and (op == "DoesNotExist" or have in values):
-            out.unhonoured.append(Unhonoured(key, f"{op} on {label} contradicts the {label}={have} the group asks "
-                                                  "its Node to carry", True))
+            out.unhonoured.append(Unhonoured(key, f"{op} on {label} contradicts the group's own {label}={have}: "
+                                                  "no Node has both", True))
         else:
             out.unhonoured.append(Unhonoured(key, f"{op} on {label}: holds, the machine's Node does not carry "
                                                   f"{label}; nothing else follows from it", False))

@@ -185,9 +185,11 @@ def test_what_cannot_be_honoured_names_the_key(group, key, blocking):
     assert u.reason
 
 
-def test_unknown_selector_label_goes_on_the_node():
+def test_unknown_selector_label_is_dropped_with_a_note():
     out = K.group_rules(_group({"my.example/pool": "a"}), key=KEY)
     assert out.node_labels == {"my.example/pool": "a"} and out.node_config == {}
+    [u] = out.unhonoured
+    assert not u.blocking and "bound to its machine's Node" in u.reason
 
 
 def test_clouds_implied_by_the_keys():
@@ -457,11 +459,11 @@ def test_an_unmapped_label_that_must_be_absent_holds_on_a_new_node():
                                             "operator": "DoesNotExist"},
                                            {"key": "my.example/pool", "operator": "NotIn", "values": ["gpu"]})))
     assert out.blocking() == [] and len(out.unhonoured) == 2 and out.node_config == {}
-    # ... unless the group's own nodeSelector puts it on the Node
+    # ... unless the group's own nodeSelector asks for it
     out = _rules(_group({"my.example/pool": "gpu"},
                         affinity=_required({"key": "my.example/pool", "operator": "NotIn", "values": ["gpu"]})))
     [b] = out.blocking()
-    assert "contradicts the my.example/pool=gpu" in b.reason
+    assert "contradicts the group's own my.example/pool=gpu" in b.reason
 
 
 def test_two_resolved_labels_intersect_and_a_contradiction_names_both():
