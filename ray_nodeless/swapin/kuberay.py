@@ -789,6 +789,73 @@ def _regions(out: GroupRules, values: list[str], key: str) -> None:
         out.sources["region"] = key
 
 
+def _term(term: Mapping[str, Any], tkey: str, acc: _Acc, out: GroupRules, facts: CatalogFacts | None) -> None:
+    """One nodeSelectorTerm: its expressions ANDed."""
+    if term.get("matchFields"):
+        out.unhonoured.append(Unhonoured(f"{tkey}.matchFields", "selects Nodes by field (metadata.name): "
+                                                                "ray_nodeless makes new Nodes", True))
+    for j, e in enumerate(term.get("matchExpressions") or []):
+        _apply(str(e.get("key")), str(e.get("operator")), [str(v) for v in e.get("values") or []],
+               f"{tkey}.matchExpressions[{j}]", acc, out, facts=facts)
+
+
+# The constraint keys that select instance types (each a property of the type alone): ORed terms that narrow only
+# these are a union of type sets, which one node type can hold. Zones and capacity are the offering's, not the
+# type's: (zone a, spot) OR (zone b, on-demand) is no single set of constraint keys.
+_TYPE_KEYS = frozenset({"instance_types", "exclude_instance_types", "families", "exclude_families", "min_vcpus",
+                        "min_memory_gib", "gpus", "exclude_gpus", "arch", "allow_gpu_instances"})
+
+
+def _term_types(nc: Mapping[str, Any], facts: CatalogFacts) -> list[InstanceType]:
+    """The types whose Node satisfies a term mapped to the type keys `nc` (Kubernetes' reading: `gpus`, from an
+    `In` on a GPU label, needs a GPU of those models; the planner's "GPU types may only be these" is looser)."""
+    def ok(t: InstanceType) -> bool:
+        return ((("instance_types" not in nc) or t.name in nc["instance_types"])
+                and t.name not in nc.get("exclude_instance_types", ())
+                and (("families" not in nc) or t.family in nc["families"])
+                and t.family not in nc.get("exclude_families", ())
+                and t.vcpus >= nc.get("min_vcpus", 0) and t.memory_gib >= nc.get("min_memory_gib", 0)
+                and (("gpus" not in nc) or (t.gpu_count > 0 and t.gpu_model in nc["gpus"]))
+                and not (t.gpu_count and t.gpu_model in nc.get("exclude_gpus", ()))
+                and (("arch" not in nc) or t.arch in nc["arch"]))
+    return [t for t in facts.types if ok(t)]
+
+
+def _ored_terms(terms: Sequence[Any], rkey: str, acc: _Acc, out: GroupRules, facts: CatalogFacts | None) -> None:
+    """Several nodeSelectorTerms, ORed: when every term narrows instance types only, the union of the types each
+    term keeps (resolved against the catalog); else refused naming the key."""
+    many = (f"{len(terms)} terms are ORed; ray_nodeless plans one set of constraints per group: keep one term, "
+            "or split the group")
+    if facts is None:
+        out.unhonoured.append(Unhonoured(rkey, f"{many} (ORed terms on instance types are resolved against the "
+                                               "catalog's types, and none were given)", True))
+        return
+    union: dict[str, InstanceType] = {}
+    for i, term in enumerate(terms):
+        one = GroupRules()
+        _term(term or {}, f"{rkey}[{i}]", _Acc(one), one, facts)
+        out.clouds |= one.clouds
+        out.unhonoured += one.unhonoured
+        if one.blocking():
+            return
+        other = sorted(set(one.node_config) - _TYPE_KEYS)
+        if other:
+            out.unhonoured.append(Unhonoured(f"{rkey}[{i}]", f"{many}: this one narrows {', '.join(other)}, which "
+                                                             "belong to a machine's offering (zone, capacity), not "
+                                                             "to its type; only terms on instance types are "
+                                                             "joined", True))
+            return
+        union.update((t.name, t) for t in (_term_types(one.node_config, facts) if one.node_config else facts.types))
+    if not union:
+        out.unhonoured.append(Unhonoured(rkey, f"no term selects an instance type {facts.cloud} offers in "
+                                               f"{facts.region}", True))
+        return
+    # Each term's types are already the ones ray_nodeless may launch for it (a per-type label left the burstable
+    # ones out): the union is kept as it is.
+    _restrict("nodeSelectorTerms", "ORed", [], rkey, sorted(union.values(), key=lambda t: t.name), facts, acc, out,
+              names_families=True)
+
+
 def group_rules(group: Mapping[str, Any], *, key: str, facts: CatalogFacts | None = None) -> GroupRules:
     """A KubeRay worker group's (`workerGroupSpecs[i]`, at key path `key`) scheduling as ray_nodeless constraint
     keys. `facts` (the catalog's instance types and zones in the cluster's region) resolve what a label names
@@ -854,17 +921,9 @@ def group_rules(group: Mapping[str, Any], *, key: str, facts: CatalogFacts | Non
     terms = required.get("nodeSelectorTerms") or []
     rkey = f"{akey}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
     if len(terms) > 1:
-        out.unhonoured.append(Unhonoured(rkey, f"{len(terms)} terms are ORed; ray_nodeless plans one set of "
-                                               "constraints per group: keep one term, or split the group", True))
+        _ored_terms(terms, rkey, acc, out, facts)
     elif terms:
-        term = terms[0] or {}
-        if term.get("matchFields"):
-            out.unhonoured.append(Unhonoured(f"{rkey}[0].matchFields", "selects Nodes by field (metadata.name): "
-                                                                       "ray_nodeless makes new Nodes", True))
-        for j, e in enumerate(term.get("matchExpressions") or []):
-            ekey = f"{rkey}[0].matchExpressions[{j}]"
-            _apply(str(e.get("key")), str(e.get("operator")), [str(v) for v in e.get("values") or []],
-                   f'{ekey}', acc, out, **kw)
+        _term(terms[0] or {}, f"{rkey}[0]", acc, out, facts)
     if node_aff.get("preferredDuringSchedulingIgnoredDuringExecution"):
         out.unhonoured.append(Unhonoured(f"{akey}.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution",
                                          "a preference: ray_nodeless picks the cheapest fit under the rules; "
@@ -899,6 +958,14 @@ def group_rules(group: Mapping[str, Any], *, key: str, facts: CatalogFacts | Non
         out.unhonoured.append(Unhonoured(f"{tkey}.schedulerName", f"{scheduler!r}: the Ray pod is bound to its "
                                                                  "machine's Node by ray_nodeless; gang scheduling "
                                                                  "is not honoured", False))
+    if facts is not None and "arch" not in out.node_config and set(out.node_config) & _TYPE_KEYS - {"arch"}:
+        # ray_nodeless launches x86_64 unless told otherwise; a selection of Arm types only (a Graviton family)
+        # means Arm machines, as it does for the node autoscaler
+        arches = {t.arch for t in _term_types(out.node_config, facts)}
+        if arches and "x86_64" not in arches:
+            out.node_config["arch"] = sorted(arches)
+            out.sources["arch"] = " and ".join(out.sources[k] for k in sorted(out.node_config)
+                                               if k in _TYPE_KEYS and k in out.sources)
     if facts is not None and out.regions is not None and facts.region not in out.regions:
         out.unhonoured.append(Unhonoured(out.sources["region"], f"requires region {list(out.regions)}, the cluster "
                                                                 f"runs in {facts.region}", True))

@@ -375,3 +375,14 @@ def test_an_edit_of_the_converted_template_takes_effect(tmp_path):
     assert KC.plan_manifest(cr, key)[1].plans["small-group"].chosen.capacity == "spot"
     cr["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] = {"karpenter.sh/capacity-type": "on-demand"}
     assert KC.plan_manifest(cr, key)[1].plans["small-group"].chosen.capacity == "on-demand"
+
+
+def test_ored_terms_on_types_convert_and_plan(tmp_path):
+    aff = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["c7g"]}]},
+        {"matchExpressions": [{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m7g"]},
+                              {"key": "karpenter.k8s.aws/instance-size", "operator": "In", "values": ["large"]}]}]}}}
+    _, _, cp = _converted(tmp_path, _manifest(tmp_path, affinity=aff))
+    t = cp.plans["small-group"].chosen.instance_type
+    assert t.family == "c7g" or t.name == "m7g.large"
+    assert run(plan_command, str(tmp_path / "out.yaml")).exit_code == 0

@@ -172,7 +172,7 @@ def test_ray_labels_map_and_contradictions_block():
     (_group(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": []}, {"matchExpressions": []}]}}}),
      f"{KEY}.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms",
-     True),
+     True),          # without catalog facts ORed terms cannot be joined
     (_group({"my.example/pool": "a"}), f'{KEY}.template.spec.nodeSelector["my.example/pool"]', False),
     (_group({"karpenter.k8s.aws/instance-gpu-name": "zz99"}),
      f'{KEY}.template.spec.nodeSelector["karpenter.k8s.aws/instance-gpu-name"]', True),
@@ -523,3 +523,54 @@ def test_gke_accelerator_count_on_gcp_keeps_the_hosts_with_that_many_gpus():
     out = _rules(_group({"cloud.google.com/gke-accelerator": "nvidia-tesla-t4",
                          "cloud.google.com/gke-accelerator-count": "4"}), "gcp", "us-central1")
     assert any("+4xT4" in n for n in _selected(out.node_config, gcp))
+
+
+def _terms(*terms):
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": list(t)} for t in terms]}}}
+
+
+RKEY = f"{KEY}.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+
+
+def test_ored_terms_on_instance_types_are_their_union():
+    """Kubernetes ORs nodeSelectorTerms: terms that narrow instance types only join into one set of types."""
+    out = _rules(_group(affinity=_terms(
+        [{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["g5"]},
+         {"key": "karpenter.k8s.aws/instance-gpu-count", "operator": "In", "values": ["1"]}],
+        [{"key": "karpenter.k8s.aws/instance-gpu-name", "operator": "In", "values": ["l4"]},
+         {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}])))
+    assert out.unhonoured == []
+    want = ({t.name for t in AWS.types if t.family == "g5" and t.gpu_count == 1}
+            | {t.name for t in AWS.types if t.gpu_model == "L4" and t.gpu_count and t.arch == "x86_64"})
+    assert _selected(out.node_config) == want and out.node_config["allow_gpu_instances"] is True
+    assert out.sources[next(k for k in out.node_config if k != "allow_gpu_instances")] == RKEY
+    # and a nodeSelector still narrows the union (ANDed with it)
+    out = _rules(_group({"node.kubernetes.io/instance-type": "g5.xlarge"}, affinity=_terms(
+        [{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["g5"]}],
+        [{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["g6"]}])))
+    assert out.blocking() == [] and _selected(out.node_config) == {"g5.xlarge"}
+
+
+@pytest.mark.parametrize("terms,key,reason", [
+    ([[{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-west-2a"]}],
+      [{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5"]}]], f"{RKEY}[0]", "zones"),
+    ([[{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5"]}],
+      [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}]], f"{RKEY}[1]", "capacity"),
+    ([[{"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["m5"]}],
+      [{"key": "topology.k8s.aws/zone-id", "operator": "In", "values": ["usw2-az1"]}]],
+     f"{RKEY}[1].matchExpressions[0]", "records no zone ids"),
+])
+def test_ored_terms_on_offerings_are_refused_naming_the_term(terms, key, reason):
+    [b] = _rules(_group(affinity=_terms(*terms))).blocking()
+    assert b.key == key and reason in b.reason
+
+
+def test_a_selection_of_arm_types_only_means_arm_machines():
+    """ray_nodeless launches x86_64 unless told otherwise: a Graviton family alone implies arm64, as on Karpenter."""
+    out = _rules(_group({"karpenter.k8s.aws/instance-family": "c7g"}))
+    assert out.node_config == {"families": ["c7g"], "arch": ["arm64"]}
+    assert out.sources["arch"] == f'{KEY}.template.spec.nodeSelector["karpenter.k8s.aws/instance-family"]'
+    assert "arch" not in _rules(_group({"karpenter.k8s.aws/instance-family": "c7i"})).node_config
+    assert "arch" not in _rules(_group(affinity=_required(
+        {"key": "karpenter.k8s.aws/instance-family", "operator": "In", "values": ["c7g", "c7i"]}))).node_config
