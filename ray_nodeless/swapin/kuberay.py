@@ -37,10 +37,12 @@ Labels that name machines only indirectly (Karpenter's category, generation, siz
 memory, accelerators, `NotIn` zones, ...: CATALOG_LABELS) are resolved against the region's instance types and
 zones, which the caller passes as `CatalogFacts` (this module reads no catalog): each such requirement keeps exactly
 the catalog types whose Node would carry a matching value, written as the shortest of allowed / excluded families or
-instance types.
+instance types. Several required selector terms (ORed) become the union of the types each keeps, when each narrows
+instance types only.
 What it cannot honour is returned, each naming the key path under the group, as `Unhonoured`: `blocking` ones are
-required placement ray_nodeless would break (multi-host groups, TPUs, required pod affinity, ORed selector terms,
-DoNotSchedule topology spread across zones, ...): convert refuses the manifest naming the key; the rest are
+required placement ray_nodeless would break (multi-host groups, TPUs, required pod affinity, ORed selector terms on
+zones or capacity, DoNotSchedule topology spread across zones, machine facts the catalog does not record, ...):
+convert refuses the manifest naming the key, and so does the bridge's config; the rest are
 preferences dropped with a note (preferred affinities, ScheduleAnyway spread, another scheduler).
 """
 from __future__ import annotations
