@@ -1,9 +1,11 @@
 """Scaffolding the end-to-end tests share: a private copy of one of our ready cluster YAMLs (own cluster name, GCS
 port and head start command, so tests never meet each other's Ray or Ray's bootstrap cache), the AWS-on-moto
-variant, the environment `ray up` runs in, and the processes a local "machine" left behind."""
+variant and the `registration: kubernetes` one against a test's control plane, `ray up`/`ray down` and the
+environment they run in, and the processes a local "machine" left behind."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -57,6 +59,34 @@ def on_moto(cfg: dict, moto: MotoServer, *, head_env: str = "", **provider: Any)
     cfg["head_start_ray_commands"] = head_start(
         port, " ".join(filter(None, ["AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing", head_env])))
     return cfg
+
+
+def k8s_cluster_copy(prefix: str, plane: Any, join: dict, *, moto: MotoServer | None = None,
+                     **provider: Any) -> dict:
+    """cluster_copy of local-k8s-cpu-head.yaml (`registration: kubernetes`) against the test's control plane
+    `plane`: the provider acts as its ServiceAccount (plane.sa_kubeconfig), the played or real kubelets register
+    their Nodes as its admin (the head's RAY_NODELESS_PLAYER_KUBECONFIG), `join` is the join block, a pod's grace is
+    5 s; with `moto`, the machines are EC2 instances on it (on_moto)."""
+    player = f"RAY_NODELESS_PLAYER_KUBECONFIG={plane.admin_kubeconfig}"
+    cfg = cluster_copy("local-k8s-cpu-head.yaml", prefix, head_env=player, **provider)
+    if moto is not None:
+        cfg = on_moto(cfg, moto, head_env=player)
+    cfg["provider"]["kubernetes"].update(kubeconfig=str(plane.sa_kubeconfig), pod_grace_s=5, join=join)
+    return cfg
+
+
+def ray_up(path: Path, env: dict[str, str] = RAY_ENV, timeout: float = 300) -> None:
+    """`ray up -y path` with the venv's ray; fails the test with the end of its output unless it exits 0."""
+    up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=env, capture_output=True, text=True,
+                        timeout=timeout)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+
+
+def ray_down(path: Path, env: dict[str, str] = RAY_ENV, timeout: float = 180) -> None:
+    """`ray down -y path`; fails the test with the end of its stderr unless it exits 0."""
+    down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert down.returncode == 0, down.stderr[-2000:]
 
 
 def write_config(cfg: dict, tmp_path: Path, name: str = "cluster.yaml") -> Path:

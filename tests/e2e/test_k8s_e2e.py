@@ -23,19 +23,16 @@ from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
 from ray_nodeless.providers.local.settings import default_state_dir
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.moto_server import MotoServer
-from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, on_moto, processes_of, write_config
+from tests.e2e.clusters import RAY_ENV, k8s_cluster_copy, processes_of, ray_down, ray_up, write_config
 from tests.registrations.kubernetes.conftest import cp, wait_for  # noqa: F401  (module-scoped control plane)
 
 pytestmark = pytest.mark.e2e
 
 
 def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp, tmp_path: Path) -> None:  # noqa: F811
-    cfg = on_moto(cluster_copy("local-k8s-cpu-head.yaml", "k8s"), moto,
-                  head_env=f"RAY_NODELESS_PLAYER_KUBECONFIG={cp.admin_kubeconfig}")
+    cfg = k8s_cluster_copy("k8s", cp, moto=moto, join={"method": "eks", "cluster": "test-eks", "endpoint": cp.server,
+                                                       "ca": "Y2E=", "cidr": "10.100.0.0/16"})
     cluster = cfg["cluster_name"]
-    cfg["provider"]["kubernetes"].update(
-        kubeconfig=str(cp.sa_kubeconfig), pod_grace_s=5,
-        join={"method": "eks", "cluster": "test-eks", "endpoint": cp.server, "ca": "Y2E=", "cidr": "10.100.0.0/16"})
     path = write_config(cfg, tmp_path)
     env = RAY_ENV
     ec2 = moto.client()
@@ -49,9 +46,7 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
 
     worker = None
     try:
-        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=env, capture_output=True, text=True,
-                            timeout=300)
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        ray_up(path, env)
         t0 = time.time()
         driver = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
             import os, ray
@@ -79,9 +74,7 @@ def test_ray_up_gpu_task_on_a_kubernetes_node_and_ray_down(moto: MotoServer, cp,
         wait_for(lambda: instances()[worker] in ("terminated", "shutting-down"), 60, "instance terminated", interval=1)
         wait_for(lambda: not processes_of(worker), 30, "worker Ray process gone", interval=1)
 
-        down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=env, capture_output=True, text=True,
-                              timeout=180)
-        assert down.returncode == 0, down.stderr[-2000:]
+        ray_down(path, env)
         assert set(instances().values()) <= {"terminated", "shutting-down"}
         assert not core.list_node(label_selector=sel).items
         assert not core.list_namespaced_pod("ray", label_selector=sel).items

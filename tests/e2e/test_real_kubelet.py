@@ -37,7 +37,7 @@ from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.real_kubelet import SYSCTLS, RealKubeletMachine, node_dir
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
-from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, write_config
+from tests.e2e.clusters import RAY_ENV, k8s_cluster_copy, ray_down, ray_up, write_config
 from tests.e2e.test_k8s_local_e2e import Timeline, cleanup, scheduled_by
 from tests.registrations.kubernetes.conftest import RBAC, SA
 
@@ -77,15 +77,12 @@ def real(tmp_path_factory):
 
 def real_config(tmp_path: Path, plane, workdir: Path, keys) -> tuple[dict, Path]:
     from ray_nodeless.testing.real_kubelet import ray_host_pod_template
-    cfg = cluster_copy("local-k8s-cpu-head.yaml", "rk", head_env=f"RAY_NODELESS_PLAYER_KUBECONFIG={plane.admin_kubeconfig}",
-                       state_dir=str(tmp_path / "state"),
-                       local_real_kubelet={"node_type": REAL_TYPE, "workdir": str(workdir), "boot_timeout_s": 180,
-                                           # explicit: the head's command runner gives the monitor its own HOME
-                                           "node_dir": str(node_dir())})
+    # the join: kubeadm_api auto (the server says v1.20.2 -> v1beta2)
+    cfg = k8s_cluster_copy("rk", plane, keys.join_block(), state_dir=str(tmp_path / "state"),
+                           local_real_kubelet={"node_type": REAL_TYPE, "workdir": str(workdir), "boot_timeout_s": 180,
+                                               # explicit: the head's command runner gives the monitor its own HOME
+                                               "node_dir": str(node_dir())})
     k = cfg["provider"]["kubernetes"]
-    k["kubeconfig"] = str(plane.sa_kubeconfig)
-    k["join"] = keys.join_block()                 # kubeadm_api: auto (the server says v1.20.2 -> v1beta2)
-    k["pod_grace_s"] = 5
     k["join_timeout_s"] = 240
     k["pod_template"] = ray_host_pod_template(node_ip=NODE_IP, port_base=PORT_BASE)
     cfg["available_node_types"][REAL_TYPE] = {"min_workers": 0, "max_workers": 1, "node_config": {},
@@ -117,9 +114,7 @@ def test_real_kubelet_kubeadm_join_runs_the_ray_pod_and_teardown_leaves_nothing(
     timeline = Timeline(admin, cluster)
     worker = None
     try:
-        up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=RAY_ENV, capture_output=True, text=True,
-                            timeout=300)
-        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        ray_up(path)
         t0 = time.time()
         driver = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
             import os, socket, time, ray
@@ -194,9 +189,7 @@ def test_real_kubelet_kubeadm_join_runs_the_ray_pod_and_teardown_leaves_nothing(
         assert sysctls() == before, "the kubelet's sysctls were not restored"
         assert not [m for m in Path("/proc/self/mounts").read_text().splitlines() if str(workdir) in m]
 
-        down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=RAY_ENV, capture_output=True,
-                              text=True, timeout=180)
-        assert down.returncode == 0, down.stderr[-2000:]
+        ray_down(path)
         assert backend.list_machines() == []
         assert not core.list_node(label_selector=sel).items
     finally:
