@@ -9,7 +9,9 @@ from `non_terminated_nodes` in Ray's monitor) replaces it, at most `max_in_fligh
    and never launches a second one for the same machine;
 2. when that spot machine's Ray node is alive, the on-demand node is drained through Ray's drain API with the
    *idle* reason: Ray accepts only a node that runs nothing (and then schedules nothing new on it), so a busy node
-   is refused and asked again at the next tick, never preempted; accepted, the machine is terminated;
+   is refused and asked again at the next tick, never preempted; accepted, the machine is terminated. Refused,
+   another fallback of the same node type that Ray does let go (idle) is retired in its place, so one long task
+   does not hold the slot; the busy one is replaced later;
 3. a spot machine that never joins Ray within `ready_timeout_s` is terminated (no leak); a fallback Ray refuses to
    drain for `drain_patience_s` is left alone (tag removed) and its spot machine becomes an ordinary worker.
 The count of workers never drops: the spot machine is up before its on-demand one goes (so never below
@@ -147,6 +149,8 @@ class Reverter:
         except DrainError as e:
             logger.info("reversion of %s: %s; retrying later", f.on_demand, e)
             return
+        if not accepted and self._swap(f, spot, machines, now):
+            return
         if not accepted:
             if now - f.started > self.settings.drain_patience_s:
                 logger.warning("reversion: Ray refused to drain %s for %.0f s (%s); keeping it, %s becomes an "
@@ -163,6 +167,47 @@ class Reverter:
         self._end(f, "replaced")
         logger.warning("reversion: on-demand %s replaced by spot %s (drained idle, terminated)", f.on_demand, f.spot)
 
+    def _swap(self, f: Flight, spot: Machine, machines: dict[str, Machine], now: float) -> bool:
+        """Ray refused to drain the flight's on-demand machine (it runs work): retire another fallback of the same
+        node type that Ray lets go instead, so one long task does not hold the replacement slot (and the idle spot
+        machine, and both prices) for up to `drain_patience_s`. The spot machine then is an ordinary worker; the
+        busy fallback gets a new replacement when a slot is free. True when one was retired."""
+        node_type = machines[f.on_demand].tags.get(TAG_RAY_USER_NODE_TYPE)
+        others = sorted((m for m in machines.values()
+                         if m.id != f.on_demand and m.id not in self.flights and self._old_enough(m, now)
+                         and m.tags.get(TAG_RAY_USER_NODE_TYPE) == node_type and _price(m) > _price(spot)),
+                        key=lambda m: (-_price(m), m.id))
+        for m in others:
+            try:
+                node = self.drainer.find(instance_id=m.id)
+                if node is None or node.state != "ALIVE":
+                    continue
+                accepted, _ = self.drainer.drain_idle(node, f"replaced by spot machine {f.spot}")
+            except DrainError as e:
+                logger.info("reversion: cannot drain %s in place of %s: %s", m.id, f.on_demand, e)
+                continue
+            if not accepted:
+                continue
+            self.terminate([m.id])
+            machines.pop(m.id, None)
+            # Terminated first: a restart between the two steps finds the flight for the busy one, never a second
+            # spot machine.
+            self.view.set_tags(f.spot, {TAG_REPLACES: ""})
+            self.replaced += 1
+            self._end(f, f"Ray refused the drain; fallback {m.id} (idle) was replaced instead")
+            logger.warning("reversion: on-demand %s replaced by spot %s (drained idle, terminated) in place of busy "
+                           "%s", m.id, f.spot, f.on_demand)
+            return True
+        return False
+
+    def _old_enough(self, m: Machine, now: float) -> bool:
+        """A running on-demand worker launched as a spot fallback, running for `min_age_s` at least, not backing
+        off: one that may be replaced now."""
+        return (m.tags.get(TAG_FALLBACK) == "spot" and m.tags.get(TAG_CAPACITY) != "spot"
+                and m.tags.get(TAG_RAY_NODE_KIND) == "worker" and m.state == MACHINE_RUNNING
+                and now - self._first_seen.get(m.id, now) >= self.settings.min_age_s
+                and self._backoff.get(m.id, float("-inf")) <= now)
+
     def _end(self, f: Flight, why: str) -> None:
         self.flights.pop(f.on_demand, None)
         logger.info("reversion of %s by %s ended: %s", f.on_demand, f.spot, why)
@@ -171,10 +216,7 @@ class Reverter:
         s = self.settings
         fallbacks = sorted(
             (m for m in machines.values()
-             if m.tags.get(TAG_FALLBACK) == "spot" and m.tags.get(TAG_CAPACITY) != "spot"
-             and m.tags.get(TAG_RAY_NODE_KIND) == "worker" and m.state == MACHINE_RUNNING
-             and m.id not in self.flights and now - self._first_seen.get(m.id, now) >= s.min_age_s
-             and self._backoff.get(m.id, float("-inf")) <= now),
+             if m.id not in self.flights and self._old_enough(m, now)),
             key=lambda m: (-_price(m), m.id))           # the dearest first: the most saved per replacement
         for m in fallbacks:
             if len(self.flights) >= s.max_in_flight:

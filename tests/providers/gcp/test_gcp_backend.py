@@ -640,7 +640,7 @@ def test_boot_script_becomes_the_startup_script(fake: FakeGce, backend: GcpBacke
 
 # ----------------------------------------------------------------- the provider's fallback, through the real client
 
-def _provider(fake: FakeGce):
+def _provider(fake: FakeGce, **provider: Any):
     from ray_nodeless.ray_adapter.provider import NodelessProvider
 
     cfg = {"type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "gcp", "region": REGION,
@@ -650,6 +650,7 @@ def _provider(fake: FakeGce):
            "rules": [{"name": "gpu-spot-first", "match": {"GPU": ">=1"}, "capacity": ["spot", "on-demand"],
                       # the machine types the fake server knows
                       "instance_types": ["n1-standard-4+1xT4", "n1-standard-8+1xT4", "g2-standard-8"]}]}
+    cfg.update(provider)
     return NodelessProvider(cfg, CLUSTER)
 
 
