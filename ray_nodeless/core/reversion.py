@@ -41,10 +41,11 @@ class ReversionSettings(Section):
         """One line for `ray-nodeless plan`."""
         if not self.enabled:
             return "reversion: off"
-        return (f"reversion: on-demand fallbacks older than {self.min_age_s:.0f} s go back to spot when it returns "
-                f"(at most {self.max_in_flight} at once, checked every {self.interval_s:.0f} s); "
-                f"{self.interruption_limit} spot interruptions of a node type within "
-                f"{self.interruption_window_s:.0f} s -> on-demand first for {self.prefer_on_demand_s:.0f} s")
+        # Every key with the value in force (defaults included), named as in the YAML.
+        values = ", ".join(f"{k}={v:g}" + (" s" if k.endswith("_s") else "")
+                           for k, v in self.model_dump().items() if k != "enabled")
+        return (f"reversion: on-demand fallbacks go back to spot when it returns, spot machine first, then the "
+                f"on-demand one drained idle ({values})")
 
 
 class InterruptionHistory:

@@ -313,3 +313,32 @@ def test_reversion_on_the_fake_gce_with_spot_capacity_that_comes_back():
         assert spot != od and p.node_tags(spot)[TAG_CAPACITY] == "spot" and p.node_tags(spot)[TAG_REPLACES] == od
         assert ray.drained == [od] and rev.replaced == 1
         p.backend.close()
+
+
+def test_plan_shows_every_reversion_setting_with_its_default_or_the_value_set(tmp_path):
+    """`ray-nodeless plan` (text and --json) names each provider.reversion key with the value in force."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from ray_nodeless.cli.main import main as cli
+    from tests.helpers import cluster_config
+
+    aws = {k: v for k, v in PROVIDER.items() if k not in ("simulate_cloud", "type", "module")} | {"cloud": "aws"}
+    defaults = ReversionSettings().model_dump()
+    for block, expect in [({}, defaults), ({"max_in_flight": 3, "drain_patience_s": 120},
+                                           dict(defaults, max_in_flight=3, drain_patience_s=120.0))]:
+        path = tmp_path / "c.yaml"
+        path.write_text(yaml.safe_dump(cluster_config(dict(aws, reversion=block))))
+        text = CliRunner().invoke(cli, ["plan", str(path)])
+        assert text.exit_code == 0, text.output
+        [line] = [l for l in text.output.splitlines() if l.startswith("reversion:")]
+        for key, value in expect.items():
+            if key != "enabled":
+                assert f"{key}={value:g}" in line, (key, line)
+        js = CliRunner().invoke(cli, ["plan", "--json", str(path)])
+        assert js.exit_code == 0, js.output
+        assert json.loads(js.output)["reversion"] == expect
+    path.write_text(yaml.safe_dump(cluster_config(dict(aws, reversion={"enabled": False}))))
+    assert "reversion: off" in CliRunner().invoke(cli, ["plan", str(path)]).output
