@@ -35,6 +35,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return RayClustersInTurn(config, log)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _events_out_of_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The provider's event logs and cost state (ray_nodeless/metrics/events.py) go to a temp dir, not
+    ~/.ray-nodeless/events: a provider built as the monitor in-process, and every head an e2e test starts (they
+    inherit the environment), write there."""
+    from ray_nodeless.metrics.events import EVENTS_DIR_ENV
+
+    before = os.environ.get(EVENTS_DIR_ENV)
+    os.environ[EVENTS_DIR_ENV] = str(tmp_path_factory.mktemp("ray-nodeless-events"))
+    yield
+    if before is None:
+        os.environ.pop(EVENTS_DIR_ENV, None)
+    else:
+        os.environ[EVENTS_DIR_ENV] = before
+
+
 @pytest.fixture(scope="module")
 def moto_server() -> Iterator[MotoServer]:
     srv = start_moto_server()

@@ -26,8 +26,12 @@ def status_command(cluster_yaml: str, as_json: bool, events: bool, since: str | 
         raise click.UsageError("--since goes with --events")
     if events:
         age = _age(since)
+        from ray_nodeless.ray_adapter.compat.ray_status import run_on_head
+
         with user_errors():
-            doc = events_document(load_cluster_yaml(cluster_yaml), age)
+            # The head's log, where this machine does not hold it: read on the head as `ray exec` runs a command.
+            doc = events_document(load_cluster_yaml(cluster_yaml), age,
+                                  read_head=lambda command: run_on_head(cluster_yaml, command))
         _print_events(doc, as_json)
         return
     with user_errors():
@@ -85,8 +89,13 @@ def _print_events(doc: dict, as_json: bool) -> None:
         return
     import datetime
 
-    where = doc["log"] if doc["log_found"] else f"{doc['log']} not on this machine: machine tags only"
-    click.echo(f"cluster {doc['cluster_name']}: {len(doc['events'])} event(s) (log {where})")
+    if doc["log_found"]:
+        where = f"log {doc['log']}" + (" on the head" if doc["log_source"] == "head" else "")
+    elif doc.get("log_error"):
+        where = f"log {doc['log']} unreadable ({doc['log_error']}): machine tags only"
+    else:
+        where = f"log {doc['log']} not found: machine tags only"
+    click.echo(f"cluster {doc['cluster_name']}: {len(doc['events'])} event(s) ({where})")
     for e in doc["events"]:
         when = datetime.datetime.fromtimestamp(e["ts"], datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         click.echo(f"  {when} {e['kind']:19} {e['message']}")

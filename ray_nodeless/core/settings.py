@@ -141,6 +141,11 @@ class CoreSettings(Section):
     # The monitor's Prometheus endpoint for ray_nodeless_* metrics (ray_nodeless/metrics/; Ray's own autoscaler
     # metrics are on 44217); null: not exported.
     metrics_port: int | None = Field(44218, ge=1, le=65535)
+    # The head's decision log and cost state (metrics/events.py); None: $RAY_NODELESS_EVENTS_DIR, else
+    # ~/.ray-nodeless/events (of the head's home).
+    events_dir: str | None = Field(None, min_length=1)
+    # The last N decisions appended to `ray status` (metrics/ray_status.py); 0: not shown.
+    ray_status_events: int = Field(10, ge=0, le=50)
     # On-demand -> spot reversion and the on-demand preference after repeated interruptions (core/reversion.py).
     reversion: ReversionSettings = Field(default_factory=ReversionSettings)
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ray_nodeless.launch.config import load_provider
-from ray_nodeless.metrics.events import events_from_machines, events_path, merged_events, read_log
+from ray_nodeless.metrics.events import (
+    events_from_machines, events_path, head_events_path, head_read_command, head_read_output, merged_events, parse_log,
+    read_log,
+)
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_LIST_PRICE, TAG_PRICE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RULE,
     TAG_UNSERVED, TAG_ZONE,
@@ -94,14 +97,31 @@ def _flat(n: NodeStatus) -> dict:
     return d
 
 
-def events_document(cluster_config: dict[str, Any], since_s: float | None = None, now: float | None = None) -> dict:
-    """The provider's decisions: the head's bounded event log (on the machine the monitor runs on: a local cluster,
-    or the head itself) and what the cluster's machines carry in their tags (anywhere), from `since_s` ago on."""
+def events_document(cluster_config: dict[str, Any], since_s: float | None = None, now: float | None = None,
+                    read_head: Callable[[str], str] | None = None) -> dict:
+    """The provider's decisions: the head's bounded event log and what the cluster's machines carry in their tags,
+    from `since_s` ago on. The log is read here when this machine holds it (the head itself, or a local cluster
+    run with the same events dir), else through `read_head(command)` -> its output (`ray exec`'s path to the head,
+    given by the CLI) when a head is listed."""
     now = time.time() if now is None else now
     name = cluster_config["cluster_name"]
-    _, machines = _list(cluster_config)
-    path = events_path(name)
-    events = merged_events(read_log(path), events_from_machines(machines, now),
-                           None if since_s is None else now - since_s)
-    return {"cluster_name": name, "log": str(path), "log_found": path.exists(),
-            "events": [e.record() for e in events]}
+    bundle, machines = _list(cluster_config)
+    configured = bundle.core.events_dir
+    path = events_path(name, configured)
+    logged: list = []
+    source, error = None, None
+    where = str(path)
+    if path.exists():
+        logged, source = read_log(path), "here"
+    elif read_head is not None and any(m.tags.get(TAG_RAY_NODE_KIND) == "head" for m in machines):
+        where = f"head:{head_events_path(name, configured)}"
+        try:
+            text = head_read_output(read_head(head_read_command(name, configured)))
+        except Exception as e:      # no SSH to the head, a failed command: the machines' tags still answer
+            error = f"{type(e).__name__}: {e}"
+        else:
+            if text is not None:
+                logged, source = parse_log(text), "head"
+    events = merged_events(logged, events_from_machines(machines, now), None if since_s is None else now - since_s)
+    return {"cluster_name": name, "log": where, "log_found": source is not None, "log_source": source,
+            "log_error": error, "events": [e.record() for e in events]}

@@ -5,10 +5,12 @@ Kinds (`KINDS`): a launch chosen (and why: rule, price, candidate), a fallback t
 remembered, a cost-cap refusal, a machine interrupted, an interruption notice and its drain, unservable demands.
 Each also goes to Ray's autoscaler event channel (the sink the provider hands in, `compat.demand`).
 
-The log is a JSON-lines file per cluster in `~/.ray-nodeless/events/` on the machine the monitor runs on (the head),
-appended under a file lock and cut to its newest `MAX_EVENTS` records, so it outlives a monitor restart. What the
-machines carry themselves (their decision tags, the head's unserved-demands tag) is read back from any machine that
-can list the cluster, log or not (`events_from_machines`).
+The log is a JSON-lines file per cluster in the events dir of the machine the monitor runs on (the head):
+`provider.events_dir`, else $RAY_NODELESS_EVENTS_DIR, else `~/.ray-nodeless/events/` (`events_dir`), appended under
+a file lock and cut to its newest `MAX_EVENTS` records, so it outlives a monitor restart. What the machines carry
+themselves (their decision tags, the head's unserved-demands tag) is read back from any machine that can list the
+cluster (`events_from_machines`); `ray-nodeless status --events` reads the head's log through `ray exec`'s path
+(`head_events_path` names it for a command on the head).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +37,7 @@ KINDS = ("launch", "fallback", "capacity_error", "cost_cap_refusal", "interrupti
          "unservable")
 MAX_EVENTS = 1000
 EVENTS_DIR = "~/.ray-nodeless/events"
+EVENTS_DIR_ENV = "RAY_NODELESS_EVENTS_DIR"
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,46 @@ class Event:
         return asdict(self)
 
 
-def events_path(cluster_name: str, events_dir: str = EVENTS_DIR) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", cluster_name)
-    return Path(os.path.expanduser(events_dir)) / f"{safe}.jsonl"
+def events_dir(configured: str | None = None) -> str:
+    """Where the logs are: `provider.events_dir`, else $RAY_NODELESS_EVENTS_DIR, else ~/.ray-nodeless/events."""
+    return configured or os.environ.get(EVENTS_DIR_ENV) or EVENTS_DIR
+
+
+def _file_name(cluster_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", cluster_name)
+
+
+def events_path(cluster_name: str, configured: str | None = None) -> Path:
+    return Path(os.path.expanduser(events_dir(configured))) / f"{_file_name(cluster_name)}.jsonl"
+
+
+def cost_path(cluster_name: str, configured: str | None = None) -> Path:
+    """The cost state next to the log (metrics/cost_store.py)."""
+    return events_path(cluster_name, configured).with_suffix(".cost.json")
+
+
+def head_events_path(cluster_name: str, configured: str | None = None) -> str:
+    """The log's path as a shell word for a command run on the head: `~` and $RAY_NODELESS_EVENTS_DIR are the
+    head's, not this machine's."""
+    name = shlex.quote(f"{_file_name(cluster_name)}.jsonl")
+    if configured:
+        if configured == "~" or configured.startswith("~/"):
+            return '"$HOME"' + (shlex.quote(configured[1:]) if len(configured) > 1 else "") + "/" + name
+        return shlex.quote(configured) + "/" + name
+    return f'"${{{EVENTS_DIR_ENV}:-$HOME/.ray-nodeless/events}}"/{name}'
+
+
+def parse_log(text: str) -> list[Event]:
+    """The events of a log's text (unreadable lines skipped), oldest first."""
+    out: list[Event] = []
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+            out.append(Event(ts=float(d["ts"]), kind=str(d["kind"]), message=str(d["message"]),
+                             fields=dict(d.get("fields") or {}), source="log"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return out
 
 
 class EventLog:
@@ -101,19 +142,10 @@ def _keep_newest(path: Path, n: int) -> int:
 
 def read_log(path: Path) -> list[Event]:
     """The events of a log file (unreadable lines skipped), oldest first."""
-    out: list[Event] = []
     try:
-        text = path.read_text()
+        return parse_log(path.read_text())
     except FileNotFoundError:
-        return out
-    for line in text.splitlines():
-        try:
-            d = json.loads(line)
-            out.append(Event(ts=float(d["ts"]), kind=str(d["kind"]), message=str(d["message"]),
-                             fields=dict(d.get("fields") or {}), source="log"))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return out
+        return []
 
 
 def events_from_machines(machines: Iterable[Machine], now: float) -> list[Event]:
@@ -151,3 +183,26 @@ def merged_events(logged: list[Event], from_tags: list[Event], since: float | No
     if since is not None:
         out = [e for e in out if e.ts >= since]
     return sorted(out, key=lambda e: (e.ts, e.kind, e.message))
+
+
+_BEGIN, _NONE = "--- ray-nodeless events log ---", "--- ray-nodeless events log: none ---"
+
+
+def head_read_command(cluster_name: str, configured: str | None = None, max_lines: int = 2 * MAX_EVENTS) -> str:
+    """The shell command that prints the head's log (its newest `max_lines`) after a marker line, or the "none"
+    marker: what `ray exec`'s runner prints before it (a login banner) is cut off by `head_read_output`."""
+    return (f"f={head_events_path(cluster_name, configured)}; if [ -f \"$f\" ]; then echo '{_BEGIN}'; "
+            f"tail -n {int(max_lines)} \"$f\"; else echo '{_NONE}'; fi")
+
+
+def head_read_output(out: str) -> str | None:
+    """The log's text from `head_read_command`'s output; None when the head has no log; ValueError when neither
+    marker is there (the command did not run as written)."""
+    lines = out.splitlines()
+    for i, text in enumerate(lines):
+        if text.strip() == _BEGIN:
+            return "\n".join(lines[i + 1:])
+        if text.strip() == _NONE:
+            return None
+    raise ValueError(f"unexpected output from the head: {out[-300:]!r}")
+

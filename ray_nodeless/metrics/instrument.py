@@ -9,7 +9,9 @@ is wrapped here and the wrapper counts what passes through it and records the de
   (offering, price, rule), a "fallback" event and launch_fallbacks_total when it landed after capacity errors,
   cost_cap_refusals_total and a "cost_cap_refusal" event when `provider.max_hourly_cost` refused it.
 - `MeteredView.refresh`: integrates the listed machines' hourly price into cost_dollars_total (one sum per
-  listing); the gauges are read at scrape time (`registry.StateCollector`).
+  listing), continued across monitor restarts from the head's cost state (`cost_store.py`); the gauges are read at
+  scrape time (`registry.StateCollector`).
+- Every event also goes to the `ray status` block (`ray_status.py`) when the provider has one.
 - `MeteredPlanning`: plan_duration_seconds around each `Planner.plan`.
 - `interrupted` / `MeteredInterruptions.poll`: interruptions_total and "interruption", "interruption_notice",
   "drain" events; `unserved`: an "unservable" event when the unserved demands change.
@@ -25,7 +27,9 @@ import time
 from typing import Any, Callable, Mapping
 
 from ray_nodeless.errors import CapacityError, LaunchError
-from ray_nodeless.metrics.events import EventLog
+from ray_nodeless.metrics.cost_store import SAVE_EVERY_S, CostStore, SavedCost
+from ray_nodeless.metrics.events import Event, EventLog
+from ray_nodeless.metrics.ray_status import RayStatusBlock
 from ray_nodeless.metrics.registry import Metrics, StateSnapshot
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, Machine,
@@ -79,12 +83,17 @@ class Recorder:
     """Counts into `metrics`, records events in `events` (the head's log) and `sink` (Ray's event channel)."""
 
     def __init__(self, metrics: Metrics, events: EventLog | None = None, sink: Callable[[str], None] | None = None,
-                 unavailable_ttl_s: float = 0.0, clock: Callable[[], float] = time.monotonic):
+                 unavailable_ttl_s: float = 0.0, clock: Callable[[], float] = time.time,
+                 status_block: RayStatusBlock | None = None, cost_store: CostStore | None = None):
         self.metrics = metrics
         self.events = events
         self.sink = sink
         self.unavailable_ttl_s = unavailable_ttl_s
-        self.clock = clock
+        self.clock = clock          # wall time: the cost state outlives the process (cost_store.py)
+        self.status_block = status_block
+        self.cost_store = cost_store
+        self._saved_at: float | None = None
+        self._resume = cost_store.load() if cost_store is not None else None
         self._local = threading.local()
         self._cost_lock = threading.Lock()
         self._cost_total = 0.0
@@ -107,9 +116,13 @@ class Recorder:
             if len(self._recent) > 1000:
                 self._recent = {k: t for k, t in self._recent.items() if now - t < REPEAT_S}
         if self.events is not None:
-            self.events.append(kind, message, **fields)
+            e = self.events.append(kind, message, **fields)
+        else:
+            e = Event(ts=round(time.time(), 3), kind=kind, message=message, fields=fields)
         if self.sink is not None:
             self.sink(f"ray_nodeless: {message}")
+        if self.status_block is not None:
+            self.status_block.add(e)
 
     # ----- one launch call's capacity errors (the backend's calls run in the launcher's thread) ------------------
 
@@ -185,17 +198,32 @@ class Recorder:
                 hourly = sum(_price(m) for m in machines.values())
         now = self.clock()
         with self._cost_lock:
-            if self._cost_at is not None:
+            if self._resume is not None:
+                self._cost_total = self._resumed(self._resume, machines, now)
+                self._resume = None
+            elif self._cost_at is not None:
                 self._cost_total += self._hourly * max(0.0, now - self._cost_at) / 3600.0
             self._cost_at, self._hourly = now, hourly
             if not same:
                 self._keys = set(keys)
+            save = self.cost_store is not None and (self._saved_at is None or now - self._saved_at >= SAVE_EVERY_S)
+            if save:
+                self._saved_at = now
+                saved = SavedCost(self._cost_total, now, hourly)
+        if save:
+            self.cost_store.save(saved)
+
+    @staticmethod
+    def _resumed(saved: SavedCost, machines: Mapping[str, Machine], now: float) -> float:
+        """The saved total, plus what the machines listed now cost from the save (or their launch) until now."""
+        gap = sum(_price(m) * max(0.0, now - max(saved.at, m.launched_at or saved.at)) for m in machines.values())
+        return saved.total + gap / 3600.0
 
     def cost_total(self) -> float:
         now = self.clock()
         with self._cost_lock:
             if self._cost_at is None:
-                return self._cost_total
+                return self._cost_total if self._resume is None else self._resume.total
             return self._cost_total + self._hourly * max(0.0, now - self._cost_at) / 3600.0
 
     def interrupted(self, m: Machine) -> None:

@@ -7,10 +7,12 @@ import ipaddress
 from typing import Any, Callable
 
 from ray_nodeless.core.settings import CoreSettings
-from ray_nodeless.metrics.events import EventLog, events_path
+from ray_nodeless.metrics.cost_store import CostStore
+from ray_nodeless.metrics.events import EventLog, cost_path, events_path, read_log
 from ray_nodeless.metrics.instrument import (
     MeteredBackend, MeteredInterruptions, MeteredLauncher, MeteredPlanning, MeteredView, Recorder, state_source,
 )
+from ray_nodeless.metrics.ray_status import RayStatusBlock
 from ray_nodeless.metrics.registry import process_metrics, serve
 
 
@@ -26,13 +28,25 @@ def bind_address(gcs_address: str | None) -> str:
 
 
 class ProviderInstruments:
+    """`status_slot`: where `ray status` prints our recent decisions (compat.ray_status.StatusSlot), in the monitor;
+    `events_dir`: the log's and cost state's directory (default `settings.events_dir`, see events.events_dir)."""
+
     def __init__(self, cluster_name: str, settings: CoreSettings, *, gcs_address: str | None,
-                 event_sink: Callable[[str], None] | None = None):
+                 event_sink: Callable[[str], None] | None = None, status_slot: Any = None,
+                 events_dir: str | None = None):
         self.metrics = process_metrics()
         in_monitor = gcs_address is not None
-        events = EventLog(events_path(cluster_name)) if in_monitor else None
+        where = events_dir or settings.events_dir
+        events = EventLog(events_path(cluster_name, where)) if in_monitor else None
+        block = None
+        if in_monitor and status_slot is not None and settings.ray_status_events > 0:
+            block = RayStatusBlock(status_slot, settings.ray_status_events)
         self.recorder = Recorder(self.metrics, events, event_sink if in_monitor else None,
-                                 settings.unavailable_ttl_s)
+                                 settings.unavailable_ttl_s, status_block=block,
+                                 cost_store=CostStore(cost_path(cluster_name, where)) if in_monitor else None)
+        if block is not None and events is not None:
+            # A restarted monitor shows the decisions of the one before it (v1 cleared the slot at its start).
+            block.seed(read_log(events.path)[-settings.ray_status_events:])
         self.endpoint = None
         if in_monitor and settings.metrics_port:
             self.endpoint = serve(self.metrics, settings.metrics_port, bind_address(gcs_address))

@@ -39,6 +39,7 @@ from ray_nodeless.core.open_plan import OpenFitter, Packer
 from ray_nodeless.launch.open_types import OpenTypes
 from ray_nodeless.ray_adapter.compat import monitor_config_path, monitor_gcs_address, monitor_logs_dir
 from ray_nodeless.ray_adapter.compat.demand import autoscaler_event_sink
+from ray_nodeless.ray_adapter.compat.ray_status import StatusSlot
 from ray_nodeless.ray_adapter.open_driver import OpenDriver, YamlFileStore
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ class NodelessProvider(NodeProvider):
         # Metrics and decision events wrap the parts below (ray_nodeless/metrics/); exported only in the monitor.
         self.instruments = ProviderInstruments(
             cluster_name, self.settings, gcs_address=gcs,
-            event_sink=autoscaler_event_sink(monitor_logs_dir()) if gcs else None)
+            event_sink=autoscaler_event_sink(monitor_logs_dir()) if gcs else None,
+            status_slot=StatusSlot(gcs) if gcs else None)
         inst = self.instruments
         # Loaded at the first launch: `ray down` and `sweep` list and terminate without it (a gone catalog file,
         # or a live catalog's price lists, must not keep machines running).

@@ -3,8 +3,9 @@
 backend's faults.json), hence a fallback, and a cost-cap refusal (`max_hourly_cost` room for the head and one GPU
 worker while `request_resources` asks for two). Checked: Prometheus's query API shows the cost, machines and launch
 series with the values `ray-nodeless status` shows at the same moment (same machines, same hourly cost to the
-cent); each injected fault is its counter; each is an event in Ray's autoscaler event channel and in `ray-nodeless
-status --events` run on the head (`ray exec`), and the refused launch is in `ray status`'s recent failures."""
+cent); each injected fault is its counter; each is an event in Ray's autoscaler event channel, in `ray-nodeless status
+--events` run here (the head's log read through its command runner) and on the head (`ray exec`), and a line of the
+provider's block in `ray status`, whose recent failures also list the refused launch."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ray_nodeless.core.cluster_plan import plan_cluster
+from ray_nodeless.metrics.ray_status import HEADER as RAY_STATUS_HEADER
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.testing.clock import wait_for
 from ray_nodeless.testing.ray_processes import free_port
@@ -141,9 +143,13 @@ def test_prometheus_sees_what_status_shows_and_each_injected_fault(tmp_path):
         assert "ray_nodeless: gpu_worker: fell back to " + \
             f"{second.instance_type.name}/{second.zone}/{second.capacity}" in channel
         assert "ray_nodeless: gpu_worker: refused:" in channel
-        # Away from the head: the machines' decision tags (one launch event per machine).
-        kinds = [e["kind"] for e in _status(path, "--events", "--since", "10m")["events"]]
-        assert kinds == ["launch", "launch"], kinds
+        # Away from the head (this process's home has no log): the head's log, read through the head's command
+        # runner as `ray exec` does, merged with the machines' decision tags.
+        away = _status(path, "--events", "--since", "10m")
+        assert away["log_source"] == "head", away
+        kinds = [e["kind"] for e in away["events"]]
+        for kind in ("capacity_error", "fallback", "launch", "cost_cap_refusal"):
+            assert kind in kinds, (kind, kinds)
         # On the head (as for a cloud cluster; a local head's home is the backend's state_dir/home): its log too.
         on_head = subprocess.run([str(BIN / "ray"), "exec", str(path),
                                   "ray-nodeless status ~/ray_bootstrap_config.yaml --events --since 10m"],
@@ -160,6 +166,18 @@ def test_prometheus_sees_what_status_shows_and_each_injected_fault(tmp_path):
         # NodeLaunchException's category out of `ray status`); the reason is in the events above.
         recent = ray_status.stdout.split("Recent failures:", 1)
         assert len(recent) == 2 and "gpu_worker: LaunchFailed" in recent[1], ray_status.stdout
+        # Our recent decisions, after Ray's report: the capacity error, the fallback and the refusal each a line.
+        block = ray_status.stdout.split(RAY_STATUS_HEADER, 1)
+        assert len(block) == 2, ray_status.stdout
+        shown = {line.split()[1]: line for line in block[1].splitlines() if len(line.split()) > 2}
+        assert f"{first.instance_type.name}/{first.zone}/{first.capacity}" in shown["capacity_error"], block[1]
+        assert f"fell back to {second.instance_type.name}/{second.zone}/{second.capacity}" in shown["fallback"]
+        assert "max_hourly_cost" in shown["cost_cap_refusal"], block[1]
+        # A driver connecting now prints that text once as a warning (Ray's behaviour for the slot; README).
+        hello = subprocess.run([sys.executable, "-c", "import ray, time; ray.init(address=%r); time.sleep(3)"
+                                % cfg["provider"]["gcs_address"]], env=RAY_ENV, capture_output=True, text=True,
+                               timeout=120)
+        print("driver stderr:", hello.stderr[-3000:])
 
         down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=RAY_ENV, capture_output=True,
                               text=True, timeout=180)

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 
 from ray_nodeless.cli.main import main as cli
-from ray_nodeless.metrics.events import EventLog, events_path, read_log
+from ray_nodeless.metrics.events import EVENTS_DIR_ENV, EventLog, events_path, read_log
 from ray_nodeless.metrics.registry import Metrics, process_metrics, serve
 from ray_nodeless.providers.base import TAG_PRICE
 from ray_nodeless.ray_adapter.provider import NodelessProvider
@@ -153,6 +153,7 @@ def test_the_event_log_is_bounded_and_keeps_the_newest(tmp_path):
 
 def test_status_events_reads_the_log_and_the_tags_after_a_restart(cloud, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv(EVENTS_DIR_ENV, str(tmp_path / "events"))
     from tests.helpers import cluster_config, write_cluster_yaml
     path = write_cluster_yaml(tmp_path / "cluster.yaml", cluster_config(dict(PROVIDER)))
     first = NodelessProvider(dict(PROVIDER), "c1")
@@ -175,5 +176,6 @@ def test_status_events_reads_the_log_and_the_tags_after_a_restart(cloud, tmp_pat
     assert [(e["kind"], e["source"]) for e in doc["events"]] == [("launch", "tags")]
     text = CliRunner().invoke(cli, ["status", str(path), "--events"]).output
     assert "launch" in text and "machine tags only" in text
+    assert doc["log_found"] is False and doc["log_source"] is None
     bad = CliRunner().invoke(cli, ["status", str(path), "--events", "--since", "ten"])
     assert bad.exit_code != 0 and "--since" in bad.output

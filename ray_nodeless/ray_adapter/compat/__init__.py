@@ -21,6 +21,7 @@ is imported lazily (inside functions) except in `command_runner`, whose callers 
     scheduler        Ray's v1 ResourceDemandScheduler, for `ray-nodeless simulate`
     demand           Ray's pending demands and nodes as the GCS reports them (ClusterResourceState)
     kuberay          Ray's KubeRay path: a RayCluster's autoscaling config, Ray's monitor (v1/v2) over our reader
+    ray_status       the text slot `ray status` prints after its report; `ray exec`'s path to the head
 """
 from __future__ import annotations
 
@@ -30,6 +31,6 @@ from ray_nodeless.ray_adapter.compat.process import (
 
 # The modules that list the Ray names they rely on (tests/ray_adapter/test_compat.py imports each).
 MODULES = ("process", "node_ip", "gcs", "defaults", "aws_amis", "aws_bootstrap", "gcp_bootstrap", "command_runner",
-           "scheduler", "demand", "kuberay")
+           "scheduler", "demand", "kuberay", "ray_status")
 
 __all__ = ["MODULES", "in_teardown", "monitor_config_path", "monitor_gcs_address", "monitor_logs_dir"]

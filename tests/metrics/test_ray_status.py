@@ -1,0 +1,150 @@
+"""The provider's recent decisions in `ray status` (ray_nodeless/metrics/ray_status.py): the block, how it shares Ray's
+slot with a real error, its bounds, its setting, and the three injected decisions through NodelessProvider on the
+in-memory backend. The slot is Ray's internal-KV key; here a dict-backed stand-in for that key (`KvSlot`), since
+the GCS is Ray's, not ours: tests/e2e/test_prometheus.py reads the real `ray status`."""
+from __future__ import annotations
+
+import pytest
+from ray.autoscaler.node_launch_exception import NodeLaunchException
+
+from ray_nodeless.core.settings import CoreSettings
+from ray_nodeless.errors import ConfigError
+from ray_nodeless.launch.config import load_provider
+from ray_nodeless.metrics.events import Event, EventLog
+from ray_nodeless.metrics.ray_status import HEADER, MAX_BYTES, MAX_LINE, RayStatusBlock, merged, render
+from ray_nodeless.metrics.wiring import ProviderInstruments
+from ray_nodeless.ray_adapter.provider import NodelessProvider
+from ray_nodeless.testing import fake_backend
+from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS
+
+GPU = {"CPU": 4, "GPU": 1}
+RAY_ERROR = "The autoscaler failed with the following error:\nTraceback (most recent call last): ..."
+
+
+class KvSlot:
+    """Ray's DEBUG_AUTOSCALING_ERROR key, as a value (what StatusSlot reads and writes over the GCS)."""
+
+    def __init__(self, text: str | None = None):
+        self.text = text
+        self.writes = 0
+
+    def read(self) -> str | None:
+        return self.text
+
+    def write(self, text: str) -> None:
+        self.text = text
+        self.writes += 1
+
+
+class DownSlot:
+    def read(self):
+        raise ConnectionError("GCS unreachable")
+
+    def write(self, text):
+        raise AssertionError("never written when unreadable")
+
+
+def ev(i: int, kind: str = "launch", message: str | None = None) -> Event:
+    return Event(ts=1796160000.0 + i, kind=kind, message=message or f"decision {i}")
+
+
+def test_the_block_replaces_only_its_own_text():
+    block = render([ev(1)])
+    assert merged(None, block) == merged("", block) == block
+    assert merged(render([ev(0)]), block) == block                     # ours: replaced
+    kept = merged(RAY_ERROR, block)                                    # Ray's error: kept, ours after it
+    assert kept == RAY_ERROR + "\n\n" + block
+    assert merged(kept, render([ev(2)])) == RAY_ERROR + "\n\n" + render([ev(2)])
+    assert block.splitlines()[0] == HEADER and "not an error" in HEADER
+    assert block.splitlines()[1] == "  2026-12-01T21:20:01Z launch             decision 1"
+
+
+def test_the_block_is_bounded():
+    events = [ev(i, message="x" * 1000 + f" {i}") for i in range(200)]
+    text = render(events)
+    assert len(text.encode()) <= MAX_BYTES
+    lines = text.splitlines()
+    assert lines[0] == HEADER and all(len(line) <= MAX_LINE for line in lines)
+    assert lines[-1].endswith("...") and len(lines) > 5
+    # Newlines in a message stay on its one line.
+    assert render([ev(1, message="a\nb")]).splitlines()[1].endswith(" a b")
+
+
+def test_the_last_n_events_and_a_slot_that_is_down():
+    slot = KvSlot()
+    block = RayStatusBlock(slot, max_events=3, background=False)
+    for i in range(5):
+        block.add(ev(i))
+    assert [line.split()[-1] for line in slot.text.splitlines()[1:]] == ["2", "3", "4"]
+    down = RayStatusBlock(DownSlot(), max_events=3, background=False)
+    down.add(ev(1))              # logged, not raised: the launch that recorded it goes on
+    assert "decision 1" in down.text()
+
+
+def test_the_writer_thread_writes_a_burst():
+    slot = KvSlot(RAY_ERROR)
+    block = RayStatusBlock(slot, max_events=10)
+    for i in range(20):
+        block.add(ev(i))
+    assert block.flush(60)
+    assert slot.text.startswith(RAY_ERROR + "\n\n" + HEADER)
+    assert slot.text.splitlines()[-1].endswith("decision 19") and slot.writes <= 20
+
+
+@pytest.fixture
+def cloud():
+    return fake_backend.reset()
+
+
+def _provider(tmp_path, **extra):
+    p = NodelessProvider(dict(PROVIDER, **extra), "c1")
+    slot = KvSlot()
+    p.instruments.recorder.events = EventLog(tmp_path / "events.jsonl")
+    p.instruments.recorder.status_block = RayStatusBlock(slot, 10, background=False)
+    return p, slot
+
+
+def test_a_capacity_error_a_fallback_and_a_cost_cap_refusal_show_in_the_block(cloud, tmp_path):
+    p, slot = _provider(tmp_path)
+    first = p.launcher.plan("gpu_worker", GPU, {}, False).chosen
+    cloud.capacity_faults[(first.instance_type.name, first.zone, first.capacity)] = "InsufficientInstanceCapacity"
+    p.create_node_with_resources_and_labels({}, dict(WORKER_TAGS), 1, GPU, {})
+    [mid] = p.non_terminated_nodes({})
+    price = float(cloud.machines[mid].tags["nodeless-hourly-price"])
+    # A cap that leaves no room for a second worker.
+    capped, capped_slot = _provider(tmp_path, max_hourly_cost=round(1.5 * price, 4))
+    with pytest.raises(NodeLaunchException):
+        capped.create_node_with_resources_and_labels({}, dict(WORKER_TAGS), 1, GPU, {})
+    lines = slot.text.splitlines()
+    assert lines[0] == HEADER
+    assert [line.split()[1] for line in lines[1:]] == ["capacity_error", "fallback", "launch"]
+    assert f"capacity error InsufficientInstanceCapacity on {first.instance_type.name}/{first.zone}" in lines[1]
+    [refusal] = capped_slot.text.splitlines()[1:]
+    assert refusal.split()[1] == "cost_cap_refusal" and "max_hourly_cost" in refusal
+
+
+def _settings(**extra) -> CoreSettings:
+    return load_provider(dict(PROVIDER, metrics_port=None, **extra)).core
+
+
+def test_the_setting_turns_it_off_and_a_restart_shows_the_last_decisions(tmp_path):
+    slot = KvSlot()
+    off = ProviderInstruments("c1", _settings(ray_status_events=0), gcs_address="127.0.0.1:1", status_slot=slot,
+                              events_dir=str(tmp_path))
+    assert off.recorder.status_block is None
+    off.recorder.event("launch", "before the restart")
+    assert slot.text is None
+    # A restarted monitor (the slot cleared by Ray v1): the block comes back from the head's log.
+    again = ProviderInstruments("c1", _settings(ray_status_events=3), gcs_address="127.0.0.1:1", status_slot=slot,
+                                events_dir=str(tmp_path))
+    assert again.recorder.status_block.flush(60)
+    assert slot.text.splitlines()[1:][0].endswith("before the restart")
+    # Not in the monitor (`ray up`, `ray down`): no block, no log.
+    away = ProviderInstruments("c1", _settings(), gcs_address=None, status_slot=slot, events_dir=str(tmp_path))
+    assert away.recorder.status_block is None and away.recorder.events is None
+
+
+@pytest.mark.parametrize("value", [-1, 51, "ten"])
+def test_a_bad_ray_status_events_names_the_key(value):
+    with pytest.raises(ConfigError, match="ray_status_events"):
+        load_provider(dict(PROVIDER, ray_status_events=value))
