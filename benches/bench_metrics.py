@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import generate_latest  # noqa: E402
 
+from ray_nodeless.metrics.cost_store import CostStore  # noqa: E402
 from ray_nodeless.metrics.registry import process_metrics  # noqa: E402
 from ray_nodeless.providers.base import (  # noqa: E402
     TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, Machine,
@@ -86,6 +88,9 @@ def main() -> int:
         p.view.backend = p.backend
         p.launcher = p.launcher.wrapped
     on.instruments.watch(on.view, on.unavailable)     # the scrape reads the metered provider
+    # As in the monitor: the cost counter's state is saved next to the head's log (at most every 10 s).
+    state = tempfile.TemporaryDirectory(prefix="bench-metrics-")
+    on.instruments.recorder.cost_store = CostStore(Path(state.name) / "on.cost.json")
     assert len(on.non_terminated_nodes({})) == len(off.non_terminated_nodes({})) == a.machines
     sides = {"off": off, "on": on, "control": control}
     times: dict[str, list[float]] = {k: [] for k in sides}
@@ -101,6 +106,8 @@ def main() -> int:
         text = generate_latest(registry)
         scrapes.append(time.thread_time() - t0)
     assert b"ray_nodeless_machines{" in text
+    assert (Path(state.name) / "on.cost.json").is_file()
+    state.cleanup()
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     doc = {"machines": a.machines, "updates": a.updates, "update_ms_off": round(med["off"], 3),
            "update_ms_on": round(med["on"], 3), "metrics_ms_per_update": round(med["on"] - med["off"], 3),

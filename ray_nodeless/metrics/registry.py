@@ -94,8 +94,8 @@ class StateCollector:
                                      labels=["instance_type", "capacity", "zone"])
         cost = GaugeMetricFamily(PREFIX + "hourly_cost_dollars", "What the listed machines cost per hour (USD, "
                                  "their decision tags' prices; `ray-nodeless status`'s hourly cost).")
-        total = CounterMetricFamily(PREFIX + "cost_dollars", "Cost of the listed machines accumulated by this "
-                                    "monitor process (USD; resets when the monitor restarts).")
+        total = CounterMetricFamily(PREFIX + "cost_dollars", "Cost of the listed machines accumulated over time "
+                                    "(USD; continued across monitor restarts from the head's cost state).")
         unavailable = GaugeMetricFamily(PREFIX + "unavailable_offerings", "Offerings in the capacity memory "
                                         "(skipped until unavailable_ttl_s passes).", labels=["capacity", "reason"])
         if snap is not None:
