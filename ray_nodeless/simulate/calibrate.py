@@ -114,3 +114,14 @@ def measured_timing(doc: Mapping[str, Any], machines: Sequence[tuple[float, floa
     scale_down = _mean_ms([max(0.0, g - e) * 1000 for e, g in zip(ray_ends, gone)])
     return ReplayTiming(launch_latency_ms=latency, launch_concurrency=concurrency,
                         task_start_ms=_mean_ms(task_start_gaps_ms(doc)), scale_down_ms=scale_down)
+
+
+def billed_node_hours(doc: Mapping[str, Any]) -> float:
+    """What the recorded run's cloud billed from its first demand on, as `examples/demo.py` measures it: the head
+    for the run window (first demand to last task end), each worker from its listing to its leaving the listing
+    (`meta.cloud_machines`; one still listed counts to the window's end). The figure a replay with the measured
+    timing is checked against."""
+    meta = doc.get("meta") or {}
+    lo, hi = (w / 1000 for w in meta["window_ms"])
+    workers = sum(max(0.0, (hi if gone is None else gone) - max(listed, lo)) for listed, gone in cloud_machines(doc))
+    return ((hi - lo) + workers) / 3600

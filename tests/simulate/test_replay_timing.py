@@ -150,3 +150,11 @@ def test_cli_replays_a_recorded_run_with_its_measured_timing(tmp_path):
     trace.write_text(yaml.safe_dump(doc))
     bad = CliRunner().invoke(main, ["simulate", str(trace), "--config", cfg, "--measured-timing"])
     assert bad.exit_code == 2 and "--measured-timing" in bad.output
+
+
+def test_the_billed_node_hours_of_a_recording_are_the_head_window_and_the_workers_listings():
+    from ray_nodeless.simulate.calibrate import billed_node_hours
+    doc = {"meta": {"window_ms": [1000_000, 1036_000],
+                    "cloud_machines": [{"listed_s": 1000.5, "gone_s": 1046.0}, {"listed_s": 1007.0, "gone_s": None}]}}
+    # Head 36 s; workers 45.5 s and (still listed) 29 s to the window's end.
+    assert billed_node_hours(doc) == pytest.approx((36 + 45.5 + 29) / 3600)
