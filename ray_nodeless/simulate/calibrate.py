@@ -68,26 +68,44 @@ def _slots(node_res: Mapping[str, float], need: Mapping[str, float]) -> int:
     return max(1, min(fits, default=1))
 
 
+def _gaps(slots: list[int], tasks: list[Mapping[str, Any]]) -> list[int]:
+    """Tasks in start order each take the earliest-freed slot (nodes take pending work as soon as room frees); the
+    gap is its start less the later of that slot's freeing and its demand."""
+    free = list(slots)
+    heapq.heapify(free)
+    out = []
+    for t in sorted(tasks, key=lambda t: (t["start_ms"], t["end_ms"])):
+        slot = heapq.heappop(free) if free else int(t["start_ms"])
+        out.append(max(0, int(t["start_ms"]) - max(slot, int(t["demand_ms"]))))
+        heapq.heappush(free, int(t["end_ms"]))
+    return out
+
+
 def task_start_gaps_ms(doc: Mapping[str, Any]) -> list[int]:
     """Per recorded task, the time between it being placeable and it running (see the module docstring). Each
     node's slots for the task's shape free at the node's start and at each earlier task's end on it, earliest
-    first."""
+    first. Tasks recorded without their node (an older recording) share the slots of every node their shape fits,
+    per shape."""
     meta = doc.get("meta") or {}
     nodes = {n["node_id"]: n for n in meta.get("recorded_nodes") or []}
     by_node: dict[str, list[Mapping[str, Any]]] = {}
+    unplaced: dict[tuple, list[Mapping[str, Any]]] = {}
     for t in meta.get("recorded_tasks") or []:
         if t.get("node_id") in nodes:
             by_node.setdefault(t["node_id"], []).append(t)
+        else:
+            unplaced.setdefault(tuple(sorted((t.get("resources") or {}).items())), []).append(t)
     gaps: list[int] = []
     for node_id in sorted(by_node):
         node = nodes[node_id]
-        tasks = sorted(by_node[node_id], key=lambda t: (t["start_ms"], t["end_ms"]))
-        free: list[int] = [int(node["start_ms"])] * _slots(node.get("resources") or {}, tasks[0]["resources"])
-        heapq.heapify(free)
-        for t in tasks:
-            slot = heapq.heappop(free)
-            gaps.append(max(0, int(t["start_ms"]) - max(slot, int(t["demand_ms"]))))
-            heapq.heappush(free, int(t["end_ms"]))
+        tasks = by_node[node_id]
+        gaps += _gaps([int(node["start_ms"])] * _slots(node.get("resources") or {}, tasks[0]["resources"]), tasks)
+    for shape in sorted(unplaced):
+        need = dict(shape)
+        fit = [n for _, n in sorted(nodes.items())
+               if all((n.get("resources") or {}).get(k, 0.0) + EPS >= v for k, v in need.items())]
+        slots = [int(n["start_ms"]) for n in fit for _ in range(_slots(n.get("resources") or {}, need))]
+        gaps += _gaps(slots, unplaced[shape])
     return gaps
 
 

@@ -118,7 +118,7 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
       run's first demand. No head-only phases are recorded (the state API does not say what ran on the head).
     """
     from ray.util.state import (  # imported here: the CLI must start without Ray's state deps
-        list_nodes, list_placement_groups, list_tasks,
+        list_actors, list_nodes, list_placement_groups, list_tasks,
     )
 
     tasks = list_tasks(address=address, detail=True, limit=limit, raise_on_missing_output=False)
@@ -133,11 +133,23 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
     items: list[tuple[str, str, dict[str, float], int, int, int, str]] = []
     actor_creation: dict[str, Any] = {}
     actor_last_end: dict[str, int] = {}
+    actor_node: dict[str, str] = {}
     for t in tasks:
         if t.type == "ACTOR_CREATION_TASK" and t.actor_id:
             actor_creation[t.actor_id] = t
         if t.type in ("ACTOR_TASK", "ACTOR_CREATION_TASK") and t.actor_id and t.end_time_ms:
             actor_last_end[t.actor_id] = max(actor_last_end.get(t.actor_id, 0), int(t.end_time_ms))
+        if t.actor_id and getattr(t, "node_id", None):
+            actor_node.setdefault(t.actor_id, str(t.node_id))
+    if any(a not in actor_node for a in actor_creation):
+        # An actor creation task's own row may carry no node (seen on Ray 2.60 for Tune trials): the actor
+        # table has it.
+        try:
+            for a in list_actors(address=address, detail=True, limit=limit, raise_on_missing_output=False):
+                if a.actor_id and getattr(a, "node_id", None):
+                    actor_node.setdefault(a.actor_id, str(a.node_id))
+        except Exception as e:   # the trace does not need it; only a replay's timing measurement does
+            logger.warning("listing actors for their nodes failed: %s", e)
     for t in tasks:
         if t.type != "NORMAL_TASK" or t.state not in ("FINISHED", "FAILED"):
             continue
@@ -149,7 +161,7 @@ def record_trace(address: str | None = "auto", name: str = "recorded", limit: in
         if not t.start_time_ms or actor_id not in actor_last_end:
             continue
         items.append((t.job_id, t.name, _sizing_resources(t.required_resources), _placed_demand_ms(t, groups),
-                      int(t.start_time_ms), actor_last_end[actor_id], str(getattr(t, "node_id", None) or "")))
+                      int(t.start_time_ms), actor_last_end[actor_id], actor_node.get(actor_id, "")))
     items = [i for i in items if i[2]]     # zero-resource tasks never drive scaling
     if not items:
         raise ConfigError("trace record", "the cluster has no finished tasks or actors with resources to record")
