@@ -146,11 +146,14 @@ def report(watcher: Watcher, wall_s: float, region: str, head_price: float, rep:
     hours: dict[str, float] = defaultdict(float)
     cost: dict[str, float] = defaultdict(float)
     end_now = time.time()
+    head_cost = 0.0
     for tags, start, end in watcher.lifetimes.values():
         h = ((end or end_now) - start) / 3600
         key = f"{tags.get(TAG_INSTANCE_TYPE)} ({tags.get(TAG_CAPACITY)})"
         hours[key] += h
         cost[key] += h * float(tags.get(TAG_PRICE, 0))
+        if tags.get("ray-node-type") == "head":
+            head_cost += h * float(tags.get(TAG_PRICE, 0))
     rc = embedded().region("aws", region)
     base = rc.find(BASELINE[0], sorted(rc.zones)[0], "on-demand")
     fixed = base.hourly_price * BASELINE[1] * wall_s / 3600
@@ -168,7 +171,9 @@ def report(watcher: Watcher, wall_s: float, region: str, head_price: float, rep:
     if rep is not None:
         r = rep["result"]
         useful = r.useful_task_hours
-        bound = r.lower_bound() + head_price * wall_s / 3600
+        # The head as the cost table bills it (from when the cloud listed it, not from `ray up`'s start: billing
+        # it for the whole wall time made the "bound" exceed the run's cost when ray up was slow).
+        bound = r.lower_bound() + head_cost
         out.update(bound=round(bound, 6), useful_task_hours=round(useful, 6),
                    measured_node_hours=round(rep["measured_node_hours"], 6),
                    replayed_node_hours=round(rep["replayed_node_hours"], 6),
