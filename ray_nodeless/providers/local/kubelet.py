@@ -86,6 +86,7 @@ class KubeletPlayer:
         self.nodes: dict[str, PlayedNode] = {}          # node name -> played node
         self.pod_ips: dict[str, str] = {}               # pod name -> ip
         self._starting: set[str] = set()
+        self._forgotten: set[str] = set()               # machines terminated: never (re)registered from here
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._heartbeat_loop, name="kubelet-player-heartbeat", daemon=True),
@@ -121,6 +122,9 @@ class KubeletPlayer:
         if joined.method == "eks":
             spec["providerID"] = f"aws:///{offering.zone}/{machine_id}"
         body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": spec}
+        with self._lock:
+            if machine_id in self._forgotten:     # ended before its (adopted) kubelet got here
+                return played
         try:
             self.core.create_node(body)
         except ApiException as e:
@@ -134,6 +138,9 @@ class KubeletPlayer:
         self._renew_lease(name)
         played.ready_at = time.time()
         logger.info("played kubelet registered Node %s for machine %s (%s join)", name, machine_id, joined.method)
+        # Pods bound before this player knew the Node (an adopted machine: the watch saw them go by) run now.
+        for pod in self.core.list_namespaced_pod(self.namespace, field_selector=f"spec.nodeName={name}").items:
+            self._on_pod("ADDED", pod)
         return played
 
     def _post_status(self, name: str, capacity: dict[str, str] | None = None) -> None:
@@ -206,6 +213,7 @@ class KubeletPlayer:
         """The machine is gone: stop its heartbeats and its Ray processes (the Node object is the registration's).
         Its pods' deletions are still confirmed until the Node is deleted (see the module docstring)."""
         with self._lock:
+            self._forgotten.add(machine_id)
             for p in self.nodes.values():
                 if p.machine_id == machine_id:
                     p.gone = True
@@ -267,6 +275,10 @@ class KubeletPlayer:
             return
         phase = pod.status.phase if pod.status else None
         with self._lock:
+            if phase == "Running" and name not in self.pod_ips and (rec := self.processes.get(mid)) is not None:
+                # a pod an earlier player of this adopted machine ran: its Ray process is watched from now on
+                self.pod_ips[name] = rec.ip
+                played.pods.add(name)
             if name in self._starting or phase in ("Running", "Failed", "Succeeded"):
                 return
             self._starting.add(name)

@@ -49,6 +49,11 @@ class Player(abc.ABC):
         """Start what runs on these new worker machines. A retried launch names machines already played: play
         each once. Raise BackendError naming the machines that could not be played."""
 
+    def adopt(self, machine_ids: list[str]) -> None:
+        """The inner backend lists these worker machines: play those this process did not start and whose player
+        is gone (its process was killed; a real machine's kubelet would not have stopped). Cheap: called for every
+        listing. Default: nothing to adopt."""
+
     def ip(self, machine_id: str) -> str | None:
         """The address a played worker's Ray node reports (what v1 matches Ray nodes by), None to keep the
         listing's. Cheap: called for every machine per listing."""
@@ -103,7 +108,9 @@ class PlayedBackend(MachineBackend):
             logger.error("stopping the players of %s failed: %s", ids, e)
 
     def list_machines(self) -> list[Machine]:
-        return [self._played(m) for m in self.inner.list_machines()]
+        machines = self.inner.list_machines()
+        self.player.adopt([m.id for m in machines if m.tags.get(TAG_RAY_NODE_KIND) != NODE_KIND_HEAD])
+        return [self._played(m) for m in machines]
 
     def _played(self, machine: Machine) -> Machine:
         if machine.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:

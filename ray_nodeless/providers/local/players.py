@@ -13,12 +13,17 @@ provider block asks for (settings.player_of; the loader parses its section, `Pro
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
+import json
 import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any
 
+from ray_nodeless.core.catalog.model import InstanceType, Offering
 from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.errors import BackendError
 from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, MachineBackend
@@ -126,6 +131,13 @@ class KubeletPlay(Player):
             extra_ray_start_args=settings.local_ray_start_args, prewarm=False)
         self.kubelet = KubeletPlayer(block.api_client(os.environ.get(PLAYER_KUBECONFIG_ENV) or ""),
                                      block.namespace, processes)
+        # A real machine's kubelet outlives the autoscaler that launched it; a played one runs in that process. So
+        # each played machine's boot (its user data and offering) is kept in `boots/`, with a lock this process
+        # holds while it plays the machine (flock: the kernel drops it when the process dies, SIGKILL included),
+        # and a later process that lists the machine while nobody holds it plays it on (`adopt`).
+        self.boots = state_dir / "boots"
+        self._held: dict[str, int] = {}      # machine id -> the fd of its boot lock
+        self._boot_lock = threading.Lock()
         real = settings.local_real_kubelet
         self.real_settings = real
         self.real = (RealKubeletMachine(real.workdir, os.path.expanduser(real.node_dir) if real.node_dir else None)
@@ -164,11 +176,65 @@ class KubeletPlay(Player):
                 threading.Thread(target=self._boot_real, args=(mid, spec.boot_script), daemon=True,
                                  name=f"real-kubelet-boot-{mid}").start()
                 continue
+            self._keep_boot(mid, spec.boot_script, spec.offering)
             try:
                 self.kubelet.play(mid, spec.boot_script, spec.offering)
             except ValueError as e:      # the user data is no join: a real machine would never become a Node
                 raise BackendError(f"machine {mid} cannot be played as a Kubernetes node: {e}",
                                    category="KubeletPlayerFailed") from e
+
+    # ----- boots kept for a later process (adopt) ----------------------------------------------------------------
+
+    def _hold(self, mid: str) -> bool:
+        """Take this machine's boot lock (non-blocking); False when another live process plays it."""
+        with self._boot_lock:
+            if mid in self._held:
+                return True
+            self.boots.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.boots / f"{mid}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                return False
+            self._held[mid] = fd
+            return True
+
+    def _keep_boot(self, mid: str, user_data: str, offering: Offering) -> None:
+        if not self._hold(mid):
+            return
+        path = self.boots / f"{mid}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"user_data": user_data, "offering": dataclasses.asdict(offering)}))
+        tmp.replace(path)
+
+    def adopt(self, machine_ids: list[str]) -> None:
+        """Play on the listed machines whose kubelet nobody plays any more (the process that launched them was
+        killed): the Node is registered again if it is not there, its heartbeats resume, its bound pods run."""
+        for mid in machine_ids:
+            if mid in self._held or self._real_machine(mid):
+                continue
+            path = self.boots / f"{mid}.json"
+            if not path.exists() or not self._hold(mid):
+                continue
+            try:
+                boot = json.loads(path.read_text())
+                o = dict(boot["offering"])
+                offering = Offering(**{**o, "instance_type": InstanceType(**o["instance_type"])})
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                logger.warning("played kubelet: cannot adopt machine %s (%s)", mid, e)
+                continue
+            logger.info("played kubelet: adopting machine %s (its player's process is gone)", mid)
+            self.kubelet.play(mid, boot["user_data"], offering)
+
+    def _drop_boot(self, mid: str) -> None:
+        with self._boot_lock:
+            fd = self._held.pop(mid, None)
+        for suffix in (".json", ".lock"):
+            with contextlib.suppress(OSError):
+                (self.boots / f"{mid}{suffix}").unlink()
+        if fd is not None:
+            os.close(fd)
 
     def stop(self, machine_ids: list[str]) -> None:
         # The machine is gone, so is its kubelet; stopping its Ray processes waits for them: not on the caller's
@@ -179,6 +245,7 @@ class KubeletPlay(Player):
                 # Not a daemon: a short-lived process (`ray down`) must not exit with the real machine half stopped.
                 threading.Thread(target=self.real.stop, name=f"real-kubelet-stop-{mid}").start()
                 continue
+            self._drop_boot(mid)
             threading.Thread(target=self.kubelet.forget, args=(mid,), name=f"kubelet-player-forget-{mid}",
                              daemon=True).start()
 
