@@ -9,6 +9,14 @@ GCE metadata server:
 - `GET /computeMetadata/v1/instance/preempted` needs `Metadata-Flavor: Google` (else 403), answers `TRUE`/`FALSE`
   with an `ETag`; with `?wait_for_change=true` it hangs until the value's ETag differs from `last_etag` (at once
   if it already does) or `timeout_sec` passes, as the real server does.
+- What google-auth's default chain asks on GKE with Workload Identity (google/auth/compute_engine/_metadata.py):
+  `GET /` (its ping: 200 with `Metadata-Flavor: Google`), `project/project-id`,
+  `instance/service-accounts/default/?recursive=true` and `instance/service-accounts/default/token` (JSON
+  `{access_token, expires_in, token_type}`), `universe/universe-domain`; every one needs `Metadata-Flavor: Google`.
+  Point google-auth at it with GCE_METADATA_HOST and GCE_METADATA_IP = `host_port`.
+EKS Pod Identity agent (what botocore's container provider reads from AWS_CONTAINER_CREDENTIALS_FULL_URI = `url` +
+`/v1/credentials`): 401 unless `Authorization` is the pod's token (`eks_token`), else
+`{AccessKeyId, SecretAccessKey, Token, AccountId, Expiration}`.
 
 Tests flip it with `aws_notice(...)` / `gce_preempt()`, expire tokens, or make the next answers fail with a status.
 """
@@ -38,11 +46,17 @@ class _State:
     tokens: dict[str, float] = field(default_factory=dict)     # token -> expiry (monotonic)
     fail: list[int] = field(default_factory=list)                # statuses for the next requests, in order
     requests: list[tuple[str, str]] = field(default_factory=list)
+    gce_project: str = "test-project"
+    gce_email: str = "ray-head@test-project.iam.gserviceaccount.com"
+    gce_access_token: str = field(default_factory=lambda: "ya29.fake-" + secrets.token_urlsafe(12))
+    eks_token: str = field(default_factory=lambda: "eks-pod-identity-" + secrets.token_urlsafe(12))
+    eks_keys: tuple[str, str, str] = ("ASIAFAKEPODIDENTITY1", "fake-secret", "fake-session-token")
+    authorizations: list[str] = field(default_factory=list)     # Authorization headers /v1/credentials saw
 
 
 class FakeMetadataServer:
-    def __init__(self, instance_id: str = "i-0fake0000000000001"):
-        self.state = _State(instance_id=instance_id)
+    def __init__(self, instance_id: str = "i-0fake0000000000001", gce_project: str = "test-project"):
+        self.state = _State(instance_id=instance_id, gce_project=gce_project)
         self.changed = threading.Condition()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._httpd.daemon_threads = True
@@ -54,6 +68,12 @@ class FakeMetadataServer:
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
         return f"http://{host}:{port}"
+
+    @property
+    def host_port(self) -> str:
+        """`127.0.0.1:<port>`: google-auth's GCE_METADATA_HOST / GCE_METADATA_IP take a host, not a URL."""
+        host, port = self._httpd.server_address[:2]
+        return f"{host}:{port}"
 
     def stop(self) -> None:
         with self.changed:
@@ -115,10 +135,11 @@ def _handler(server: FakeMetadataServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, *_: Any) -> None:     # quiet: tests read requests_seen() instead
             pass
 
-        def _send(self, status: int, body: str = "", headers: dict[str, str] | None = None) -> None:
+        def _send(self, status: int, body: str = "", headers: dict[str, str] | None = None,
+                  content_type: str = "text/plain") -> None:
             data = body.encode()
             self.send_response(status)
-            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
@@ -155,7 +176,25 @@ def _handler(server: FakeMetadataServer) -> type[BaseHTTPRequestHandler]:
                 return self._imds(parts.path)
             if parts.path.startswith("/computeMetadata/"):
                 return self._gce(parts.path, parse_qs(parts.query))
+            if parts.path == "/v1/credentials":
+                return self._eks_pod_identity()
+            if parts.path == "/":       # google-auth's ping of the metadata server's IP
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    return self._send(403, "Missing Metadata-Flavor:Google header.")
+                return self._send(200, "computeMetadata/\n", {"Metadata-Flavor": "Google"})
             self._send(404, "Not Found")
+
+        def _eks_pod_identity(self) -> None:
+            auth = self.headers.get("Authorization", "")
+            with server.changed:
+                state.authorizations.append(auth)
+            if auth != state.eks_token:
+                return self._send(401, json.dumps({"message": "invalid token"}), content_type="application/json")
+            key, secret, session = state.eks_keys
+            expiry = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            body = {"AccessKeyId": key, "SecretAccessKey": secret, "Token": session, "AccountId": "123456789012",
+                    "Expiration": expiry}
+            self._send(200, json.dumps(body), content_type="application/json")
 
         def _imds(self, path: str) -> None:
             token = self.headers.get("X-aws-ec2-metadata-token", "")
@@ -173,8 +212,20 @@ def _handler(server: FakeMetadataServer) -> type[BaseHTTPRequestHandler]:
         def _gce(self, path: str, query: dict[str, list[str]]) -> None:
             if self.headers.get("Metadata-Flavor") != "Google":
                 return self._send(403, "Missing Metadata-Flavor:Google header.")
+            flavour = {"Metadata-Flavor": "Google"}
             if path == "/computeMetadata/v1/instance/name":
-                return self._send(200, state.instance_id, {"Metadata-Flavor": "Google"})
+                return self._send(200, state.instance_id, flavour)
+            if path == "/computeMetadata/v1/project/project-id":
+                return self._send(200, state.gce_project, flavour)
+            if path == "/computeMetadata/v1/universe/universe-domain":
+                return self._send(200, "googleapis.com", flavour)
+            if path == "/computeMetadata/v1/instance/service-accounts/default/":
+                info = {"email": state.gce_email, "aliases": ["default"],
+                        "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
+                return self._send(200, json.dumps(info), flavour, content_type="application/json")
+            if path == "/computeMetadata/v1/instance/service-accounts/default/token":
+                token = {"access_token": state.gce_access_token, "expires_in": 3599, "token_type": "Bearer"}
+                return self._send(200, json.dumps(token), flavour, content_type="application/json")
             if path != "/computeMetadata/v1/instance/preempted":
                 return self._send(404, "Not Found")
             if query.get("wait_for_change", ["false"])[0] == "true":

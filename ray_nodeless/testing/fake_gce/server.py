@@ -56,6 +56,7 @@ class Request:
     query: dict[str, str]
     body: Any
     status: int = 0
+    authorization: str | None = None      # the Authorization header: which credentials the client sent
     t: float = field(default_factory=time.monotonic)
     seq: int = 0
 
@@ -105,7 +106,7 @@ class FakeGce(FaultInjection, ComputeHandlers):
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                status, payload = fake.handle(self.command, self.path, raw)
+                status, payload = fake.handle(self.command, self.path, raw, self.headers.get("Authorization"))
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -205,11 +206,12 @@ class FakeGce(FaultInjection, ComputeHandlers):
         ("POST", re.compile(r"zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)/wait"), "zoneOperations.wait"),
     ]
 
-    def handle(self, http_method: str, raw_path: str, raw_body: bytes) -> tuple[int, Any]:
+    def handle(self, http_method: str, raw_path: str, raw_body: bytes,
+               authorization: str | None = None) -> tuple[int, Any]:
         parts = urlsplit(raw_path)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         method = "unknown"
-        req = Request(method, http_method, parts.path, query, None)
+        req = Request(method, http_method, parts.path, query, None, authorization=authorization)
         try:
             if not parts.path.startswith(BASE):
                 raise ApiError(404, f"The requested URL {parts.path} was not found.", reason="notFound")
