@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.gcp.settings import ANONYMOUS, GcpSettings
 
 logger = logging.getLogger(__name__)
@@ -42,10 +43,18 @@ class ComputeClients:
 
     @classmethod
     def connect(cls, settings: GcpSettings) -> "ComputeClients":
+        from google.auth.exceptions import DefaultCredentialsError
         from google.cloud import compute_v1
 
         kwargs = compute_client_kwargs(settings.api_endpoint, settings.client_credentials())
-        return cls(compute_v1.InstancesClient(**kwargs), compute_v1.ZoneOperationsClient(**kwargs))
+        try:
+            return cls(compute_v1.InstancesClient(**kwargs), compute_v1.ZoneOperationsClient(**kwargs))
+        except DefaultCredentialsError as e:
+            # Without a credentials key the clients take google.auth.default(): say which identity was expected
+            # (before any call is made, so nothing is launched) rather than google-auth's generic text alone.
+            raise ConfigError("provider.credentials", "not set, and google.auth found no Application Default "
+                              "Credentials (on GKE: Workload Identity for the pod's ServiceAccount; elsewhere "
+                              f"GOOGLE_APPLICATION_CREDENTIALS or the metadata server): {e}") from e
 
     def close(self) -> None:
         for c in (self.instances, self.zone_operations):
