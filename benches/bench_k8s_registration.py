@@ -28,13 +28,10 @@ stopped (its process groups only).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shlex
 import shutil
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -45,6 +42,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_launch_latency as lat  # noqa: E402  (benches/ sibling; puts the repo root on sys.path)
+import registration_runs as runs  # noqa: E402
 
 from kubernetes import client, watch  # noqa: E402
 
@@ -57,7 +55,7 @@ ROOT = lat.ROOT
 K8S_CONFIG = ROOT / "cluster-configs" / "local-k8s-cpu-head.yaml"
 RBAC = ROOT / "cluster-configs" / "kubernetes-rbac.yaml"
 TARGET = 1.5
-STEPS = ("node_added", "node_ready", "node_schedulable", "pod_added", "pod_bound", "pod_running")
+STEPS = runs.STEPS
 
 
 class Timeline:
@@ -202,22 +200,10 @@ KEYS = ["latency", "submit_to_registered", "registered_to_start", "requested_to_
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per registration (interleaved); default 3")
-    ap.add_argument("--timeout", type=float, default=180, help="per task, seconds")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    ap.add_argument("--keep", action="store_true", help="keep the work dir (logs) after the run")
-    args = ap.parse_args()
-    reproduce = f"{os.path.relpath(sys.executable, ROOT)} {shlex.join(sys.argv)}  (from {ROOT})"
-
-    root = Path(tempfile.mkdtemp(prefix="rnk8s-"))   # short: Ray's socket paths live under --temp-dir
-    for d in ("vm", "k8s", "cp"):
-        (root / d).mkdir()
-
-    t_all = time.monotonic()
+    args = runs.parse_args(__doc__, timeout=180)
     cp: ControlPlane | None = None
 
-    def make_benches() -> list[lat.Ours]:
+    def make_benches(root: Path) -> list[lat.Ours]:
         nonlocal cp
         t = time.monotonic()
         cp, sa = start_control_plane(root / "cp")
@@ -227,20 +213,10 @@ def main() -> int:
         os.environ["RAY_NODELESS_PLAYER_KUBECONFIG"] = str(cp.admin_kubeconfig)
         return [Vm(root / "vm", "v2", args.timeout, None), Kubernetes(root / "k8s", args.timeout, cp, sa)]
 
-    def k8s_steps(b, r: dict) -> str:
-        if b.name != "kubernetes":
-            return ""
-        return " (" + ", ".join(f"{s} +{r[k]:.2f}" for s in STEPS for k in r if k.endswith(f"_to_{s}")) + ")"
-
-    rc, head_s, benches = lat.run_interleaved(make_benches, args.reps, root, args.keep, rep_note=k8s_steps,
-                                              idle_timeout=180, teardown=lambda: cp.stop() if cp else None)
-
-    summ = {b.name: {k: s for k in KEYS if (s := lat.summarize(b.results, k))} for b in benches}
-    report = {"autoscaler": "v2", "update_interval_s": 1, "reps": args.reps, "interleaved": True,
-              "instance_type": benches[0].instance_type if benches else None, "head_start_s": head_s,
-              "wall_s": time.monotonic() - t_all, "reproduce": reproduce,
-              "registrations": {b.name: {"summary": summ[b.name], "runs": b.results} for b in benches}}
-    med = {n: s.get("latency", {}).get("median") for n, s in summ.items()}
+    # short prefix: Ray's socket paths live under --temp-dir
+    rc, report = runs.run(args, make_benches, prefix="rnk8s-", dirs=("vm", "k8s", "cp"), k8s_name="kubernetes",
+                          keys=KEYS, idle_timeout=180, teardown=lambda root: cp.stop() if cp else None)
+    med = {n: reg["summary"].get("latency", {}).get("median") for n, reg in report["registrations"].items()}
     if len(med) == 2 and all(med.values()):
         report["ratio_of_medians"] = med["kubernetes"] / med["vm"]
         report["target"] = TARGET
@@ -251,15 +227,11 @@ def main() -> int:
         print(f"Launch latency, pending {{GPU: 1, CPU: 1}} task -> running, local backend: registration kubernetes "
               f"(real API server + scheduler, played kubelet) vs vm; autoscaler v2, update interval 1 s, "
               f"{args.reps} interleaved reps; instance {report['instance_type']}")
-        print(f"{'registration':12s} {'metric':32s} {'median':>8s} {'min':>8s} {'max':>8s}  n")
-        for b in benches:
-            for k, s in summ[b.name].items():
-                print(f"{b.name:12s} {k:32s} {s['median']:8.2f} {s['min']:8.2f} {s['max']:8.2f}  {s['n']}")
+        runs.print_table(report, 12)
         if "ratio_of_medians" in report:
             print(f"ratio of medians (kubernetes / vm): {report['ratio_of_medians']:.2f}  "
                   f"(target <= {TARGET}: {'met' if report['meets_target'] else 'NOT met'})")
-        print(f"wall {report['wall_s']:.0f} s")
-        print(f"reproduce: {reproduce}")
+        runs.print_footer(report)
     return rc
 
 

@@ -18,12 +18,9 @@ the bench waits until the machine's pod, Node, kubelet and containerd are gone.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_k8s_registration as bk  # noqa: E402  (benches/ sibling; puts the repo root on sys.path)
 import bench_launch_latency as lat  # noqa: E402
+import registration_runs as runs  # noqa: E402
 
 from ray_nodeless.providers.local.real_kubelet import RealKubeletMachine, node_dir  # noqa: E402
 from ray_nodeless.testing.k8s_control_plane import ControlPlane  # noqa: E402
@@ -38,7 +36,6 @@ from ray_nodeless.testing.real_kubelet import (  # noqa: E402
     ensure_node_binaries, prepare_kubeadm_cluster, ray_host_pod_template,
 )
 
-ROOT = lat.ROOT
 NODE_IP = "127.0.0.77"
 PORT_BASE = 24500
 
@@ -79,24 +76,14 @@ KEYS = ["latency", "launch_to_node_added", "node_added_to_node_ready", "node_rea
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per registration (interleaved); default 3")
-    ap.add_argument("--timeout", type=float, default=240, help="per task, seconds")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    ap.add_argument("--keep", action="store_true", help="keep the work dir (logs) after the run")
-    args = ap.parse_args()
+    args = runs.parse_args(__doc__, timeout=240)
     if os.geteuid() != 0:
         print("a real kubelet needs root", file=sys.stderr)
         return 2
-    reproduce = f"{os.path.relpath(sys.executable, ROOT)} {shlex.join(sys.argv)}  (from {ROOT})"
     ensure_node_binaries()
-    root = Path(tempfile.mkdtemp(prefix="rnkj-"))   # short: Ray's and containerd's sockets live under it
-    for d in ("vm", "k8s", "cp", "m"):
-        (root / d).mkdir()
-    t_all = time.monotonic()
     cp: ControlPlane | None = None
 
-    def make_benches() -> list[lat.Ours]:
+    def make_benches(root: Path) -> list[lat.Ours]:
         nonlocal cp
         t = time.monotonic()
         cp = ControlPlane(root / "cp", node_joins=True)
@@ -110,34 +97,21 @@ def main() -> int:
         return [bk.Vm(root / "vm", "v2", args.timeout, None),
                 RealKubelet(root / "k8s", args.timeout, cp, sa, root / "m", keys)]
 
-    def steps(b, r: dict) -> str:
-        if b.name != "real-kubelet":
-            return ""
-        return " (" + ", ".join(f"{s} +{r[k]:.2f}" for s in bk.STEPS for k in r if k.endswith(f"_to_{s}")) + ")"
-
-    def teardown() -> None:
+    def teardown(root: Path) -> None:
         RealKubeletMachine(root / "m").stop()
         if cp:
             cp.stop()
 
-    rc, head_s, benches = lat.run_interleaved(make_benches, args.reps, root, args.keep, rep_note=steps,
-                                              idle_timeout=240, teardown=teardown)
-    summ = {b.name: {k: s for k in KEYS if (s := lat.summarize(b.results, k))} for b in benches}
-    report = {"autoscaler": "v2", "update_interval_s": 1, "reps": args.reps, "interleaved": True,
-              "instance_type": benches[0].instance_type if benches else None, "head_start_s": head_s,
-              "wall_s": time.monotonic() - t_all, "reproduce": reproduce,
-              "registrations": {b.name: {"summary": summ[b.name], "runs": b.results} for b in benches}}
+    # short prefix: Ray's and containerd's sockets live under it
+    rc, report = runs.run(args, make_benches, prefix="rnkj-", dirs=("vm", "k8s", "cp", "m"), k8s_name="real-kubelet",
+                          keys=KEYS, idle_timeout=240, teardown=teardown)
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     else:
         print(f"Launch latency, pending {{GPU: 1, CPU: 1}} task -> running, local backend: a real kubelet "
               f"(kubeadm join, containerd) vs registration vm; autoscaler v2, {args.reps} interleaved reps")
-        print(f"{'registration':13s} {'metric':32s} {'median':>8s} {'min':>8s} {'max':>8s}  n")
-        for b in benches:
-            for k, s in summ[b.name].items():
-                print(f"{b.name:13s} {k:32s} {s['median']:8.2f} {s['min']:8.2f} {s['max']:8.2f}  {s['n']}")
-        print(f"wall {report['wall_s']:.0f} s")
-        print(f"reproduce: {reproduce}")
+        runs.print_table(report, 13)
+        runs.print_footer(report)
     return rc
 
 
