@@ -135,6 +135,18 @@ class Kubernetes(lat.Ours):
         self.selector = L.cluster_selector(self.cfg["cluster_name"])
         self.timeline = Timeline(self.admin, self.cfg["cluster_name"])
 
+    def _unwrap(self) -> None:
+        """The provider's backend is the played-machines decorator (providers/local/played.py), whose runner_marker
+        is its player's: the machine records (`nodes`) and the head's command runner, whose marker the clean-up
+        stops, are its inner local backend's."""
+        self.backend = getattr(self.backend, "inner", self.backend)
+
+    def start(self) -> float:
+        try:
+            return super().start()
+        finally:
+            self._unwrap()
+
     def worker_gone(self) -> bool:
         return (super().worker_gone() and not self.core.list_node(label_selector=self.selector).items
                 and not self.core.list_namespaced_pod("ray", label_selector=self.selector).items)

@@ -57,8 +57,6 @@ class RealKubelet(bk.Kubernetes):
         return super().worker_gone() and self.machine.machine_id() is None and not self.machine.live()
 
     def breakdown(self, r: dict) -> None:
-        # the machines' records are the local backend's, inside the played-machines decorator
-        self.backend = getattr(self.backend, "inner", self.backend)
         super().breakdown(r)
         log = self.machine.logs / "kubelet.log"
         r["real_kubelet"] = log.exists()
