@@ -1,22 +1,29 @@
 """Scaffolding the end-to-end tests share: a private copy of one of our ready cluster YAMLs (own cluster name, GCS
 port and head start command, so tests never meet each other's Ray or Ray's bootstrap cache), the AWS-on-moto
 variant and the `registration: kubernetes` one against a test's control plane, `ray up`/`ray down` and the
-environment they run in, and the processes a local "machine" left behind."""
+environment they run in, a private Ray head with worker nodes of given instance ids, and the processes a local
+"machine" left behind."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ray_nodeless.interruptions.drain import RayDrainer
 from ray_nodeless.providers.local.backend import LocalBackend
+from ray_nodeless.providers.local.processes import LocalNodeProcesses
+from ray_nodeless.providers.local.records import NodeRecord
 from ray_nodeless.providers.local.scoped_stop import stop_marked_processes
 from ray_nodeless.testing.moto_server import MotoServer
-from ray_nodeless.testing.ray_processes import free_port
+from ray_nodeless.testing.ray_processes import free_port, ray_head, stop_everything, wait_for
 from tests import REPO_ROOT
 
 BIN = Path(sys.executable).parent
@@ -130,3 +137,38 @@ def end_local_cluster(cfg: dict) -> None:
             backend.terminate(ids)
     finally:
         stop_marked_processes(backend.runner_marker, force=True)
+
+
+@dataclass
+class RayNodes:
+    gcs: str                        # the private head's GCS address
+    nodes: LocalNodeProcesses
+    workers: list[NodeRecord]       # in the order asked for
+    drainer: RayDrainer
+
+
+@contextmanager
+def ray_head_with_workers(nodes_dir: Path, *workers: tuple[str, str, dict[str, float]],
+                          timeout: float = 60) -> Iterator[RayNodes]:
+    """A private Ray head (ray_processes.ray_head) and one `ray start --address` worker per (instance id, node
+    type, resources), each carrying its instance id as RAY_CLOUD_INSTANCE_ID; yields once every worker is in the
+    GCS node table. RAY_AUTH_MODE=disabled in this process meanwhile (the workers' `ray start` inherits it; see
+    ray_head); everything started is stopped after."""
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        with ray_head() as gcs:
+            nodes = LocalNodeProcesses(nodes_dir, gcs, prewarm=True)
+            try:
+                records = [nodes.start(iid, node_type, resources, {}) for iid, node_type, resources in workers]
+                drainer = RayDrainer(gcs)
+                wait_for(lambda: all(drainer.find(instance_id=iid) for iid, _t, _r in workers), timeout,
+                         "the workers in the GCS node table")
+                yield RayNodes(gcs, nodes, records, drainer)
+            finally:
+                stop_everything(nodes)
+    finally:
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved

@@ -32,7 +32,8 @@ from ray_nodeless.providers.local.processes import LocalNodeProcesses
 from ray_nodeless.providers.local.records import NodeRecord
 from ray_nodeless.testing.fake_metadata import FakeMetadataServer
 from ray_nodeless.testing.moto_server import CREDS, REGION, MotoServer, unique
-from ray_nodeless.testing.ray_processes import gcs_nodes, poll_until, ray_head, stop_everything, wait_for
+from ray_nodeless.testing.ray_processes import gcs_nodes, poll_until, wait_for
+from tests.e2e.clusters import ray_head_with_workers
 
 # A hang must fail with a traceback, not hold the serialised e2e suite (one unexplained 10-minute stall in the
 # queue test or the module teardown was seen once, on a host with load average 5; not reproduced in 4 later runs).
@@ -92,8 +93,6 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -> Iterator[Cluster]:
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"      # the workers' `ray start` inherits it (see ray_processes.ray_head)
     # B is a real (moto) EC2 instance of the cluster, so the provider's listing holds it; its Ray node carries the
     # instance id, as our boot script makes a real worker do.
     ec2 = moto_server.client()
@@ -103,22 +102,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, moto_server: MotoServer) -
             {"Key": "ray-cluster-name", "Value": CLUSTER}, {"Key": "ray-node-type", "Value": "worker"},
             {"Key": "ray-user-node-type", "Value": "cpu"}, {"Key": "nodeless-capacity", "Value": "spot"}]}],
     )["Instances"][0]["InstanceId"]
-    try:
-        with ray_head() as gcs:
-            nodes = LocalNodeProcesses(tmp_path_factory.mktemp("nodes"), gcs, prewarm=True)
-            try:
-                a = nodes.start(A_ID, "cpu", {"CPU": 2}, {})
-                b = nodes.start(b_id, "cpu", {"CPU": 1}, {})
-                c = Cluster(gcs, nodes, a, b, moto_server, RayDrainer(gcs))
-                wait_for(lambda: c.node(A_ID) and c.node(b_id), 30, "both workers in the GCS node table")
-                yield c
-            finally:
-                stop_everything(nodes)
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
+    with ray_head_with_workers(tmp_path_factory.mktemp("nodes"), (A_ID, "cpu", {"CPU": 2}), (b_id, "cpu", {"CPU": 1}),
+                               timeout=30) as r:
+        yield Cluster(r.gcs, r.nodes, *r.workers, moto_server, r.drainer)
 
 
 def test_watcher_drains_its_node_on_the_notice_and_work_moves_off_it(cluster: Cluster, tmp_path: Path):

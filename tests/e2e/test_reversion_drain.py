@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ray_nodeless.interruptions.drain import NODE_ALIVE, RayDrainer
-from ray_nodeless.providers.local.processes import LocalNodeProcesses
-from ray_nodeless.testing.ray_processes import ray_head, stop_everything, wait_for
+from ray_nodeless.interruptions.drain import NODE_ALIVE
+from ray_nodeless.testing.ray_processes import wait_for
+from tests.e2e.clusters import ray_head_with_workers
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -44,46 +44,33 @@ DRIVER = textwrap.dedent("""
 
 
 def test_ray_refuses_the_idle_drain_of_a_busy_fallback_and_accepts_it_when_idle(tmp_path: Path):
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    try:
-        with ray_head() as gcs:
-            nodes = LocalNodeProcesses(tmp_path / "nodes", gcs, prewarm=True)
-            driver = None
-            try:
-                nodes.start(OD, "gpu_worker", {"CPU": 1}, {})
-                nodes.start(SPOT, "gpu_worker", {"CPU": 1}, {})
-                drainer = RayDrainer(gcs)
-                wait_for(lambda: drainer.find(instance_id=OD) and drainer.find(instance_id=SPOT), 60,
-                         "both workers in the GCS node table")
-                od = drainer.find(instance_id=OD)
-                (tmp_path / "d").mkdir()
-                driver = subprocess.Popen([sys.executable, "-c", DRIVER, gcs, od.node_id, str(tmp_path / "d")],
-                                          env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                wait_for(lambda: (tmp_path / "d" / "started").exists(), 90, "the task running on the fallback")
-                accepted, why = drainer.drain_idle(od, "replaced by spot machine " + SPOT)
-                assert not accepted and why                                   # busy: Ray says no
-                assert drainer.find(instance_id=OD).state == NODE_ALIVE       # and nothing changed
-                (tmp_path / "d" / "go").touch()
-                driver.wait(timeout=120)
-                result = json.loads((tmp_path / "d" / "result.json").read_text())
-                assert result["ran_on"] == od.node_id                         # the work finished where it ran
-                # Idle now (Ray may take a moment to see the worker lease returned): the drain is accepted.
-                wait_for(lambda: drainer.drain_idle(drainer.find(instance_id=OD), "replaced")[0], 60,
-                         "Ray accepting the idle drain")
-                wait_for(lambda: (drainer.find(instance_id=OD) is None
-                                  or drainer.find(instance_id=OD).state != NODE_ALIVE), 60,
-                         "the fallback's node draining or gone")
-                assert drainer.find(instance_id=SPOT).state == NODE_ALIVE     # the replacement untouched
-            finally:
-                if driver is not None and driver.poll() is None:
-                    driver.kill()
-                stop_everything(nodes)
-    finally:
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
+    with ray_head_with_workers(tmp_path / "nodes", (OD, "gpu_worker", {"CPU": 1}),
+                               (SPOT, "gpu_worker", {"CPU": 1})) as ray_nodes:
+        gcs, drainer = ray_nodes.gcs, ray_nodes.drainer
+        driver = None
+        try:
+            od = drainer.find(instance_id=OD)
+            (tmp_path / "d").mkdir()
+            driver = subprocess.Popen([sys.executable, "-c", DRIVER, gcs, od.node_id, str(tmp_path / "d")],
+                                      env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            wait_for(lambda: (tmp_path / "d" / "started").exists(), 90, "the task running on the fallback")
+            accepted, why = drainer.drain_idle(od, "replaced by spot machine " + SPOT)
+            assert not accepted and why                                   # busy: Ray says no
+            assert drainer.find(instance_id=OD).state == NODE_ALIVE       # and nothing changed
+            (tmp_path / "d" / "go").touch()
+            driver.wait(timeout=120)
+            result = json.loads((tmp_path / "d" / "result.json").read_text())
+            assert result["ran_on"] == od.node_id                         # the work finished where it ran
+            # Idle now (Ray may take a moment to see the worker lease returned): the drain is accepted.
+            wait_for(lambda: drainer.drain_idle(drainer.find(instance_id=OD), "replaced")[0], 60,
+                     "Ray accepting the idle drain")
+            wait_for(lambda: (drainer.find(instance_id=OD) is None
+                              or drainer.find(instance_id=OD).state != NODE_ALIVE), 60,
+                     "the fallback's node draining or gone")
+            assert drainer.find(instance_id=SPOT).state == NODE_ALIVE     # the replacement untouched
+        finally:
+            if driver is not None and driver.poll() is None:
+                driver.kill()
 
 
 # ----- the whole loop in Ray's monitor ------------------------------------------------------------------------------
