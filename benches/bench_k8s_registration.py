@@ -58,6 +58,22 @@ TARGET = 1.5
 STEPS = runs.STEPS
 
 
+
+def stop_played_pods(cluster: str, gcs: str) -> None:
+    """Stop the Ray processes of the played pods of `cluster` (the process that played them is gone by now) and
+    remove their state directory."""
+    state = default_state_dir(cluster, "-kubelet")
+    if not state.exists():
+        return
+    procs = LocalNodeProcesses(state, gcs)
+    try:
+        ids = [r.id for r in procs._all_records()]
+        if ids:
+            procs.stop(ids)
+    finally:
+        procs.close()
+    shutil.rmtree(state, ignore_errors=True)
+
 class Timeline:
     """First time each step was seen per machine id, from a watch on the cluster's Nodes and pods."""
 
@@ -174,16 +190,7 @@ class Kubernetes(lat.Ours):
         finally:
             self.timeline.close()
             cluster = self.cfg["cluster_name"]
-            state = default_state_dir(cluster, "-kubelet")
-            if state.exists():   # the played pods' Ray processes (the monitor that ran them is gone)
-                procs = LocalNodeProcesses(state, self.gcs)
-                try:
-                    ids = [r.id for r in procs._all_records()]
-                    if ids:
-                        procs.stop(ids)
-                finally:
-                    procs.close()
-                shutil.rmtree(state, ignore_errors=True)
+            stop_played_pods(cluster, self.gcs)
             try:
                 for n in self.core.list_node(label_selector=self.selector).items:
                     self.core.delete_node(n.metadata.name)

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import sys
 import tempfile
 import time
@@ -38,8 +37,6 @@ import bench_launch_latency as lat  # noqa: E402
 from kubernetes import client  # noqa: E402
 
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
-from ray_nodeless.providers.local.processes import LocalNodeProcesses  # noqa: E402
-from ray_nodeless.providers.local.settings import default_state_dir  # noqa: E402
 from ray_nodeless.ray_adapter import kuberay as K  # noqa: E402
 from ray_nodeless.ray_adapter.compat.kuberay import derive_config  # noqa: E402
 from ray_nodeless.registrations.kubernetes import labels as L  # noqa: E402
@@ -123,19 +120,10 @@ class KubeRay(lat.Bench):
                 self.op.patch(self.cluster, {"metadata": {"finalizers": []}})
                 self.op.delete(self.cluster)
         finally:
-            state = default_state_dir(self.cluster, "-kubelet")
-            if state.exists():   # the played pods' Ray processes (the bridge that ran them is gone)
-                procs = LocalNodeProcesses(state, self.gcs)
-                try:
-                    ids = [r.id for r in procs._all_records()]
-                    if ids:
-                        procs.stop(ids)
-                finally:
-                    procs.close()
+            kreg.stop_played_pods(self.cluster, self.gcs)   # the bridge that played them is gone
             if self._head is not None:
                 self._head.__exit__(None, None, None)
             self.timeline.close()
-            shutil.rmtree(state, ignore_errors=True)
             self.admin.close()
 
 
