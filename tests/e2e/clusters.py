@@ -172,3 +172,20 @@ def ray_head_with_workers(nodes_dir: Path, *workers: tuple[str, str, dict[str, f
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
             os.environ["RAY_AUTH_MODE"] = saved
+
+
+def ray_monitor(gcs_port: int) -> tuple[Path, str]:
+    """The session logs dir of this cluster's Ray monitor (its --logs-dir) and its script, from its command line."""
+    for pid in Path("/proc").iterdir():
+        if not pid.name.isdigit():
+            continue
+        try:
+            argv = (pid / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a.endswith("monitor.py") for a in argv) and any(a.endswith(f":{gcs_port}") for a in argv):
+            script = next(a for a in argv if a.endswith("monitor.py"))
+            for a in argv:
+                if a.startswith("--logs-dir="):
+                    return Path(a.split("=", 1)[1]), script
+    raise AssertionError(f"no Ray monitor for GCS port {gcs_port}")

@@ -22,6 +22,7 @@ from ray_nodeless.metrics.ray_status import HEADER as RAY_STATUS_HEADER
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.testing.clock import wait_for
 from ray_nodeless.testing.ray_processes import free_port
+from tests.e2e import clusters
 from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, end_local_cluster, write_config
 from tests.metrics.prometheus import Prometheus
 
@@ -44,23 +45,6 @@ def _machines(status: dict) -> list[tuple]:
 def _scalar(prom: Prometheus, expr: str) -> float:
     result = prom.query(expr)
     return float(result[0]["value"][1]) if result else 0.0
-
-
-def _monitor(gcs_port: int) -> tuple[Path, str]:
-    """The session logs dir of this cluster's Ray monitor (its --logs-dir) and its script, from its command line."""
-    for pid in Path("/proc").iterdir():
-        if not pid.name.isdigit():
-            continue
-        try:
-            argv = (pid / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if any(a.endswith("monitor.py") for a in argv) and any(a.endswith(f":{gcs_port}") for a in argv):
-            script = next(a for a in argv if a.endswith("monitor.py"))
-            for a in argv:
-                if a.startswith("--logs-dir="):
-                    return Path(a.split("=", 1)[1]), script
-    raise AssertionError(f"no Ray monitor for GCS port {gcs_port}")
 
 
 # `ray up` starts autoscaler v2 (Ray 2.60's default for it); v1 is the same head with RAY_enable_autoscaler_v2=0.
@@ -151,7 +135,7 @@ def test_prometheus_sees_what_status_shows_and_each_injected_fault(tmp_path, aut
 
         # Events: Ray's autoscaler event channel (what drivers print as `(autoscaler +Ns)`; v2's event file and
         # the monitor log's event-summary lines), `ray-nodeless status --events`, and the refusal in `ray status`.
-        logs, script = _monitor(gcs_port)
+        logs, script = clusters.ray_monitor(gcs_port)
         assert script.endswith("autoscaler/v2/monitor.py" if autoscaler == "v2" else "autoscaler/_private/monitor.py")
         channel = "\n".join(p.read_text(errors="replace") for p in
                             [logs / "monitor.log", *sorted((logs / "events").glob("event_AUTOSCALER*.log"))]

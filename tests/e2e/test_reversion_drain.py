@@ -19,7 +19,7 @@ import pytest
 
 from ray_nodeless.interruptions.drain import NODE_ALIVE
 from ray_nodeless.testing.ray_processes import wait_for
-from tests.e2e.clusters import ray_head_with_workers
+from tests.e2e.clusters import ray_head_with_workers, ray_monitor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -100,9 +100,8 @@ def _workers(cfg: dict) -> dict[str, dict]:
 
 
 def _reversion_log(gcs_port: int) -> str:
-    from tests.e2e.test_prometheus import _monitor_logs_dir
     try:
-        log = (_monitor_logs_dir(gcs_port) / "monitor.log").read_text(errors="replace")
+        log = (ray_monitor(gcs_port)[0] / "monitor.log").read_text(errors="replace")
     except (AssertionError, OSError) as e:
         return f"(no monitor.log: {e})"
     return "\n".join(l for l in log.splitlines() if "reversion" in l or "fallback" in l)[-4000:]
