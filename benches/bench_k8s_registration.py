@@ -55,7 +55,6 @@ ROOT = lat.ROOT
 K8S_CONFIG = ROOT / "cluster-configs" / "local-k8s-cpu-head.yaml"
 RBAC = ROOT / "cluster-configs" / "kubernetes-rbac.yaml"
 TARGET = 1.5
-STEPS = runs.STEPS
 
 
 
@@ -173,14 +172,8 @@ class Kubernetes(lat.Ours):
         if rec is None:
             return
         r["machine_has_own_process"] = rec.pid is not None
-        prev, prev_t = "launch", rec.started_at
         t = self.timeline.of(r["instance"])
-        for s in STEPS:
-            if s in t:
-                r[f"{prev}_to_{s}"] = t[s] - prev_t
-                prev, prev_t = s, t[s]
-        if "pod_running" in t:
-            r["pod_running_to_start"] = r["start"] - t["pod_running"]
+        runs.add_step_times(r, t, rec.started_at)
         if "node_added" in t and "node_schedulable" in t:
             r["join_to_schedulable"] = t["node_schedulable"] - t["node_added"]
 

@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_k8s_registration as kreg  # noqa: E402  (benches/ siblings; put the repo root on sys.path)
 import bench_launch_latency as lat  # noqa: E402
+import registration_runs as runs  # noqa: E402
 
 from kubernetes import client  # noqa: E402
 
@@ -45,7 +46,6 @@ from ray_nodeless.testing.kuberay import NS, Bridge, Operator, install_kuberay, 
 from ray_nodeless.testing.ray_processes import head_process  # noqa: E402
 
 ROOT = lat.ROOT
-STEPS = kreg.STEPS
 
 
 class KubeRay(lat.Bench):
@@ -95,16 +95,10 @@ class KubeRay(lat.Bench):
         if rec is None:
             return
         self.instance_type = rec.tags.get("nodeless-instance-type", "")
-        prev, prev_t = "launch", rec.started_at
         t = self.timeline.of(r["instance"])
-        for s in STEPS:
-            if s in t:
-                r[f"{prev}_to_{s}"] = t[s] - prev_t
-                prev, prev_t = s, t[s]
+        runs.add_step_times(r, t, rec.started_at)
         if "pod_added" in t and "pod_running" in t:
             r["pod_added_to_pod_running"] = t["pod_running"] - t["pod_added"]
-        if "pod_running" in t:
-            r["pod_running_to_start"] = r["start"] - t["pod_running"]
 
     def cleanup(self) -> None:
         try:

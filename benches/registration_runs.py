@@ -19,6 +19,18 @@ import bench_launch_latency as lat
 STEPS = ("node_added", "node_ready", "node_schedulable", "pod_added", "pod_bound", "pod_running")
 
 
+def add_step_times(r: dict, timeline: dict, launched_at: float) -> None:
+    """Into the rep's result `r`: each Kubernetes step's seconds after the one before it (`<prev>_to_<step>`, the
+    first from the machine's launch at `launched_at`) and, once the pod ran, `pod_running_to_start`."""
+    prev, prev_t = "launch", launched_at
+    for s in STEPS:
+        if s in timeline:
+            r[f"{prev}_to_{s}"] = timeline[s] - prev_t
+            prev, prev_t = s, timeline[s]
+    if "pod_running" in timeline:
+        r["pod_running_to_start"] = r["start"] - timeline["pod_running"]
+
+
 def parse_args(doc: str, timeout: float) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3, help="repetitions per registration (interleaved); default 3")
