@@ -38,8 +38,8 @@ import registration_runs as runs  # noqa: E402
 from kubernetes import client  # noqa: E402
 
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
-from ray_nodeless.ray_adapter import kuberay as K  # noqa: E402
-from ray_nodeless.ray_adapter.compat.kuberay import derive_config  # noqa: E402
+from ray_nodeless.kuberay import bridge as K  # noqa: E402
+from ray_nodeless.ray_compat.kuberay import derive_config  # noqa: E402
 from ray_nodeless.registrations.kubernetes import labels as L  # noqa: E402
 from ray_nodeless.testing.k8s_control_plane import ControlPlane  # noqa: E402
 from ray_nodeless.testing.kuberay import NS, Bridge, Operator, install_kuberay, raycluster  # noqa: E402

@@ -62,7 +62,7 @@ from ray_nodeless.errors import NoFeasibleOffering  # noqa: E402
 from ray_nodeless.launch.config import catalog_for, load_provider  # noqa: E402
 from ray_nodeless.launch.open_types import OpenTypes  # noqa: E402
 from ray_nodeless.providers.base import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, Machine  # noqa: E402
-from ray_nodeless.ray_adapter.compat.demand import state_from_proto  # noqa: E402
+from ray_nodeless.ray_compat.demand import state_from_proto  # noqa: E402
 from ray_nodeless.ray_adapter.open_driver import YamlFileStore, snapshot_of  # noqa: E402
 
 CONFIG = ROOT / "cluster-configs" / "local-nodeless.yaml"

@@ -6,7 +6,7 @@ instance of every node type before and after with its hourly price, and the idle
 With --json the report is one JSON document on stdout (without -o, no YAML is written).
 
 A KubeRay manifest (RayCluster / RayJob / RayService, detected by apiVersion and kind) is converted for the KubeRay
-bridge instead (swapin/kuberay_convert.py): OUT is the patched manifest, --ray-up PATH also writes a `ray up` YAML
+bridge instead (kuberay/convert.py): OUT is the patched manifest, --ray-up PATH also writes a `ray up` YAML
 with `registration: kubernetes`; --cloud / --region / --join / --autoscaler-image apply to manifests only.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from ray_nodeless.cli.errors import user_errors
-from ray_nodeless.ray_adapter.compat.defaults import quiet_config_logs
+from ray_nodeless.ray_compat.defaults import quiet_config_logs
 
 
 @click.command("convert")
@@ -91,7 +91,7 @@ def _write(path: str, text: str) -> None:
 def _manifest(path: str) -> list | None:
     """The file's documents when it holds a KubeRay manifest, else None (a Ray cluster YAML, read as before)."""
     from ray_nodeless.errors import ConfigError
-    from ray_nodeless.swapin import kuberay_convert as KC
+    from ray_nodeless.kuberay import convert as KC
 
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -110,7 +110,7 @@ def _convert_manifest(path: str, docs: list, output: str | None, as_json: bool, 
     import yaml
 
     from ray_nodeless.errors import ConfigError
-    from ray_nodeless.swapin import kuberay_convert as KC
+    from ray_nodeless.kuberay import convert as KC
 
     if free:
         raise click.UsageError("--free-instance-types applies to Ray cluster YAMLs (a KubeRay group pins no type)")

@@ -1,5 +1,5 @@
 """`ray-nodeless kuberay-autoscaler`: the command KubeRay's autoscaler container runs (`autoscalerOptions.command`),
-in place of `ray kuberay-autoscaler` (ray_adapter/kuberay.py; README "KubeRay")."""
+in place of `ray kuberay-autoscaler` (kuberay/bridge.py; README "KubeRay")."""
 from __future__ import annotations
 
 import os
@@ -23,7 +23,7 @@ def kuberay_autoscaler_command(cluster_name: str | None, cluster_namespace: str 
     import logging
 
     from ray_nodeless.errors import ConfigError
-    from ray_nodeless.ray_adapter import kuberay
+    from ray_nodeless.kuberay import bridge as kuberay
 
     logging.getLogger("ray_nodeless").setLevel(logging.INFO)
     with user_errors():

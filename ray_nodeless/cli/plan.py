@@ -114,7 +114,7 @@ def _checked(path: str) -> tuple[dict[str, Any], Any, ClusterPlan, OpenPreview]:
 
     manifest = _kuberay(path)
     if manifest is not None:
-        # A KubeRay manifest: the config the bridge derives from it (swapin/kuberay_convert.py plan_manifest).
+        # A KubeRay manifest: the config the bridge derives from it (kuberay/convert.py plan_manifest).
         cfg, cp = manifest
         bundle = load_provider(cfg.get("provider"))
     else:
@@ -141,7 +141,7 @@ def _kuberay(path: str) -> tuple[dict[str, Any], ClusterPlan] | None:
         return None                  # load_cluster_yaml names the problem
     if "ray.io/" not in text:
         return None                  # a cluster YAML: the cold plan imports nothing of convert (issue 10)
-    from ray_nodeless.swapin import kuberay_convert as KC
+    from ray_nodeless.kuberay import convert as KC
 
     try:
         docs = KC.load_documents(text, path)

@@ -26,7 +26,7 @@ def status_command(cluster_yaml: str, as_json: bool, events: bool, since: str | 
         raise click.UsageError("--since goes with --events")
     if events:
         age = _age(since)
-        from ray_nodeless.ray_adapter.compat.ray_status import run_on_head
+        from ray_nodeless.ray_compat.ray_status import run_on_head
 
         with user_errors():
             # The head's log, where this machine does not hold it: read on the head as `ray exec` runs a command.

@@ -1,7 +1,7 @@
 """Draining a Ray node through Ray's own drain API (GCS `DrainNode`), the call autoscaler v2 makes itself.
 
 Ray 2.60: `GcsClient(address=...).drain_node(node_id=<hex>, reason=<DrainNodeReason>, reason_message=...,
-deadline_timestamp_ms=...) -> (accepted, rejection message)` (ray_adapter/compat/gcs.py); `ray drain-node` and
+deadline_timestamp_ms=...) -> (accepted, rejection message)` (ray_compat/gcs.py); `ray drain-node` and
 autoscaler v2's RayStopper call exactly this. With `DRAIN_NODE_REASON_PREEMPTION` the raylet cannot refuse: it stops taking
 new work at once (the scheduler places new and retried tasks elsewhere), lets running tasks go on until the machine
 dies, and exits by itself if it becomes idle first. The deadline is what Ray reports to users ("the node will be
@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 from ray_nodeless.errors import DrainError
 from ray_nodeless.interruptions.notices import Notice
-from ray_nodeless.ray_adapter.compat import gcs
+from ray_nodeless.ray_compat import gcs
 
 logger = logging.getLogger(__name__)
 

@@ -103,7 +103,7 @@ class Watcher:
 
 def _local_ip() -> str | None:
     try:
-        from ray_nodeless.ray_adapter.compat.node_ip import node_ip_address
+        from ray_nodeless.ray_compat.node_ip import node_ip_address
         return node_ip_address()
     except Exception:   # noqa: BLE001 - only a fallback for finding the node; the instance id usually suffices
         return None

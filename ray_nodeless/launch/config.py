@@ -25,7 +25,7 @@ from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,
 )
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
-from ray_nodeless.ray_adapter.compat import in_teardown
+from ray_nodeless.ray_compat import in_teardown
 from ray_nodeless.registrations import registration_class
 from ray_nodeless.registrations.base import Registration
 

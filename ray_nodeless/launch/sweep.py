@@ -6,7 +6,7 @@ players: `Registration.leftovers` / `sweep`, the registration's own clean-up); w
 (the local backend's head processes: `MachineBackend.leftovers` / `end_leftovers`).
 
 - Never plans: only the provider block's keys are checked (the backend must be built), as `ray down` does
-  (`ray_adapter/compat.in_teardown`), so a rule tightened since launch cannot keep machines running. No Ray needed.
+  (`ray_compat.in_teardown`), so a rule tightened since launch cannot keep machines running. No Ray needed.
 - Only this cluster's: the backend lists by the cluster tag and its terminate skips foreign ids; every listed
   machine's tag is checked again here before it is ended.
 - "Nothing left" is confirmed, never a page's silence: the machines to end are the listing's and a second query's

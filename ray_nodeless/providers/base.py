@@ -94,7 +94,7 @@ logger = logging.getLogger(__name__)
 # (`ray-node-type`, `ray-user-node-type`, `ray-node-name`, `ray-node-status`, `ray-launch-config`).
 TAG_CLUSTER = "ray-cluster-name"
 # Ray's own tag keys (ray.autoscaler.tags TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE), named once here for the layers
-# that do not import Ray (tests/ray_adapter/test_compat.py checks them against Ray's).
+# that do not import Ray (tests/ray_compat/test_compat.py checks them against Ray's).
 TAG_RAY_NODE_KIND = "ray-node-type"          # head | worker
 TAG_RAY_USER_NODE_TYPE = "ray-user-node-type"
 TAG_INSTANCE_TYPE = "nodeless-instance-type"

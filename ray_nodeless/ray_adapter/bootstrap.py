@@ -13,7 +13,7 @@ from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasi
 from ray_nodeless.launch.config import ProviderBundle, check_cluster, check_node_types, load_provider
 from ray_nodeless.launch.plugin_install import check_file_mounts
 from ray_nodeless.providers import backend_config
-from ray_nodeless.ray_adapter.compat import in_teardown
+from ray_nodeless.ray_compat import in_teardown
 from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
 from ray_nodeless.registrations.vm_boot import BOOT_KEY, boots_itself
 

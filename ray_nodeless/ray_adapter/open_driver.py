@@ -21,7 +21,7 @@ import yaml
 from ray_nodeless.core.demand import Constraint, Demand, Selector, canonical_resources
 from ray_nodeless.launch.open_types import OpenTypes, RayNode, Snapshot, StepResult
 from ray_nodeless.providers.base import TAG_UNSERVED_MAX, Machine
-from ray_nodeless.ray_adapter.compat import demand as ray_demand
+from ray_nodeless.ray_compat import demand as ray_demand
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class OpenDriver:
 
     def _gcs(self) -> Any:
         if self._client is None:
-            from ray_nodeless.ray_adapter.compat.gcs import gcs_client
+            from ray_nodeless.ray_compat.gcs import gcs_client
             self._client = gcs_client(self.gcs_address)
         return self._client
 

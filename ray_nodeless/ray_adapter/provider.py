@@ -37,9 +37,9 @@ from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED
 from ray_nodeless.ray_adapter import bootstrap
 from ray_nodeless.core.open_plan import OpenFitter, Packer
 from ray_nodeless.launch.open_types import OpenTypes
-from ray_nodeless.ray_adapter.compat import monitor_config_path, monitor_gcs_address, monitor_logs_dir
-from ray_nodeless.ray_adapter.compat.demand import autoscaler_event_sink
-from ray_nodeless.ray_adapter.compat.ray_status import StatusSlot
+from ray_nodeless.ray_compat import monitor_config_path, monitor_gcs_address, monitor_logs_dir
+from ray_nodeless.ray_compat.demand import autoscaler_event_sink
+from ray_nodeless.ray_compat.ray_status import StatusSlot
 from ray_nodeless.ray_adapter.open_driver import OpenDriver, YamlFileStore
 
 logger = logging.getLogger(__name__)

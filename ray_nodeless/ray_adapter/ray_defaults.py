@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from ray_nodeless.providers import backend_config, backend_names
-from ray_nodeless.ray_adapter.compat.defaults import default_config
+from ray_nodeless.ray_compat.defaults import default_config
 
 logger = logging.getLogger(__name__)
 

@@ -44,5 +44,5 @@ class BareVM(Registration):
         """`provider.head_ip`, else this process's address (the monitor that launches workers runs on the head)."""
         if self.head_ip:
             return self.head_ip
-        from ray_nodeless.ray_adapter.compat.node_ip import node_ip_address
+        from ray_nodeless.ray_compat.node_ip import node_ip_address
         return node_ip_address()

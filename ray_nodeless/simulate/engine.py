@@ -48,7 +48,7 @@ import random
 from typing import Any, Mapping, Sequence
 
 from ray_nodeless.core.demand import NodeCapacity
-from ray_nodeless.ray_adapter.compat.scheduler import demand_scheduler, no_availability, quiet_scheduler
+from ray_nodeless.ray_compat.scheduler import demand_scheduler, no_availability, quiet_scheduler
 from ray_nodeless.simulate.model import (
     DEFAULT_LAUNCH_MINUTES, EPS, JobRun, Offer, SimConfig, SimNode, SimulationError, TaskRun,
 )

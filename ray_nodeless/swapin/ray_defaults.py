@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers import ray_provider_types
-from ray_nodeless.ray_adapter.compat import defaults as ray_own
+from ray_nodeless.ray_compat import defaults as ray_own
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from ray_nodeless.ray_adapter import kuberay as K
+from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.testing.clock import wait_for
 from ray_nodeless.testing.ray_processes import kill_group
 

@@ -22,7 +22,7 @@ from ray_nodeless.providers.local.pids import live_processes
 from ray_nodeless.testing.clock import wait_for  # noqa: F401 - the one polling loop, long imported from here
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
 from ray_nodeless.providers.local.ray_start import READY_MARKER, ray_executable
-from ray_nodeless.ray_adapter.compat.gcs import node_infos
+from ray_nodeless.ray_compat.gcs import node_infos
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ import ray_nodeless
 
 PACKAGE = Path(ray_nodeless.__file__).parent
 P = "ray_nodeless."
-COMPAT = P + "ray_adapter.compat"
+COMPAT = P + "ray_compat"
 
 
 def _module_name(path: Path) -> str:
@@ -190,7 +190,7 @@ def test_ray_private_imports_only_in_compat():
 
 
 def test_compat_is_a_leaf():
-    """ray_adapter/compat imports nothing of ray_nodeless but errors, so any layer may use it without a cycle."""
+    """ray_compat imports nothing of ray_nodeless but errors, so any layer may use it without a cycle."""
     _check(_pairs(_graph(), lambda m: _under(m, COMPAT), lambda m, d: not _under(d, COMPAT, P + "errors")),
            frozenset())
 
@@ -227,3 +227,22 @@ def test_the_providers_rule_sees_lazy_imports(tmp_path):
     files = dict(_files(), **{P + "providers.local.m": src})
     deps = _imports(P + "providers.local.m", src, files)
     assert {P + "registrations.kubernetes.labels", P + "registrations.kubernetes.join"} <= deps
+
+
+# The adapter (Ray's calls -> the launch layer) knows neither the swap-in tool nor KubeRay: the KubeRay bridge sits
+# above it (ray_nodeless/kuberay/ runs a NodelessProvider), `convert` above both.
+def test_ray_adapter_imports_neither_swapin_nor_kuberay():
+    _check(_pairs(_graph(), lambda m: _under(m, P + "ray_adapter"), lambda m, d: _under(d, P + "swapin", P + "kuberay")),
+           frozenset())
+
+
+# swapin/ (the generic Ray-YAML converter) does not import KubeRay's package: KubeRay's convert reuses swapin, not
+# the other way round.
+def test_swapin_does_not_import_kuberay():
+    _check(_pairs(_graph(), lambda m: _under(m, P + "swapin"), lambda m, d: _under(d, P + "kuberay")), frozenset())
+
+
+# Only the CLI, the shipped fakes and KubeRay's own package import ray_nodeless.kuberay.
+def test_only_cli_and_testing_import_kuberay():
+    _check(_pairs(_graph(), lambda m: not _under(m, P + "kuberay", P + "cli", P + "testing"),
+                  lambda m, d: _under(d, P + "kuberay")), frozenset())

@@ -34,8 +34,8 @@ from kubernetes import client
 from ray_nodeless.core.cluster_plan import plan_cluster
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.settings import default_state_dir
-from ray_nodeless.ray_adapter import kuberay as K
-from ray_nodeless.ray_adapter.compat.kuberay import derive_config
+from ray_nodeless.kuberay import bridge as K
+from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
 from ray_nodeless.testing.kuberay import NS, RAY_ENV, SA, Bridge, Operator, install_kuberay, raycluster

@@ -15,7 +15,7 @@ from ray_nodeless.core.settings import Resolver
 from ray_nodeless.launch.config import catalog_for, load_provider
 from ray_nodeless.launch.open_types import DROP_AFTER_S, OpenTypes, RayNode, Snapshot, is_open_type
 from ray_nodeless.providers.base import TAG_CLUSTER, Machine
-from ray_nodeless.ray_adapter.compat.defaults import prepare_config, validate_config
+from ray_nodeless.ray_compat.defaults import prepare_config, validate_config
 from ray_nodeless.ray_adapter.open_driver import YamlFileStore, snapshot_of
 from ray_nodeless.testing.clock import FakeClock
 from tests import REPO_ROOT
@@ -155,7 +155,7 @@ def test_yaml_store_round_trip(tmp_path):
 def test_snapshot_from_rays_cluster_resource_state_proto():
     from ray.core.generated import autoscaler_pb2, common_pb2
 
-    from ray_nodeless.ray_adapter.compat.demand import state_from_proto
+    from ray_nodeless.ray_compat.demand import state_from_proto
 
     state = autoscaler_pb2.ClusterResourceState()
     n = state.node_states.add(instance_id="m1", ray_node_type_name="t", status=autoscaler_pb2.NodeStatus.RUNNING)

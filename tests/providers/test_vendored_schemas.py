@@ -19,7 +19,7 @@ from ray_nodeless.providers.aws import images, run_instances_keys
 from ray_nodeless.providers.aws import settings as aws_settings
 from ray_nodeless.providers.gcp import instance_schema
 from ray_nodeless.providers.gcp import node_config as gcp_nc
-from ray_nodeless.ray_adapter.compat import aws_amis
+from ray_nodeless.ray_compat import aws_amis
 from tests import REPO_ROOT
 
 KEY = "available_node_types.w.node_config"

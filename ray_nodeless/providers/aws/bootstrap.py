@@ -1,5 +1,5 @@
 """What Ray's own AWS bootstrap (its `bootstrap_aws`) does for a `type: aws` YAML, done for `cloud: aws` by calling
-the installed Ray's own step functions (ray_adapter/compat/aws_bootstrap.py) on a Ray-shaped copy of the config and
+the installed Ray's own step functions (ray_compat/aws_bootstrap.py) on a Ray-shaped copy of the config and
 copying what they filled back into ours:
 
     step                       Ray function                   fills (as Ray does)
@@ -45,7 +45,7 @@ from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.aws.images import LATEST_DLAMI, default_ami, fill_default_images  # noqa: F401 (API)
 from ray_nodeless.providers.aws.settings import AwsSettings, market_options
 from ray_nodeless.providers.aws.subnets import SUBNET_DISCOVERY_TAG
-from ray_nodeless.ray_adapter.compat.aws_bootstrap import RayAwsSteps, aborts, ray_aws_steps
+from ray_nodeless.ray_compat.aws_bootstrap import RayAwsSteps, aborts, ray_aws_steps
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A node type's AMI as Ray's AWS bootstrap (`_check_ami`) settles it, before any API call: an explicit ImageId,
 else provider.image_id, else Ray's default AMI of the region (its `DEFAULT_AMI` map, read without importing Ray:
-ray_adapter/compat/aws_amis.py). No boto3 and no Ray import (`ray-nodeless plan` runs this).
+ray_compat/aws_amis.py). No boto3 and no Ray import (`ray-nodeless plan` runs this).
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.ray_adapter.compat.aws_amis import default_ami, ray_default_amis  # noqa: F401 (API)
+from ray_nodeless.ray_compat.aws_amis import default_ami, ray_default_amis  # noqa: F401 (API)
 
 logger = logging.getLogger(__name__)
 

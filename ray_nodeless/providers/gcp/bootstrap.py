@@ -1,4 +1,4 @@
-"""What Ray's own GCP bootstrap (its `bootstrap_gcp`; the helpers reused: ray_adapter/compat/gcp_bootstrap.py) does for a `type: gcp` YAML,
+"""What Ray's own GCP bootstrap (its `bootstrap_gcp`; the helpers reused: ray_compat/gcp_bootstrap.py) does for a `type: gcp` YAML,
 done for `cloud: gcp` (registration `vm`: the machines are reached over SSH by Ray's updater):
 
     step              how                                               fills (as Ray does)
@@ -35,7 +35,7 @@ from typing import Any
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.gcp.clients import compute_client_kwargs
 from ray_nodeless.providers.gcp.settings import ANONYMOUS, GcpSettings
-from ray_nodeless.ray_adapter.compat import gcp_bootstrap as ray_gcp
+from ray_nodeless.ray_compat import gcp_bootstrap as ray_gcp
 
 logger = logging.getLogger(__name__)
 

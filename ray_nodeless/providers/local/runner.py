@@ -17,7 +17,7 @@ import click
 from ray.autoscaler.command_runner import CommandRunnerInterface
 
 from ray_nodeless.providers.local.ray_start import MARKER_ENV
-from ray_nodeless.ray_adapter.compat.command_runner import (
+from ray_nodeless.ray_compat.command_runner import (
     ProcessRunnerError, allows_interactive, cli_verbosity, output_redirected, with_environment_variables,
 )
 

@@ -91,7 +91,7 @@ def default_head_ip() -> str:
     """The IP the head's raylet will report. Ray rewrites `--node-ip-address=127.0.0.1` (and the default) to the
     host's routable address, so the head record must carry that, or v1's IP-keyed accounting misses the head."""
     try:
-        from ray_nodeless.ray_adapter.compat.node_ip import resolve_localhost
+        from ray_nodeless.ray_compat.node_ip import resolve_localhost
         return resolve_localhost("127.0.0.1")
     except Exception:  # no network at all: Ray then falls back to loopback as well
         return "127.0.0.1"

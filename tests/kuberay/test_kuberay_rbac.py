@@ -31,8 +31,8 @@ from kubernetes.client.rest import ApiException
 
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.local.players import PLAYER_KUBECONFIG_ENV
-from ray_nodeless.ray_adapter import kuberay as K
-from ray_nodeless.ray_adapter.compat.kuberay import derive_config, node_provider
+from ray_nodeless.kuberay import bridge as K
+from ray_nodeless.ray_compat.kuberay import derive_config, node_provider
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
 from ray_nodeless.testing.kuberay import NS, RAY_ENV, RBAC, SA, Operator, install_kuberay, kuberay_role, raycluster

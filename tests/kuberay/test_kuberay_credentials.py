@@ -17,8 +17,8 @@ from ray_nodeless.core.catalog import InstanceType, Offering
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec
-from ray_nodeless.ray_adapter import kuberay as K
-from ray_nodeless.ray_adapter.compat.kuberay import derive_config
+from ray_nodeless.kuberay import bridge as K
+from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.testing.fake_gce.server import FakeGce
 from ray_nodeless.testing.fake_metadata import FakeMetadataServer
 from tests.ray_adapter.test_kuberay_config import sample_cluster

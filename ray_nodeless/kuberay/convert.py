@@ -7,7 +7,7 @@ What it writes, per KubeRay document (README "KubeRay manifests"):
   `replicas` / `minReplicas` set to 0 (the KubeRay operator creates clamp(replicas, minReplicas, maxReplicas) x
   numOfHosts pods of a group itself; its GetWorkerGroupDesiredReplicas), and the `ray-nodeless.io/config`
   annotation: cloud, region, the group's minimum (`groups.<g>.minWorkers`); the groups' pod scheduling stays in
-  their templates, checked here as the bridge maps it every loop (swapin/kuberay.py `group_rules`);
+  their templates, checked here as the bridge maps it every loop (kuberay/annotation.py `group_rules`);
 - optionally a `ray up` YAML with `registration: kubernetes` (a VM head; the workers join the Kubernetes cluster
   as Nodes running the groups' pod templates), converted as a Ray YAML for the cloud is (swapin/convert.py).
 
@@ -26,7 +26,8 @@ import yaml
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.swapin import kuberay as K
+from ray_nodeless.kuberay import annotation as K
+from ray_nodeless.kuberay import scheduling as S
 from ray_nodeless.swapin.convert import NodeTypeChange, Side, _summary
 
 AUTOSCALER_COMMAND = ["ray-nodeless"]
@@ -79,8 +80,8 @@ def bridge_cluster_config(ray_cr: Mapping[str, Any], spec_key: str = "spec", *, 
     """The cluster config the bridge runs for this RayCluster (Ray's derivation, provider swapped, the groups'
     scheduling resolved against `catalog`, else the one the annotation names, as the bridge resolves it), with a
     planning join when the annotation has none (noted)."""
-    from ray_nodeless.ray_adapter.compat.kuberay import derive_config
-    from ray_nodeless.ray_adapter.kuberay import annotation_settings, bridge_config, catalog_and_facts
+    from ray_nodeless.ray_compat.kuberay import derive_config
+    from ray_nodeless.kuberay.bridge import annotation_settings, bridge_config, catalog_and_facts
 
     cr = copy.deepcopy(dict(ray_cr))
     settings = K.parse_annotation(cr.get("metadata"))
@@ -180,7 +181,7 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
     # The cloud: the option, else the annotation, else the one the groups' node labels name.
     implied: dict[str, str] = {}
     for j, g in enumerate(workers):
-        for c in sorted(K.group_rules(g, key=f"{spec_key}.workerGroupSpecs[{j}]").clouds):
+        for c in sorted(S.group_rules(g, key=f"{spec_key}.workerGroupSpecs[{j}]").clouds):
             implied.setdefault(c, f"{spec_key}.workerGroupSpecs[{j}]")
     cloud = cloud or provider.get("cloud") or (next(iter(implied)) if len(implied) == 1 else None)
     if not cloud:
@@ -204,7 +205,7 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
         raise K.rekey(e) from e
     if join is not None:
         provider["kubernetes"] = {**(provider.get("kubernetes") or {}), "join": dict(join)}
-    from ray_nodeless.ray_adapter.kuberay import catalog_and_facts
+    from ray_nodeless.kuberay.bridge import catalog_and_facts
 
     # the catalog the annotation names (embedded, live, a file), as the bridge loads it: it prices the report and
     # resolves the labels that name machines indirectly (Karpenter's category, vCPUs, ...; NotIn zones)
@@ -215,7 +216,7 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
     for j, g in enumerate(workers):
         gkey = f"{spec_key}.workerGroupSpecs[{j}]"
         name = str(g.get("groupName"))
-        gr = K.group_rules(g, key=gkey, facts=facts)
+        gr = S.group_rules(g, key=gkey, facts=facts)
         gr.check()                                     # one message, naming the key it cannot honour
         notes += [str(u) for u in gr.unhonoured]
         own = dict(groups_cfg.get(name) or {})

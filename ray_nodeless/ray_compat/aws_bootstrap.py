@@ -9,7 +9,7 @@ of Ray's is replaced for that. Ray aborts a step with `cli_logger.abort` (a clic
 One module global of Ray's is replaced, and only against a custom endpoint (moto, a proxy: there is no IAM
 propagation to wait for): Ray's `time`, whose `sleep(15)` `_configure_iam_role` calls twice after creating the
 instance profile and role. Ray offers no setting for that wait. The replacement lasts for one `ray_aws_steps`
-block, under a lock; tests/ray_adapter/test_compat.py checks the names it relies on still exist in the installed
+block, under a lock; tests/ray_compat/test_compat.py checks the names it relies on still exist in the installed
 Ray.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Ray names ray_adapter/compat relies on still exist in the installed Ray, and behave as compat assumes.
+"""The Ray names ray_compat relies on still exist in the installed Ray, and behave as compat assumes.
 
 These fail on a Ray that renamed or moved one of them: the signal to update compat, before a user's `ray up` does.
 """
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from ray_nodeless.ray_adapter import compat
-from ray_nodeless.ray_adapter.compat import aws_bootstrap, gcs, process
+from ray_nodeless import ray_compat as compat
+from ray_nodeless.ray_compat import aws_bootstrap, gcs, process
 from tests import REPO_ROOT
 
 
 def _ray_names() -> list[tuple[str, str, str]]:
     out = []
     for name in compat.MODULES:
-        module = importlib.import_module(f"ray_nodeless.ray_adapter.compat.{name}")
+        module = importlib.import_module(f"ray_nodeless.ray_compat.{name}")
         out += [(name, m, a) for m, a in module.RAY_NAMES]
     return out
 
@@ -30,14 +30,14 @@ def test_every_compat_module_lists_its_ray_names():
     files = sorted(p.stem for p in Path(compat.__file__).parent.glob("*.py") if p.stem != "__init__")
     assert sorted(compat.MODULES) == files
     for name in compat.MODULES:
-        assert importlib.import_module(f"ray_nodeless.ray_adapter.compat.{name}").RAY_NAMES, name
+        assert importlib.import_module(f"ray_nodeless.ray_compat.{name}").RAY_NAMES, name
 
 
 @pytest.mark.parametrize(("compat_module", "ray_module", "attribute"), _ray_names(),
                          ids=[f"{c}:{m}.{a}" for c, m, a in _ray_names()])
 def test_ray_still_has(compat_module: str, ray_module: str, attribute: str):
     module = importlib.import_module(ray_module)
-    assert hasattr(module, attribute), f"{ray_module}.{attribute} is gone: update ray_adapter/compat/{compat_module}.py"
+    assert hasattr(module, attribute), f"{ray_module}.{attribute} is gone: update ray_compat/{compat_module}.py"
 
 
 def test_teardown_is_found_on_the_stack_of_rays_teardown_cluster():
@@ -125,7 +125,7 @@ def test_compat_imports_ray_only_when_called():
 
     lazy = [m for m in compat.MODULES if m != "command_runner"]
     code = ("import json, sys\n"
-            + "".join(f"import ray_nodeless.ray_adapter.compat.{m}\n" for m in lazy)
+            + "".join(f"import ray_nodeless.ray_compat.{m}\n" for m in lazy)
             + "print(json.dumps(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
                          check=True)

@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from ray_nodeless.cli.convert import convert_command
 from ray_nodeless.cli.plan import plan_command
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.ray_adapter.compat.kuberay import derive_config
-from ray_nodeless.swapin import kuberay as K
-from ray_nodeless.swapin import kuberay_convert as KC
+from ray_nodeless.ray_compat.kuberay import derive_config
+from ray_nodeless.kuberay import annotation as K
+from ray_nodeless.kuberay import scheduling as S
+from ray_nodeless.kuberay import convert as KC
 
 SAMPLES = Path(__file__).resolve().parent.parent / "data" / "kuberay" / "samples"     # KubeRay's, unchanged
 TARGETS = {"aws": ("us-west-2", []), "gcp": ("us-central1", ["--project-id", "test-project"])}
@@ -325,7 +326,7 @@ def test_plan_resolves_the_template_keys_as_the_bridge_does(tmp_path):
 
 
 def test_the_bridge_resolves_catalog_labels_and_reloads_them_when_the_annotation_changes():
-    from ray_nodeless.ray_adapter.kuberay import KubeRayBridge
+    from ray_nodeless.kuberay.bridge import KubeRayBridge
 
     before, _ = _original("ray-cluster.complete.yaml")
     rc = copy.deepcopy(before)
@@ -349,7 +350,7 @@ def test_the_bridge_resolves_catalog_labels_and_reloads_them_when_the_annotation
 
 
 def test_the_bridge_logs_each_note_once_though_it_derives_the_config_every_loop(caplog):
-    from ray_nodeless.ray_adapter.kuberay import KubeRayBridge
+    from ray_nodeless.kuberay.bridge import KubeRayBridge
 
     before, _ = _original("ray-cluster.complete.yaml")
     rc = copy.deepcopy(before)
@@ -359,7 +360,7 @@ def test_the_bridge_logs_each_note_once_though_it_derives_the_config_every_loop(
     g["replicas"] = g["minReplicas"] = 0
     g["template"]["spec"]["nodeSelector"] = {"example.test/once-per-process": "a"}     # a note, not a refusal
     bridge = KubeRayBridge(rayclusters=None, head_ip="10.0.0.9", derive=derive_config, provider_of=None, sweep=None)
-    with caplog.at_level("WARNING", logger="ray_nodeless.ray_adapter.kuberay"):
+    with caplog.at_level("WARNING", logger="ray_nodeless.kuberay.bridge"):
         for _ in range(3):
             bridge.config(rc)
     noted = [r for r in caplog.records if "example.test/once-per-process" in r.getMessage()]

@@ -38,14 +38,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import yaml
 
 from ray_nodeless.errors import CatalogError, ConfigError
+from ray_nodeless.kuberay import annotation, scheduling
+from ray_nodeless.kuberay.scheduling import CatalogFacts
 
 if TYPE_CHECKING:
     from ray_nodeless.core.catalog import Catalog
-    from ray_nodeless.swapin.kuberay import CatalogFacts
 
 logger = logging.getLogger(__name__)
 
-ANNOTATION = "ray-nodeless.io/config"
+ANNOTATION = annotation.ANNOTATION
 FINALIZER = "ray-nodeless.io/machines"
 GROUP_LABEL = "ray-nodeless.io/group"
 KUBERAY_CLUSTER = "ray.io/cluster"
@@ -53,7 +54,7 @@ KUBERAY_GROUP = "ray.io/group"
 KUBERAY_NODE_TYPE = "ray.io/node-type"
 KUBERAY_IS_RAY_NODE = "ray.io/is-ray-node"
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
-PROVIDER_MODULE = "ray_nodeless.ray_adapter.kuberay_provider.KubeRayNodelessProvider"
+PROVIDER_MODULE = "ray_nodeless.kuberay.provider.KubeRayNodelessProvider"
 RESTART_EXIT = 3          # provider keys changed: Kubernetes restarts the container with them
 DEFAULT_GCS_PORT = 6379
 # rayStartParams the pod's `ray start` must not repeat: the machine's resources and labels come from ray_nodeless
@@ -65,9 +66,7 @@ _RAY_PROVIDER_KEYS = ("disable_node_updaters", "disable_launch_config_check", "w
 
 
 def _annotation_key(rest: str) -> str:
-    from ray_nodeless.swapin.kuberay import annotation_key
-
-    return annotation_key(rest)
+    return annotation.annotation_key(rest)
 
 
 def _key(group_index: int | None, rest: str) -> str:
@@ -75,28 +74,26 @@ def _key(group_index: int | None, rest: str) -> str:
 
 
 def annotation_settings(ray_cr: Mapping[str, Any]) -> dict[str, Any]:
-    """The ray_nodeless settings of a RayCluster: its `ray-nodeless.io/config` annotation, read by swapin/kuberay.py
+    """The ray_nodeless settings of a RayCluster: its `ray-nodeless.io/config` annotation, read by kuberay/annotation.py
     (the format `ray-nodeless convert` writes): provider keys (cloud, region, rules, exclude, kubernetes.join, ...)
     and `groups: {<groupName>: {minWorkers, node_config}}`."""
-    from ray_nodeless.swapin import kuberay as swapin
 
-    data = swapin.parse_annotation(ray_cr.get("metadata") or {})
+    data = annotation.parse_annotation(ray_cr.get("metadata") or {})
     if not data:
-        raise ConfigError(swapin.annotation_key(), "missing: the ray_nodeless settings of the cluster (at least "
+        raise ConfigError(annotation.annotation_key(), "missing: the ray_nodeless settings of the cluster (at least "
                                                    "`cloud` and `region`, and `kubernetes.join`); see README \"KubeRay\"")
     if "kuberay" in data:
-        raise ConfigError(swapin.annotation_key("kuberay"), "is set by the bridge (KubeRay's head pod)")
+        raise ConfigError(annotation.annotation_key("kuberay"), "is set by the bridge (KubeRay's head pod)")
     return data
 
 
 def group_node_config(group: Mapping[str, Any], index: int, facts: CatalogFacts | None,
                       own: Mapping[str, Any]) -> dict[str, Any]:
-    """The node_config of a group's node type: its pod scheduling as constraint keys (swapin/kuberay.py group_rules,
+    """The node_config of a group's node type: its pod scheduling as constraint keys (kuberay/annotation.py group_rules,
     resolved against `facts`, the catalog's CatalogFacts of the cluster's region; a requirement ray_nodeless would
     break is a ConfigError naming it), then the annotation's groups.<name>.node_config over them."""
-    from ray_nodeless.swapin import kuberay as swapin
 
-    rules = swapin.group_rules(group, key=f"spec.workerGroupSpecs[{index}]", facts=facts)
+    rules = scheduling.group_rules(group, key=f"spec.workerGroupSpecs[{index}]", facts=facts)
     rules.check()
     for u in rules.unhonoured:
         if str(u) not in _NOTED:            # the config is derived every loop: each note once per process
@@ -109,23 +106,22 @@ _NOTED: set[str] = set()
 
 
 def catalog_and_facts(settings: Mapping[str, Any], catalog: Catalog | None = None) -> tuple[Catalog, CatalogFacts]:
-    """The catalog and the CatalogFacts (swapin/kuberay.py) the groups' scheduling is resolved against, for the
+    """The catalog and the CatalogFacts (kuberay/annotation.py) the groups' scheduling is resolved against, for the
     annotation's provider keys `settings`: the instance types and zones of its region in `catalog`, else in the
     catalog the annotation names (launch/catalog.py catalog_for: `live` reads the embedded one, what a failed refresh
     falls back to, so the bridge's loop does no cloud I/O for it). Errors name the annotation's key."""
     from ray_nodeless.launch.config import catalog_for, load_provider
-    from ray_nodeless.swapin import kuberay as swapin
 
-    provider = {k: v for k, v in settings.items() if k not in ("kubernetes", swapin.GROUPS)}
+    provider = {k: v for k, v in settings.items() if k not in ("kubernetes", annotation.GROUPS)}
     try:         # the core keys only: how machines join plays no part in which types exist
         core = load_provider(provider, planning=True).core
         catalog = catalog if catalog is not None else catalog_for(core)
     except ConfigError as e:
-        raise swapin.rekey(e) from e
+        raise annotation.rekey(e) from e
     try:
-        return catalog, swapin.CatalogFacts.of(catalog, core.price_cloud, core.region)
+        return catalog, scheduling.CatalogFacts.of(catalog, core.price_cloud, core.region)
     except CatalogError as e:       # a given catalog without the region
-        raise ConfigError(swapin.annotation_key("region"), f"{core.region!r}: {e}") from e
+        raise ConfigError(annotation.annotation_key("region"), f"{core.region!r}: {e}") from e
 
 
 def worker_pod_template(ray_cr: Mapping[str, Any], group: Mapping[str, Any]) -> dict[str, Any]:
@@ -433,7 +429,7 @@ def api_client(kubeconfig: str | None) -> Any:
 def run(cluster_name: str, namespace: str, *, gcs_address: str | None = None, kubeconfig: str | None = None) -> None:
     """The command: check the RayCluster once (bad settings exit before Ray's monitor starts), then run Ray's
     monitor with the bridge as its config reader."""
-    from ray_nodeless.ray_adapter.compat import kuberay as ray_kuberay
+    from ray_nodeless.ray_compat import kuberay as ray_kuberay
 
     api = api_client(kubeconfig)
     address = gcs_address or f"{ray_kuberay.node_ip()}:{DEFAULT_GCS_PORT}"

@@ -3,7 +3,7 @@
 Ray's private modules (`ray._private`, `ray._raylet`, `ray.autoscaler._private`, `ray.core.generated`) are imported
 here and nowhere else in ray_nodeless (tests/cli/test_layering.py enforces it). Each module below wraps one thing Ray
 does that ray_nodeless relies on, and lists in `RAY_NAMES` the (module, attribute) pairs it reads, so that
-tests/ray_adapter/test_compat.py fails on a Ray that renamed or moved one of them rather than a user's `ray up`.
+tests/ray_compat/test_compat.py fails on a Ray that renamed or moved one of them rather than a user's `ray up`.
 
 The package is a leaf: it imports no other ray_nodeless module except `ray_nodeless.errors`, so every layer (the
 adapter, providers, registrations, interruptions, simulate, swapin) may use it without an import cycle. Ray itself
@@ -25,11 +25,11 @@ is imported lazily (inside functions) except in `command_runner`, whose callers 
 """
 from __future__ import annotations
 
-from ray_nodeless.ray_adapter.compat.process import (
+from ray_nodeless.ray_compat.process import (
     in_teardown, monitor_config_path, monitor_gcs_address, monitor_logs_dir,
 )
 
-# The modules that list the Ray names they rely on (tests/ray_adapter/test_compat.py imports each).
+# The modules that list the Ray names they rely on (tests/ray_compat/test_compat.py imports each).
 MODULES = ("process", "node_ip", "gcs", "defaults", "aws_amis", "aws_bootstrap", "gcp_bootstrap", "command_runner",
            "scheduler", "demand", "kuberay", "ray_status")
 

@@ -1,4 +1,4 @@
-"""The KubeRay bridge's config (ray_adapter/kuberay.py bridge_config): Ray's own derivation of a RayCluster from
+"""The KubeRay bridge's config (kuberay/bridge.py bridge_config): Ray's own derivation of a RayCluster from
 tests/data/kuberay (KubeRay's samples) with the provider swapped for ray_nodeless, the worker groups' templates as the Ray pods'
 templates, and the RayClusters the bridge must refuse (naming the key)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import yaml
 
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
-from ray_nodeless.ray_adapter import kuberay as K
-from ray_nodeless.ray_adapter.compat.kuberay import derive_config
+from ray_nodeless.kuberay import bridge as K
+from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.registrations.kubernetes.pods import ray_pod, template_for
-from ray_nodeless.swapin.kuberay import annotation_key
+from ray_nodeless.kuberay.annotation import annotation_key
 from tests import REPO_ROOT
 
 SAMPLE = REPO_ROOT / "tests" / "data" / "kuberay" / "ray-cluster.autoscaler.yaml"   # KubeRay's own sample

@@ -1,4 +1,4 @@
-"""swapin/kuberay.py: the provider annotation and a worker group's scheduling mapped to ray_nodeless constraints,
+"""kuberay/annotation.py: the provider annotation and a worker group's scheduling mapped to ray_nodeless constraints,
 one scheduling key at a time; every mapped node_config is then parsed by the core's own parser and checked against
 the embedded catalog (so a key maps to something the planner accepts, not merely to a dict)."""
 from __future__ import annotations
@@ -11,7 +11,8 @@ from ray_nodeless.core.catalog import embedded
 from ray_nodeless.core.catalog_checks import CatalogValues, check_constraints
 from ray_nodeless.core.requirements import parse_requirements
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.swapin import kuberay as K
+from ray_nodeless.kuberay import annotation as K
+from ray_nodeless.kuberay import scheduling as S
 
 KEY = "spec.workerGroupSpecs[0]"
 
@@ -37,7 +38,7 @@ def _required(*exprs):
 
 def _rules(group, cloud="aws", region="us-west-2"):
     cat = embedded()
-    out = K.group_rules(group, key=KEY, facts=K.CatalogFacts.of(cat, cloud, region))
+    out = S.group_rules(group, key=KEY, facts=S.CatalogFacts.of(cat, cloud, region))
     if not out.blocking():
         # The mapped keys parse and every value is one the catalog knows in that region.
         parse_requirements(out.node_config, "node_config")
@@ -179,21 +180,21 @@ def test_ray_labels_map_and_contradictions_block():
     (_group({"kubernetes.io/os": "windows"}), f'{KEY}.template.spec.nodeSelector["kubernetes.io/os"]', True),
 ])
 def test_what_cannot_be_honoured_names_the_key(group, key, blocking):
-    out = K.group_rules(group, key=KEY)
+    out = S.group_rules(group, key=KEY)
     [u] = out.unhonoured
     assert (u.key, u.blocking) == (key, blocking)
     assert u.reason
 
 
 def test_unknown_selector_label_is_dropped_with_a_note():
-    out = K.group_rules(_group({"my.example/pool": "a"}), key=KEY)
+    out = S.group_rules(_group({"my.example/pool": "a"}), key=KEY)
     assert out.node_labels == {"my.example/pool": "a"} and out.node_config == {}
     [u] = out.unhonoured
     assert not u.blocking and "bound to its machine's Node" in u.reason
 
 
 def test_clouds_implied_by_the_keys():
-    out = K.group_rules(_group({"cloud.google.com/gke-spot": "true", "karpenter.sh/capacity-type": "spot"}), key=KEY)
+    out = S.group_rules(_group({"cloud.google.com/gke-spot": "true", "karpenter.sh/capacity-type": "spot"}), key=KEY)
     assert out.clouds == {"aws", "gcp"}
 
 
@@ -272,7 +273,7 @@ def test_cluster_spec_of_each_kind():
 # types (CatalogFacts). Each case checks the constraint keys select exactly the types the label's meaning selects,
 # computed here from the catalog's fields (names, vCPUs, memory, GPUs) without the module's own label table.
 
-AWS = K.CatalogFacts.of(embedded(), "aws", "us-west-2")
+AWS = S.CatalogFacts.of(embedded(), "aws", "us-west-2")
 _NAME = re.compile(r"^([a-z]+)(?:-\d+tb)?(\d+)")     # Karpenter's category / generation from the type's name
 
 
@@ -367,7 +368,7 @@ def test_catalog_labels_select_exactly_the_types_they_name(label, op, values, ex
 ])
 def test_gt_on_vcpus_and_memory_is_a_minimum(label, op, n, key, value):
     """No catalog needed: Karpenter's values are whole vCPUs and MiB, so > n is >= n + 1."""
-    out = K.group_rules(_group(affinity=_required({"key": label, "operator": op, "values": [n]})), key=KEY)
+    out = S.group_rules(_group(affinity=_required({"key": label, "operator": op, "values": [n]})), key=KEY)
     assert out.unhonoured == [] and out.node_config == {key: value}
 
 
@@ -394,7 +395,7 @@ def test_karpenter_default_nodepool_requirements_plan():
     ("n2-standard-8", None), ("e2", None),
 ])
 def test_category_and_generation_parse_as_karpenter_does(name, expected):
-    assert K.karpenter_category_generation(name) == expected
+    assert S.karpenter_category_generation(name) == expected
 
 
 @pytest.mark.parametrize("expr,reason", [
@@ -433,7 +434,7 @@ def test_what_the_catalog_cannot_honour_names_the_key(expr, reason):
     {"key": "topology.kubernetes.io/zone", "operator": "NotIn", "values": ["us-west-2a"]},
 ])
 def test_without_catalog_facts_the_resolved_keys_are_refused_naming_the_key(expr):
-    out = K.group_rules(_group(affinity=_required(expr)), key=KEY)
+    out = S.group_rules(_group(affinity=_required(expr)), key=KEY)
     [b] = out.blocking()
     assert b.key.endswith("matchExpressions[0]") and "catalog" in b.reason
 
@@ -450,7 +451,7 @@ def test_without_catalog_facts_the_resolved_keys_are_refused_naming_the_key(expr
     ({"key": "karpenter.k8s.aws/instance-cpu", "operator": "Exists"}, {}),
 ])
 def test_exists_and_does_not_exist_where_they_mean_something(expr, node_config):
-    out = K.group_rules(_group(affinity=_required(expr)), key=KEY, facts=AWS)
+    out = S.group_rules(_group(affinity=_required(expr)), key=KEY, facts=AWS)
     assert out.unhonoured == [] and out.node_config == node_config
 
 
@@ -514,7 +515,7 @@ def test_karpenter_a100_is_both_a100s():
 
 def test_gke_accelerator_count_on_gcp_keeps_the_hosts_with_that_many_gpus():
     """GKE's GPU count label (Autopilot's GPU selector): resolved against GCP's types, attached-GPU hosts included."""
-    gcp = K.CatalogFacts.of(embedded(), "gcp", "us-central1")
+    gcp = S.CatalogFacts.of(embedded(), "gcp", "us-central1")
     out = _rules(_group({"cloud.google.com/gke-accelerator": "nvidia-l4",
                          "cloud.google.com/gke-accelerator-count": "2"}), "gcp", "us-central1")
     assert out.blocking() == [] and out.clouds == {"gcp"}

@@ -1,0 +1,6 @@
+"""ray_nodeless on KubeRay: a RayCluster's `ray-nodeless.io/config` annotation (annotation.py), a worker group's pod
+scheduling as rules (scheduling.py), the autoscaler container that runs Ray's monitor with ray_nodeless as its
+provider (bridge.py, provider.py), and `ray-nodeless convert` of KubeRay manifests (convert.py).
+
+Above ray_adapter/ (the provider it runs) and swapin/ (the generic convert helpers it reuses); nothing below imports
+it but the CLI."""
