@@ -260,7 +260,7 @@ def main() -> int:
             trace_path = out_dir / "trace.yaml"
             trace_path.write_text(yaml.safe_dump(rec.doc, sort_keys=False))
             say(f"recorded the run: {trace_path} (replay it: ray-nodeless simulate {trace_path} --config "
-                f"{config} --baseline fixed:3xg4dn.4xlarge)")
+                f"{config} --measured-timing --baseline fixed:3xg4dn.4xlarge)")
             w0, w1 = rec.window_start_ms / 1000, rec.window_end_ms / 1000
             rep = replay(config, rec.doc, watcher, (w0, w1))
         except Exception as e:   # the report without the replay is still the demo's report
