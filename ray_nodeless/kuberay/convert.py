@@ -7,7 +7,7 @@ What it writes, per KubeRay document (README "KubeRay manifests"):
   `replicas` / `minReplicas` set to 0 (the KubeRay operator creates clamp(replicas, minReplicas, maxReplicas) x
   numOfHosts pods of a group itself; its GetWorkerGroupDesiredReplicas), and the `ray-nodeless.io/config`
   annotation: cloud, region, the group's minimum (`groups.<g>.minWorkers`); the groups' pod scheduling stays in
-  their templates, checked here as the bridge maps it every loop (kuberay/annotation.py `group_rules`);
+  their templates, checked here as the bridge maps it every loop (kuberay/scheduling.py `group_rules`);
 - optionally a `ray up` YAML with `registration: kubernetes` (a VM head; the workers join the Kubernetes cluster
   as Nodes running the groups' pod templates), converted as a Ray YAML for the cloud is (swapin/convert.py).
 
