@@ -35,13 +35,51 @@ from ray_nodeless.kuberay.labels import RAY_LABELS, apply
 __all__ = ["CatalogFacts", "GroupRules", "Unhonoured", "group_rules"]
 
 
+# A manifest's shape, as the RayCluster CRD (and so the API server) has it: a field of the wrong type is a blocking
+# Unhonoured naming its key, and is read as empty, so a hostile manifest is refused naming the key, never a traceback.
+def _mapping(value: Any, key: str, b: Builder) -> Mapping[str, Any]:
+    """`value` when it is a mapping (null: empty); else refused naming `key`, and empty."""
+    if value is None or isinstance(value, Mapping):
+        return value or {}
+    b.refuse(key, f"must be a mapping, got {type(value).__name__}")
+    return {}
+
+
+def _items(value: Any, key: str, b: Builder) -> list[Any]:
+    """`value` when it is a list (null: empty); else refused naming `key`, and empty."""
+    if value is None or isinstance(value, list):
+        return value or []
+    b.refuse(key, f"must be a list, got {type(value).__name__}")
+    return []
+
+
+def _label_value(value: Any, key: str, b: Builder) -> str | None:
+    """A label value as Kubernetes compares it (a string; a number or boolean written unquoted reads as its text);
+    a list, mapping or null is refused naming `key`."""
+    if value is None or isinstance(value, (Mapping, list)):
+        b.refuse(key, f"must be a string (a label value), got {'null' if value is None else type(value).__name__}")
+        return None
+    return str(value)
+
+
 def _term(term: Mapping[str, Any], tkey: str, b: Builder, facts: CatalogFacts | None) -> None:
     """One nodeSelectorTerm: its expressions ANDed."""
     if term.get("matchFields"):
         b.refuse(f"{tkey}.matchFields", "selects Nodes by field (metadata.name): ray_nodeless makes new Nodes")
-    for j, e in enumerate(term.get("matchExpressions") or []):
-        apply(Requirement(str(e.get("key")), str(e.get("operator")), [str(v) for v in e.get("values") or []],
-                          f"{tkey}.matchExpressions[{j}]"), b, facts)
+    for j, raw in enumerate(_items(term.get("matchExpressions"), f"{tkey}.matchExpressions", b)):
+        ekey = f"{tkey}.matchExpressions[{j}]"
+        e = _mapping(raw, ekey, b)
+        if not e:
+            continue
+        label = e.get("key")
+        if not isinstance(label, str) or not label:
+            b.refuse(f"{ekey}.key", f"must be a label key (a non-empty string), got {label!r}")
+            continue
+        values = [_label_value(v, f"{ekey}.values[{i}]", b)
+                  for i, v in enumerate(_items(e.get("values"), f"{ekey}.values", b))]
+        if None in values:
+            continue
+        apply(Requirement(label, str(e.get("operator")), [v for v in values if v is not None], ekey), b, facts)
 
 
 # The constraint keys that select instance types (each a property of the type alone): ORed terms that narrow only
@@ -78,7 +116,8 @@ def _ored_terms(terms: Sequence[Any], rkey: str, b: Builder, facts: CatalogFacts
     union: dict[str, InstanceType] = {}
     for i, term in enumerate(terms):
         one = GroupRules()
-        _term(term or {}, f"{rkey}[{i}]", Builder(one), facts)
+        ob = Builder(one)
+        _term(_mapping(term, f"{rkey}[{i}]", ob), f"{rkey}[{i}]", ob, facts)
         b.out.clouds |= one.clouds
         b.out.unhonoured += one.unhonoured
         if one.blocking():
@@ -101,21 +140,22 @@ def _ored_terms(terms: Sequence[Any], rkey: str, b: Builder, facts: CatalogFacts
 
 def _ray_labels(group: Mapping[str, Any], key: str, b: Builder, facts: CatalogFacts | None) -> None:
     """The group's Ray labels that say where its machines must be (labels.py RAY_LABELS)."""
-    labels = group.get("labels") or {}
-    if isinstance(labels, Mapping):
-        for name in sorted(labels):
-            handle = RAY_LABELS.get(name)
-            if handle is not None:
-                handle(labels[name], f'{key}.labels["{name}"]', b, facts)
+    labels = _mapping(group.get("labels"), f"{key}.labels", b)
+    for name in sorted(labels, key=str):
+        handle = RAY_LABELS.get(name)
+        if handle is not None:
+            handle(labels[name], f'{key}.labels["{name}"]', b, facts)
 
 
 def _machine_pins(spec: Mapping[str, Any], tkey: str, b: Builder) -> None:
     """What names a machine ray_nodeless never makes: an existing Node, a TPU."""
     if spec.get("nodeName"):
         b.refuse(f"{tkey}.nodeName", "pins an existing Node; ray_nodeless makes new ones")
-    for i, c in enumerate(spec.get("containers") or []):
+    for i, raw in enumerate(_items(spec.get("containers"), f"{tkey}.containers", b)):
+        ckey = f"{tkey}.containers[{i}]"
+        resources = _mapping(_mapping(raw, ckey, b).get("resources"), f"{ckey}.resources", b)
         for part in ("limits", "requests"):
-            res = ((c or {}).get("resources") or {}).get(part) or {}
+            res = _mapping(resources.get(part), f"{ckey}.resources.{part}", b)
             if "google.com/tpu" in res:
                 b.refuse(f'{tkey}.containers[{i}].resources.{part}["google.com/tpu"]',
                          "TPUs: ray_nodeless launches no TPU machines")
@@ -124,18 +164,23 @@ def _machine_pins(spec: Mapping[str, Any], tkey: str, b: Builder) -> None:
 
 def _node_selection(spec: Mapping[str, Any], tkey: str, b: Builder, facts: CatalogFacts | None) -> None:
     """nodeSelector (each pair an `In [value]`), then required node affinity; a preferred one is dropped."""
-    selector = spec.get("nodeSelector") or {}
-    for label in sorted(selector):
-        apply(Requirement(label, "In", [str(selector[label])], f'{tkey}.nodeSelector["{label}"]'), b, facts)
+    selector = _mapping(spec.get("nodeSelector"), f"{tkey}.nodeSelector", b)
+    for label in sorted(selector, key=str):
+        skey = f'{tkey}.nodeSelector["{label}"]'
+        value = _label_value(selector[label], skey, b)
+        if value is not None:
+            apply(Requirement(str(label), "In", [value], skey), b, facts)
     akey = f"{tkey}.affinity"
-    node_aff = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-    required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = required.get("nodeSelectorTerms") or []
-    rkey = f"{akey}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+    nkey = f"{akey}.nodeAffinity"
+    node_aff = _mapping(_mapping(spec.get("affinity"), akey, b).get("nodeAffinity"), nkey, b)
+    rkey = f"{nkey}.requiredDuringSchedulingIgnoredDuringExecution"
+    required = _mapping(node_aff.get("requiredDuringSchedulingIgnoredDuringExecution"), rkey, b)
+    rkey += ".nodeSelectorTerms"
+    terms = _items(required.get("nodeSelectorTerms"), rkey, b)
     if len(terms) > 1:
         _ored_terms(terms, rkey, b, facts)
     elif terms:
-        _term(terms[0] or {}, f"{rkey}[0]", b, facts)
+        _term(_mapping(terms[0], f"{rkey}[0]", b), f"{rkey}[0]", b, facts)
     if node_aff.get("preferredDuringSchedulingIgnoredDuringExecution"):
         b.drop(f"{akey}.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution",
                "a preference: ray_nodeless picks the cheapest fit under the rules; dropped (state it as a required "
@@ -146,12 +191,13 @@ def _pod_placement(spec: Mapping[str, Any], tkey: str, b: Builder) -> None:
     """Pod (anti-)affinity, topology spread and the scheduler: one Ray pod per new machine, chosen by price, holds
     anti-affinity and spread per host; whatever follows other pods or spreads zones cannot be honoured."""
     akey = f"{tkey}.affinity"
-    affinity = spec.get("affinity") or {}
+    affinity = spec.get("affinity") if isinstance(spec.get("affinity"), Mapping) else {}   # else refused above
     for kind in ("podAffinity", "podAntiAffinity"):
-        pa = affinity.get(kind) or {}
-        for j, t in enumerate(pa.get("requiredDuringSchedulingIgnoredDuringExecution") or []):
-            tk = f"{akey}.{kind}.requiredDuringSchedulingIgnoredDuringExecution[{j}]"
-            topo = (t or {}).get("topologyKey")
+        pa = _mapping(affinity.get(kind), f"{akey}.{kind}", b)
+        rkey = f"{akey}.{kind}.requiredDuringSchedulingIgnoredDuringExecution"
+        for j, t in enumerate(_items(pa.get("requiredDuringSchedulingIgnoredDuringExecution"), rkey, b)):
+            tk = f"{rkey}[{j}]"
+            topo = _mapping(t, tk, b).get("topologyKey")
             if kind == "podAntiAffinity" and topo == "kubernetes.io/hostname":
                 b.drop(tk, "holds by construction: each Ray pod gets a machine of its own")
             else:
@@ -159,10 +205,11 @@ def _pod_placement(spec: Mapping[str, Any], tkey: str, b: Builder) -> None:
                              "own, chosen by price, and cannot follow other pods")
         if pa.get("preferredDuringSchedulingIgnoredDuringExecution"):
             b.drop(f"{akey}.{kind}.preferredDuringSchedulingIgnoredDuringExecution", f"a {kind} preference: dropped")
-    for j, t in enumerate(spec.get("topologySpreadConstraints") or []):
+    for j, raw in enumerate(_items(spec.get("topologySpreadConstraints"), f"{tkey}.topologySpreadConstraints", b)):
         tk = f"{tkey}.topologySpreadConstraints[{j}]"
-        topo = (t or {}).get("topologyKey")
-        hard = (t or {}).get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"
+        t = _mapping(raw, tk, b)
+        topo = t.get("topologyKey")
+        hard = t.get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"
         if topo == "kubernetes.io/hostname":
             b.drop(tk, "holds by construction: one Ray pod per machine")
         else:
@@ -195,15 +242,17 @@ def group_rules(group: Mapping[str, Any], *, key: str, facts: CatalogFacts | Non
     content: every key it cannot honour is in `unhonoured`."""
     out = GroupRules()
     b = Builder(out)
+    if not isinstance(group, Mapping):
+        b.refuse(key, f"must be a mapping (a worker group), got {type(group).__name__}")
+        return out
     hosts = group.get("numOfHosts", 1)
     if isinstance(hosts, int) and hosts > 1:
         b.refuse(f"{key}.numOfHosts", f"{hosts}: a multi-host group scales {hosts} pods as one replica (a TPU slice, "
                                       "a multi-node job); ray_nodeless launches single machines")
     # Ray labels first (the group's promise to Ray), then the pod's node selection.
     _ray_labels(group, key, b, facts)
-    template = group.get("template") or {}
-    spec = template.get("spec") or {} if isinstance(template, Mapping) else {}
     tkey = f"{key}.template.spec"
+    spec = _mapping(_mapping(group.get("template"), f"{key}.template", b).get("spec"), tkey, b)
     _machine_pins(spec, tkey, b)
     _node_selection(spec, tkey, b, facts)
     _pod_placement(spec, tkey, b)
