@@ -74,6 +74,8 @@ def parse_annotation(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """The provider keys of the annotation in `metadata` (a RayCluster's, RayJob's or RayService's), as a dict;
     {} when there is no annotation. Checks the text and its shape only: `provider_block` + `launch.config.
     load_provider` (through `rekey`) check the keys' values."""
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ConfigError("metadata", f"must be a mapping, got {type(metadata).__name__}")
     annotations = (metadata or {}).get("annotations") or {}
     if not isinstance(annotations, Mapping):
         raise ConfigError("metadata.annotations", f"must be a mapping, got {type(annotations).__name__}")
@@ -167,7 +169,7 @@ def cluster_spec(doc: Mapping[str, Any], where: str = "") -> tuple[str, dict[str
     key for anything else."""
     api, kind = doc.get("apiVersion"), doc.get("kind")
     pre = f"{where}." if where else ""
-    if kind not in CLUSTER_SPEC_AT:
+    if not isinstance(kind, str) or kind not in CLUSTER_SPEC_AT:
         raise ConfigError(f"{pre}kind", f"{kind!r}: convert reads {', '.join(CLUSTER_SPEC_AT)} manifests")
     if not isinstance(api, str) or not api.startswith("ray.io/"):
         raise ConfigError(f"{pre}apiVersion", f"{api!r}: a {kind} is ray.io/v1")

@@ -7,7 +7,7 @@ What it writes, per KubeRay document (README "KubeRay manifests"):
   `replicas` / `minReplicas` set to 0 (the KubeRay operator creates clamp(replicas, minReplicas, maxReplicas) x
   numOfHosts pods of a group itself; its GetWorkerGroupDesiredReplicas), and the `ray-nodeless.io/config`
   annotation: cloud, region, the group's minimum (`groups.<g>.minWorkers`); the groups' pod scheduling stays in
-  their templates, checked here as the bridge maps it every loop (kuberay/annotation.py `group_rules`);
+  their templates, checked here as the bridge maps it every loop (kuberay/scheduling.py `group_rules`);
 - optionally a `ray up` YAML with `registration: kubernetes` (a VM head; the workers join the Kubernetes cluster
   as Nodes running the groups' pod templates), converted as a Ray YAML for the cloud is (swapin/convert.py).
 
@@ -28,6 +28,7 @@ from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.kuberay import annotation as K
 from ray_nodeless.kuberay import scheduling as S
+from ray_nodeless.kuberay import shape
 from ray_nodeless.swapin.convert import NodeTypeChange, Side, _summary
 
 AUTOSCALER_COMMAND = ["ray-nodeless"]
@@ -41,7 +42,8 @@ PLANNING_JOIN = {"method": "kubeadm", "endpoint": "https://kubernetes.default.sv
 
 def is_kuberay(doc: Any) -> bool:
     return (isinstance(doc, Mapping) and isinstance(doc.get("apiVersion"), str)
-            and doc["apiVersion"].startswith("ray.io/") and doc.get("kind") in K.CLUSTER_SPEC_AT)
+            and doc["apiVersion"].startswith("ray.io/") and isinstance(doc.get("kind"), str)
+            and doc["kind"] in K.CLUSTER_SPEC_AT)
 
 
 def load_documents(text: str, source: str) -> list[Any]:
@@ -69,6 +71,7 @@ def ray_cluster(doc: Mapping[str, Any], where: str = "") -> tuple[dict[str, Any]
     the RayCluster of a RayJob / RayService), and the key path of its spec."""
     kind, spec, spec_key = K.cluster_spec(doc, where)
     meta = copy.deepcopy(dict(doc.get("metadata") or {}))
+    shape.check_names(meta, _pre(where, "metadata"))
     meta.setdefault("name", meta.get("generateName", "raycluster").rstrip("-") or "raycluster")
     meta.setdefault("namespace", "default")
     return {"apiVersion": K.API_VERSION, "kind": "RayCluster", "metadata": meta, "spec": copy.deepcopy(spec)}, spec_key
@@ -94,7 +97,7 @@ def bridge_cluster_config(ray_cr: Mapping[str, Any], spec_key: str = "spec", *, 
                          "machines join the cluster (README \"Kubernetes registration\") before it starts")
     try:
         derived = derive_config(cr)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (LookupError, TypeError, ValueError, AttributeError) as e:
         raise ConfigError(spec_key, f"Ray's derivation of the autoscaling config from the RayCluster failed: "
                                     f"{e!r}") from e
     _, facts = catalog_and_facts(annotation_settings(cr), catalog)
@@ -168,8 +171,11 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
     where = _where(docs, i)
     doc = copy.deepcopy(docs[i])
     kind, spec, spec_key = K.cluster_spec(doc, where)
-    meta = doc.setdefault("metadata", {})
-    existing = K.parse_annotation(meta)
+    existing = K.parse_annotation(doc.get("metadata"))          # the metadata's shape checked, naming the key
+    if doc.get("metadata") is None:
+        doc["metadata"] = {}
+    meta = doc["metadata"]
+    ray_cluster(doc, where)                                      # its name and namespace checked, before any work
     provider, groups_cfg = K.split_groups(existing)
     notes: list[str] = []
 
@@ -178,6 +184,10 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
         raise ConfigError(f"{spec_key}.workerGroupSpecs", "no worker group: the head pod runs everything and "
                                                           "ray_nodeless would launch nothing; add a worker group "
                                                           "(its pods become ray_nodeless machines)")
+    for j, g in enumerate(workers):
+        shape.check_group(g, f"{spec_key}.workerGroupSpecs[{j}]")
+    image_of_head = shape.head_image(spec, spec_key)
+    shape.check_autoscaler_options(spec, spec_key)
     # The cloud: the option, else the annotation, else the one the groups' node labels name.
     implied: dict[str, str] = {}
     for j, g in enumerate(workers):
@@ -226,15 +236,15 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
         if gr.node_config:
             notes.append(f"{gkey}.template.spec: its scheduling maps to {', '.join(sorted(gr.node_config))} (the "
                          "bridge maps it every loop; `ray-nodeless plan` shows the values)")
-        minimum = int(g.get("minReplicas") or 0)
+        minimum = g.get("minReplicas") or 0
         if minimum and "minWorkers" not in own:
             own["minWorkers"] = minimum
         for k in ("replicas", "minReplicas"):
-            if int(g.get(k) or 0) != 0:
+            if (g.get(k) or 0) != 0:
                 notes.append(f"{gkey}.{k}: {g.get(k)} -> 0: the operator would create that many pods itself; "
                              f"the minimum is {K.annotation_key(f'groups.{name}.minWorkers')}"
                              + (" (the initial replicas above it are Ray's to decide)" if k == "replicas" and
-                                int(g.get(k) or 0) > minimum else ""))
+                                (g.get(k) or 0) > minimum else ""))
                 g[k] = 0
         if own:
             groups_cfg[name] = own
@@ -245,9 +255,8 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
         annotation[K.GROUPS] = {n: groups_cfg[n] for n in sorted(groups_cfg)}
 
     spec["enableInTreeAutoscaling"] = True
-    opts = spec.get("autoscalerOptions")
-    opts = dict(opts) if isinstance(opts, Mapping) else {}
-    image = autoscaler_image or opts.get("image") or _head_image(spec)
+    opts = dict(spec.get("autoscalerOptions") or {})
+    image = autoscaler_image or opts.get("image") or image_of_head
     if image:
         opts["image"] = image
     opts["command"] = list(AUTOSCALER_COMMAND)
@@ -286,11 +295,6 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 
 
 _Dumper.add_representer(str, _str)
-
-
-def _head_image(spec: Mapping[str, Any]) -> str | None:
-    containers = (((spec.get("headGroupSpec") or {}).get("template") or {}).get("spec") or {}).get("containers")
-    return (containers[0] or {}).get("image") if containers else None
 
 
 def _changes(cfg: Mapping[str, Any], cp: ClusterPlan, head: str, before_types: Mapping[str, str | None],

@@ -37,10 +37,17 @@ HEAD_WAIT_S = 5.0        # Ray's BACKOFF_S between health checks of the head
 
 
 def derive_config(ray_cr: dict[str, Any]) -> dict[str, Any]:
-    """Ray's autoscaling config of a RayCluster (its provider block is KubeRay's; the caller swaps it)."""
+    """Ray's autoscaling config of a RayCluster (its provider block is KubeRay's; the caller swaps it). Ray checks
+    the config it derives against its cluster schema (jsonschema): a failure of that check is a ValueError here,
+    as the derivation's own failures on a malformed RayCluster are (KeyError, TypeError, ValueError, ...)."""
+    import jsonschema
     from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
 
-    return _derive_autoscaling_config_from_ray_cr(ray_cr)
+    try:
+        return _derive_autoscaling_config_from_ray_cr(ray_cr)
+    except jsonschema.ValidationError as e:
+        where = ".".join(str(p) for p in e.absolute_path) or "the config"
+        raise ValueError(f"Ray's cluster schema refuses {where}: {e.message}") from e
 
 
 def node_ip() -> str:

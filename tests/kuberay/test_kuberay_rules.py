@@ -12,6 +12,7 @@ from ray_nodeless.core.catalog_checks import CatalogValues, check_constraints
 from ray_nodeless.core.requirements import parse_requirements
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.kuberay import annotation as K
+from ray_nodeless.kuberay import catalog_labels as C
 from ray_nodeless.kuberay import scheduling as S
 
 KEY = "spec.workerGroupSpecs[0]"
@@ -395,7 +396,7 @@ def test_karpenter_default_nodepool_requirements_plan():
     ("n2-standard-8", None), ("e2", None),
 ])
 def test_category_and_generation_parse_as_karpenter_does(name, expected):
-    assert S.karpenter_category_generation(name) == expected
+    assert C.karpenter_category_generation(name) == expected
 
 
 @pytest.mark.parametrize("expr,reason", [
