@@ -34,7 +34,7 @@ MARKETS = ("on-demand", "spot")
 ACCELERATOR_AMOUNT = 0.001
 # The planner's rejection reasons a user may not guess the cause of (core/plan.py's names).
 REJECTION_HINTS = {
-    "arch": "x86_64 unless a rule or provider.open_node_config sets arch: arm64 or any",
+    "arch": "x86_64 unless a rule or provider.open.node_config sets arch: arm64 or any",
     "unknown_price": "the catalog has no price for them; an unknown price is never chosen",
     "gpu_model_excluded": "provider.exclude.gpus or a rule's exclude_gpus",
     "capacity_type": "not a capacity the rule allows",
@@ -99,7 +99,7 @@ class OpenPreview:
         self.catalog = catalog_for(self.settings)
         self.planner = planner_for(self.catalog)
         self.resolver = Resolver(self.settings, bundle.requirement_overrides)
-        self.fitter = OpenFitter(self.resolver, self.planner, None, self.settings.open_node_config)
+        self.fitter = OpenFitter(self.resolver, self.planner, None, self.settings.open.node_config)
         self.region = self.catalog.region(self.settings.price_cloud, self.settings.region)
 
     # ----- one demand ----------------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class OpenPreview:
                 # Each offering shown is marked unavailable for good (the clock never moves), so the next fit is
                 # the monitor's next choice after a capacity error on it.
                 shown = UnavailableOfferings(ttl_s=1.0, clock=lambda: 0.0)
-                walk = OpenFitter(self.resolver, self.planner, shown, self.settings.open_node_config)
+                walk = OpenFitter(self.resolver, self.planner, shown, self.settings.open.node_config)
                 shown.mark(chosen.offering, "shown")
                 while len(out.alternatives) < alternatives:
                     try:
@@ -140,7 +140,8 @@ class OpenPreview:
         request = getattr(plan, "request", None)
         if request is None:          # the planner had candidates: a selector, or a resource no instance has
             return error
-        text = _demand_words(str(error).split("\n", 1)[0].removeprefix(demand.describe() + ": "))
+        text = _demand_words(str(error).split("\n", 1)[0].removeprefix(demand.describe() + ": "),
+                             self.settings.open.key("node_config"))
         model = request.shape.accelerator_type
         if model and ("no single key" in text or " at once " in text):
             text = self._model_text(request, model) or text
@@ -252,11 +253,12 @@ class OpenPreview:
         return served, forbidden
 
 
-def _demand_words(text: str) -> str:
-    """The diagnosis speaks of a node type; here it is the demand (the fitter rewrites most of it already)."""
+def _demand_words(text: str, open_key: str = "provider.open.node_config") -> str:
+    """The diagnosis speaks of a node type; here it is the demand (the fitter rewrites most of it already).
+    `open_key`: the generated types' node_config as the YAML spells it."""
     return (text.replace(f"available_node_types.{_PSEUDO}.resources", "--demand")
             .replace("the demand's resources", "--demand")
-            .replace(f"available_node_types.{_PSEUDO}.node_config.", "provider.open_node_config.")
+            .replace(f"available_node_types.{_PSEUDO}.node_config.", open_key + ".")
             .replace(f"available_node_types.{_PSEUDO}", "--demand")
             .replace(f"node type {_PSEUDO!r} ", "the demand "))
 
