@@ -166,7 +166,9 @@ def prepare_like_ray_up(cluster_config: Mapping[str, Any]) -> dict[str, Any]:
         problems.append(ConfigError("head_node_type", f"missing: name the head's node type (one of "
                                                       f"{sorted(map(str, types))}); without it Ray looks for "
                                                       f"{RAY_EXTERNAL_HEAD_TYPE!r}"))
-    if "provider" in cluster_config:
+    if problems and "provider" in cluster_config:
+        # With the top-level ones, so all are named at once; alone, the loader names them (after the caller has
+        # taken out keys that are not the provider's, e.g. the KubeRay bridge's `kuberay`).
         problems += provider_key_problems(cluster_config["provider"])
     if problems:
         raise ConfigErrors.of(problems)
@@ -193,8 +195,8 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
     bundle = bundle or load_provider(cluster_config.get("provider"))
     check_node_types(cluster_config, bundle)
     bundle.registration_class.check_config(bundle.registration_settings)
-    check_open(cluster_config, bundle.core, bundle.check_node_config)     # shape-open: the generated types' template
+    is_open = check_open(cluster_config, bundle.core, bundle.check_node_config)   # shape-open: the generated template
     catalog = catalog or catalog_for(bundle.core)
     return plan_cluster(cluster_config, backend_overrides=bundle.requirement_overrides, catalog=catalog,
-                        settings=bundle.core)
+                        settings=bundle.core, shape_open=is_open)
 
