@@ -177,7 +177,7 @@ def plan_cluster(cluster_config: Mapping[str, Any],
     requests = {name: resolver.request(name, nt.get("resources") or {}, nt.get("node_config"), name == head)
                 for name, nt in node_types.items()}
     rc = catalog.region(settings.price_cloud, settings.region)
-    check_catalog_values(cluster_config, rc, backend_overrides)
+    notes = check_catalog_values(cluster_config, rc, backend_overrides)
     plans: dict[str, Plan] = {}
     costs = []
     for name, nt in node_types.items():
@@ -196,8 +196,8 @@ def plan_cluster(cluster_config: Mapping[str, Any],
                                launch_latency_s=settings.expected_launch_s,
                                relaunch_overhead_usd=settings.relaunch_overhead_usd, cluster_s=cluster_s)
             for name, nt in node_types.items() if name != head}
-    warnings = rule_warnings(settings.rules, {name: (_matched_on(nt), name == head) for name, nt in node_types.items()},
-                             shape_open)
+    matched_on = {name: (_matched_on(nt), name == head) for name, nt in node_types.items()}
+    warnings = notes + rule_warnings(settings.rules, matched_on, shape_open)
     for w in warnings:
         logger.warning("%s", w)
     return ClusterPlan(settings=settings, catalog_id=catalog.catalog_id, head_node_type=head, plans=plans,
