@@ -215,6 +215,40 @@ class OpenPreview:
 
     # ----- the menu ------------------------------------------------------------------------------------------
 
+    def dearest_offering(self) -> Offering | None:
+        """The dearest offering some demand may get: under each rule that may decide a demand (not head-only, its
+        globs admitting the demands' node type name), or the default when no catch-all does, narrowed by the
+        generated types' node_config and `exclude`, GPU machines allowed (a GPU demand gets one). What one machine
+        of a shape-open cluster can cost at most."""
+        import fnmatch
+
+        from ray_nodeless.core.requirements import Request, Requirements, Shape, parse_requirements, split_node_config
+        from ray_nodeless.core.rules import OPEN_DEMAND_NODE_TYPE
+
+        s = self.settings
+        ours, theirs = split_node_config(s.open.node_config)
+        key = s.open.key("node_config")
+        template = parse_requirements(ours, key).narrowed_by(
+            parse_requirements(self.bundle.requirement_overrides(dict(theirs)), key), key)
+        rules = [r for r in s.rules.rules if r.node_kind != "head" and
+                 (not r.node_types or any(fnmatch.fnmatchcase(OPEN_DEMAND_NODE_TYPE, g) for g in r.node_types))]
+        bases = [r.requirements for r in rules]
+        if not any(not r.node_types and r.node_kind is None and not r.predicates for r in rules):
+            bases.append(Requirements())          # demands no rule matches get the defaults
+        best: Offering | None = None
+        for base in bases:
+            try:
+                req = base.narrowed_by(template, key).narrowed_by(s.rules.exclude, "provider.exclude")
+                plan = self.planner.plan(Request(
+                    cloud=s.price_cloud, region=s.region, shape=Shape(), node_type=OPEN_DEMAND_NODE_TYPE,
+                    requirements=dataclasses.replace(req, allow_gpu_instances=True), rule="ceiling"))
+            except (ConfigError, NoFeasibleOffering):
+                continue                          # a rule whose lists leave nothing: no machine of its
+            for o in plan.top(len(plan)):
+                if o.hourly_price is not None and (best is None or o.hourly_price > (best.hourly_price or 0)):
+                    best = o
+        return best
+
     def menu_demands(self) -> list[tuple[str, Demand]]:
         """Representative demands: CPUs, GPUs, one row per GPU model the region has or a rule names, memory, and
         one CPU demand per market type."""
