@@ -58,8 +58,9 @@ def _hint(value: str, known: Iterable[str]) -> str:
 class CatalogValues:
     """One region's names, computed once per check."""
 
-    def __init__(self, rc: RegionCatalog):
+    def __init__(self, rc: RegionCatalog, unlisted_families: Iterable[str] = ()):
         self.rc = rc
+        self.unlisted_families = frozenset(unlisted_families)     # the cloud's real families no catalog lists
         self.cloud, self.region = rc.cloud, rc.region
         self.types = sorted({t.name for t in rc.types})
         self.offered = sorted({rc.types[i].name for i in set(rc.type_ids)})
@@ -98,7 +99,7 @@ class CatalogValues:
                 known |= {t.family for t in embedded().types(self.cloud)}
             except CatalogError:
                 pass                     # a cloud the embedded catalog has not: this catalog's names only
-            self._cloud_families = cloud_families(self.cloud, known)
+            self._cloud_families = cloud_families(known, self.unlisted_families)
         return self._cloud_families
 
     def check_families(self, values: list[str], key: str, allow: bool) -> list[str]:
@@ -154,11 +155,12 @@ def check_constraints(values: CatalogValues, data: Mapping[str, Any], key: str,
 
 
 def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
-                         backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> list[str]:
+                         backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                         unlisted_families: Iterable[str] = ()) -> list[str]:
     """Every catalog-checkable value of the cluster YAML (see the module docstring). Runs after the parsers, so
     shapes are known to be right where it looks. Returns the notes: real families the region does not offer, in an
     allow-list."""
-    values = CatalogValues(rc)
+    values = CatalogValues(rc, unlisted_families)
     notes: list[str] = []
     provider = cluster_config.get("provider") or {}
     exclude = provider.get("exclude")

@@ -155,10 +155,12 @@ class ClusterPlan:
 def plan_cluster(cluster_config: Mapping[str, Any],
                  backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  catalog: catalog_mod.Catalog | None = None,
-                 settings: CoreSettings | None = None, shape_open: bool = False) -> ClusterPlan:
+                 settings: CoreSettings | None = None, shape_open: bool = False,
+                 unlisted_families: frozenset[str] = frozenset()) -> ClusterPlan:
     """Resolve every node type of `cluster_config`. Raises ConfigError / NoFeasibleOffering naming the key; a rule
     that never applies is a warning (logged, and in `warnings`). `shape_open`: the cluster serves demands no node
-    type declares (launch/open_types.py shape_open), which rules may match too.
+    type declares (launch/open_types.py shape_open), which rules may match too. `unlisted_families`: the price
+    cloud's real families no catalog lists (providers.unlisted_families), accepted where a family is named.
 
     Pure: the backend's knowledge comes in as `backend_overrides` and pre-validated `settings`
     (`launch.config.check_cluster` supplies both); without them only the core keys are checked and the block is
@@ -177,7 +179,7 @@ def plan_cluster(cluster_config: Mapping[str, Any],
     requests = {name: resolver.request(name, nt.get("resources") or {}, nt.get("node_config"), name == head)
                 for name, nt in node_types.items()}
     rc = catalog.region(settings.price_cloud, settings.region)
-    notes = check_catalog_values(cluster_config, rc, backend_overrides)
+    notes = check_catalog_values(cluster_config, rc, backend_overrides, unlisted_families)
     plans: dict[str, Plan] = {}
     costs = []
     for name, nt in node_types.items():

@@ -36,9 +36,10 @@ GCP_RETIRED_FAMILIES = frozenset({
     "ct4p", "ct5l", "ct5lp", "ct6e",                    # TPU VMs (ct5lp-hightpu-4t, ...)
 })
 
-KNOWN_NOT_IN_CATALOG: dict[str, frozenset[str]] = {"aws": AWS_RETIRED_FAMILIES, "gcp": GCP_RETIRED_FAMILIES}
+# Which cloud a set belongs to is its backend's to say (`BackendConfig.unlisted_families`, asked through
+# `providers.unlisted_families(catalog_cloud)`): the core names no cloud.
 
 
-def cloud_families(cloud: str, catalog_families: Iterable[str]) -> frozenset[str]:
-    """Every family name `cloud` has: the catalog's (the union of its regions') and the real ones it lacks."""
-    return frozenset(catalog_families) | KNOWN_NOT_IN_CATALOG.get(cloud, frozenset())
+def cloud_families(catalog_families: Iterable[str], unlisted: Iterable[str] = ()) -> frozenset[str]:
+    """Every family name a cloud has: the catalog's (the union of its regions') and the real ones it lacks."""
+    return frozenset(catalog_families) | frozenset(unlisted)

@@ -22,7 +22,7 @@ from ray_nodeless.errors import ConfigError, ConfigErrors
 from ray_nodeless.launch.catalog import catalog_for
 from ray_nodeless.launch.open_types import check_open
 from ray_nodeless.providers import (
-    backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,
+    backend_class, backend_config, backend_names, played, player_settings_model, price_clouds, unlisted_families,
 )
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.ray_compat import in_teardown
@@ -198,5 +198,6 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
     is_open = check_open(cluster_config, bundle.core, bundle.check_node_config)   # shape-open: the generated template
     catalog = catalog or catalog_for(bundle.core)
     return plan_cluster(cluster_config, backend_overrides=bundle.requirement_overrides, catalog=catalog,
-                        settings=bundle.core, shape_open=is_open)
+                        settings=bundle.core, shape_open=is_open,
+                        unlisted_families=unlisted_families(bundle.core.price_cloud))
 
