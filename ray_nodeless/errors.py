@@ -100,3 +100,21 @@ class MetadataError(NodelessError):
 class DrainError(NodelessError):
     """A Ray node could not be drained: no node of the GCS node table matches the machine, GCS is unreachable, or
     GCS rejected the drain request."""
+
+
+class ConfigErrors(ConfigError):
+    """Several mistakes of one YAML found in one pass (unknown keys and missing required keys), so a user fixes
+    them in one edit instead of one `plan` run each. `errors` holds each one, `key` is the first's. The first line
+    is the first error; each further one follows on its own line."""
+
+    def __init__(self, errors: "list[ConfigError]"):
+        self.errors = list(errors)
+        first = self.errors[0]
+        more = "".join(f"\n  also {e}" for e in self.errors[1:])
+        ValueError.__init__(self, f"{first}{more}")
+        self.key = first.key
+
+    @classmethod
+    def of(cls, errors: "list[ConfigError]") -> "ConfigError":
+        """One error as itself, several as a ConfigErrors."""
+        return errors[0] if len(errors) == 1 else cls(errors)

@@ -170,6 +170,10 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
             doc["menu"] = [{"demand": label, "resources": d.res, "fit": offering_dict(t)} for label, d, t in menu[0]]
             doc["forbidden"] = [{"demand": label, "resources": d.res, "reason": why} for label, d, why in menu[1]]
         doc["reversion"] = cp.settings.reversion.model_dump()
+        if preview.shape_open and path not in _KUBERAY_NOTES:
+            ceiling, why = open_ceiling(cp, preview)
+            doc["summary"]["ceiling_cost_per_hour"] = ceiling      # the head's price alone is no ceiling here
+            doc["summary"]["ceiling"] = why
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
     s = cp.settings
@@ -205,10 +209,35 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         click.echo(f"idle cost: ${c.idle_cost_per_hour - head:.4f}/h (min_workers); "
                    f"ceiling: ${c.ceiling_cost_per_hour - head:.4f}/h (at max_workers; the head pod not counted)")
         return
+    if preview.shape_open:
+        click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); {_open_ceiling(cp, preview)}")
+        return
     at_list = ("" if c.list_idle_cost_per_hour is None else
                f" [list prices: idle ${c.list_idle_cost_per_hour:.4f}/h, ceiling ${c.list_ceiling_cost_per_hour:.4f}/h]")
     click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "
                f"ceiling: ${c.ceiling_cost_per_hour:.4f}/h (at max_workers){at_list}")
+
+
+def open_ceiling(cp: ClusterPlan, preview: OpenPreview) -> tuple[float | None, str]:
+    """A shape-open cluster's ceiling ($/h) and how it is reached: `max_hourly_cost` when set, else the head plus
+    max_workers machines at the dearest offering a demand may get (OpenPreview.dearest_offering); None when
+    unbounded by either (max_workers 0 is no machine: the head's price)."""
+    head = cp.plans[cp.head_node_type].chosen.hourly_price or 0.0
+    o = preview.dearest_offering()
+    n = cp.global_max_workers
+    at_max = None if o is None else head + n * (o.hourly_price or 0.0)
+    what = ("no offering any demand may get" if o is None else
+            f"head ${head:.4f}/h + max_workers {n} x the dearest allowed offering, {o.instance_type.name} {o.zone} "
+            f"{o.capacity} ${o.hourly_price:.4f}/h")
+    cap = cp.settings.max_hourly_cost
+    if cap is not None and (at_max is None or cap < at_max):
+        return cap, f"provider.max_hourly_cost; {what}" + ("" if at_max is None else f" would be ${at_max:.4f}/h")
+    return at_max if at_max is not None else head, what
+
+
+def _open_ceiling(cp: ClusterPlan, preview: OpenPreview) -> str:
+    ceiling, why = open_ceiling(cp, preview)
+    return f"ceiling: ${ceiling:.4f}/h ({why})"
 
 
 def _idle_line(idle: IdleTimeout, cfg: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ MARKETS = ("on-demand", "spot")
 ACCELERATOR_AMOUNT = 0.001
 # The planner's rejection reasons a user may not guess the cause of (core/plan.py's names).
 REJECTION_HINTS = {
-    "arch": "x86_64 unless a rule or provider.open_node_config sets arch: arm64 or any",
+    "arch": "x86_64 unless a rule or provider.open.node_config sets arch: arm64 or any",
     "unknown_price": "the catalog has no price for them; an unknown price is never chosen",
     "gpu_model_excluded": "provider.exclude.gpus or a rule's exclude_gpus",
     "capacity_type": "not a capacity the rule allows",
@@ -99,7 +99,7 @@ class OpenPreview:
         self.catalog = catalog_for(self.settings)
         self.planner = planner_for(self.catalog)
         self.resolver = Resolver(self.settings, bundle.requirement_overrides)
-        self.fitter = OpenFitter(self.resolver, self.planner, None, self.settings.open_node_config)
+        self.fitter = OpenFitter(self.resolver, self.planner, None, self.settings.open.node_config)
         self.region = self.catalog.region(self.settings.price_cloud, self.settings.region)
 
     # ----- one demand ----------------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class OpenPreview:
                 # Each offering shown is marked unavailable for good (the clock never moves), so the next fit is
                 # the monitor's next choice after a capacity error on it.
                 shown = UnavailableOfferings(ttl_s=1.0, clock=lambda: 0.0)
-                walk = OpenFitter(self.resolver, self.planner, shown, self.settings.open_node_config)
+                walk = OpenFitter(self.resolver, self.planner, shown, self.settings.open.node_config)
                 shown.mark(chosen.offering, "shown")
                 while len(out.alternatives) < alternatives:
                     try:
@@ -140,7 +140,8 @@ class OpenPreview:
         request = getattr(plan, "request", None)
         if request is None:          # the planner had candidates: a selector, or a resource no instance has
             return error
-        text = _demand_words(str(error).split("\n", 1)[0].removeprefix(demand.describe() + ": "))
+        text = _demand_words(str(error).split("\n", 1)[0].removeprefix(demand.describe() + ": "),
+                             self.settings.open.key("node_config"))
         model = request.shape.accelerator_type
         if model and ("no single key" in text or " at once " in text):
             text = self._model_text(request, model) or text
@@ -214,6 +215,40 @@ class OpenPreview:
 
     # ----- the menu ------------------------------------------------------------------------------------------
 
+    def dearest_offering(self) -> Offering | None:
+        """The dearest offering some demand may get: under each rule that may decide a demand (not head-only, its
+        globs admitting the demands' node type name), or the default when no catch-all does, narrowed by the
+        generated types' node_config and `exclude`, GPU machines allowed (a GPU demand gets one). What one machine
+        of a shape-open cluster can cost at most."""
+        import fnmatch
+
+        from ray_nodeless.core.requirements import Request, Requirements, Shape, parse_requirements, split_node_config
+        from ray_nodeless.core.rules import OPEN_DEMAND_NODE_TYPE
+
+        s = self.settings
+        ours, theirs = split_node_config(s.open.node_config)
+        key = s.open.key("node_config")
+        template = parse_requirements(ours, key).narrowed_by(
+            parse_requirements(self.bundle.requirement_overrides(dict(theirs)), key), key)
+        rules = [r for r in s.rules.rules if r.node_kind != "head" and
+                 (not r.node_types or any(fnmatch.fnmatchcase(OPEN_DEMAND_NODE_TYPE, g) for g in r.node_types))]
+        bases = [r.requirements for r in rules]
+        if not any(not r.node_types and r.node_kind is None and not r.predicates for r in rules):
+            bases.append(Requirements())          # demands no rule matches get the defaults
+        best: Offering | None = None
+        for base in bases:
+            try:
+                req = base.narrowed_by(template, key).narrowed_by(s.rules.exclude, "provider.exclude")
+                plan = self.planner.plan(Request(
+                    cloud=s.price_cloud, region=s.region, shape=Shape(), node_type=OPEN_DEMAND_NODE_TYPE,
+                    requirements=dataclasses.replace(req, allow_gpu_instances=True), rule="ceiling"))
+            except (ConfigError, NoFeasibleOffering):
+                continue                          # a rule whose lists leave nothing: no machine of its
+            for o in plan.top(len(plan)):
+                if o.hourly_price is not None and (best is None or o.hourly_price > (best.hourly_price or 0)):
+                    best = o
+        return best
+
     def menu_demands(self) -> list[tuple[str, Demand]]:
         """Representative demands: CPUs, GPUs, one row per GPU model the region has or a rule names, memory, and
         one CPU demand per market type."""
@@ -252,11 +287,12 @@ class OpenPreview:
         return served, forbidden
 
 
-def _demand_words(text: str) -> str:
-    """The diagnosis speaks of a node type; here it is the demand (the fitter rewrites most of it already)."""
+def _demand_words(text: str, open_key: str = "provider.open.node_config") -> str:
+    """The diagnosis speaks of a node type; here it is the demand (the fitter rewrites most of it already).
+    `open_key`: the generated types' node_config as the YAML spells it."""
     return (text.replace(f"available_node_types.{_PSEUDO}.resources", "--demand")
             .replace("the demand's resources", "--demand")
-            .replace(f"available_node_types.{_PSEUDO}.node_config.", "provider.open_node_config.")
+            .replace(f"available_node_types.{_PSEUDO}.node_config.", open_key + ".")
             .replace(f"available_node_types.{_PSEUDO}", "--demand")
             .replace(f"node type {_PSEUDO!r} ", "the demand "))
 

@@ -7,9 +7,13 @@ catalog does not know is a typo that would otherwise match nothing: an allow-lis
 node type ends with "no offering", which names neither the key nor the typo) or an exclusion that silently
 excludes nothing.
 
-- Every name or glob must be known to the cloud (its whole type table): `g4dn.xlarg`, `zz9`, `g4dn.[` are errors.
-- An allow-list must also leave something offered in the region (a cloud-wide rule may list types a region lacks,
-  as long as one of them is offered there).
+- Every instance type name or glob must be known to the cloud (its whole type table, the union of its regions):
+  `g4dn.xlarg`, `g4dn.[` are errors. An allow-list of types must also leave something offered in the region (a
+  cloud-wide rule may list types a region lacks, as long as one of them is offered there).
+- Every family must be a family of the cloud in any region or generation (the catalogs' and core/family_names.py's
+  retired and unpriced ones): `zz9` is an error, `g3` and `p3` are not. A real family the region does not offer is
+  fine in an exclusion and a note in an allow-list (`families: [p3]` allows nothing in a region without p3; a node
+  type that rule decides then has no offering, which names the key).
 - Zones must be zones of the region.
 GPU models are checked by the parsers against the cross-cloud vocabulary (core/gpus.py): a model one cloud lacks
 is still a real model, and excluding it is harmless.
@@ -20,8 +24,9 @@ import fnmatch
 from typing import Any, Callable, Iterable, Mapping
 
 from ray_nodeless.core.catalog import RegionCatalog
+from ray_nodeless.core.family_names import cloud_families
 from ray_nodeless.core.requirements import split_node_config
-from ray_nodeless.errors import ConfigError
+from ray_nodeless.errors import CatalogError, ConfigError
 
 _GLOB = frozenset("*?[")
 # The constraint keys whose values the catalog knows: key -> (what it names, whether it is an allow-list).
@@ -40,6 +45,11 @@ def nearest(value: str, known: Iterable[str], cutoff: float = 0.6) -> str | None
     return by_lower[hit[0]] if hit else None
 
 
+def _a(cloud: str) -> str:
+    """`an aws`, `a gcp`."""
+    return f"{'an' if cloud[:1] in 'aeiou' else 'a'} {cloud}"
+
+
 def _hint(value: str, known: Iterable[str]) -> str:
     close = nearest(value, known)
     return f"; did you mean {close!r}?" if close else ""
@@ -48,14 +58,16 @@ def _hint(value: str, known: Iterable[str]) -> str:
 class CatalogValues:
     """One region's names, computed once per check."""
 
-    def __init__(self, rc: RegionCatalog):
+    def __init__(self, rc: RegionCatalog, unlisted_families: Iterable[str] = ()):
         self.rc = rc
+        self.unlisted_families = frozenset(unlisted_families)     # the cloud's real families no catalog lists
         self.cloud, self.region = rc.cloud, rc.region
         self.types = sorted({t.name for t in rc.types})
         self.offered = sorted({rc.types[i].name for i in set(rc.type_ids)})
         self.families = sorted({t.family for t in rc.types})
         self.offered_families = sorted({rc.types[i].family for i in set(rc.type_ids)})
         self.zones = sorted(rc.zones)
+        self._cloud_families: frozenset[str] | None = None
 
     def matching(self, pattern: str, names: list[str]) -> list[str]:
         if _GLOB & set(pattern):
@@ -69,18 +81,43 @@ class CatalogValues:
             if _GLOB & set(v):
                 raise ConfigError(f"{key}[{i}]", f"the pattern {v!r} matches no {self.cloud} instance type (a glob: "
                                                  f"`*`, `?`, `[...]`){_hint(v.replace('*', ''), self.types)}")
-            raise ConfigError(f"{key}[{i}]", f"{v!r} is not an {self.cloud} instance type in {self.region}"
+            raise ConfigError(f"{key}[{i}]", f"{v!r} is not {_a(self.cloud)} instance type in {self.region}"
                                              f"{_hint(v, self.offered)}")
         if allow and not any(self.matching(v, self.offered) for v in values):
             raise ConfigError(key, f"none of {values} is offered in {self.cloud} {self.region}")
 
-    def check_families(self, values: list[str], key: str, allow: bool) -> None:
+    def cloud_families(self) -> frozenset[str]:
+        """Every family of the cloud, not of the region: this catalog's, the embedded catalog's (the union of all
+        its regions: a live or file catalog may hold fewer) and the real ones no catalog prices
+        (core/family_names.py: previous generation, dedicated hosts, ...). Computed only when a name is not in
+        this catalog's own families (an unusual name), so a plain check reads nothing more."""
+        if self._cloud_families is None:
+            from ray_nodeless.core.catalog import embedded
+
+            known = set(self.families)
+            try:
+                known |= {t.family for t in embedded().types(self.cloud)}
+            except CatalogError:
+                pass                     # a cloud the embedded catalog has not: this catalog's names only
+            self._cloud_families = cloud_families(known, self.unlisted_families)
+        return self._cloud_families
+
+    def check_families(self, values: list[str], key: str, allow: bool) -> list[str]:
+        """A name must be a family of the cloud (any region, or retired); a real family the region does not offer
+        is fine in an exclusion and a note (returned) in an allow-list, which then allows nothing of it."""
         for i, v in enumerate(values):
-            if v not in set(self.families):
-                raise ConfigError(f"{key}[{i}]", f"{v!r} is not an {self.cloud} instance family"
-                                                 f"{_hint(v, self.families)}")
-        if allow and not set(values) & set(self.offered_families):
-            raise ConfigError(key, f"none of the families {values} is offered in {self.cloud} {self.region}")
+            if v not in set(self.families) and v not in self.cloud_families():
+                raise ConfigError(f"{key}[{i}]", f"{v!r} is not {_a(self.cloud)} instance family in any region "
+                                                 f"or generation{_hint(v, self.cloud_families())}")
+        if not allow:
+            return []
+        absent = [v for v in values if v not in set(self.offered_families)]
+        if not absent:
+            return []
+        rest = "" if len(absent) < len(values) else ": the list allows nothing here"
+        what = f"is {_a(self.cloud)} family" if len(absent) == 1 else f"are {self.cloud} families"
+        return [f"{key}: {', '.join(absent)} {what} {self.region} does not offer (another region's, or retired)"
+                f"{rest}"]
 
     def check_zones(self, values: list[str], key: str) -> None:
         for i, v in enumerate(values):
@@ -100,8 +137,10 @@ def _names(value: Any) -> list[str] | None:
 
 
 def check_constraints(values: CatalogValues, data: Mapping[str, Any], key: str,
-                      keys: Mapping[str, tuple[str, bool]] = RULE_KEYS) -> None:
-    """Check the catalog-known keys of one mapping (a rule, a node_config's constraints, `provider.exclude`)."""
+                      keys: Mapping[str, tuple[str, bool]] = RULE_KEYS) -> list[str]:
+    """Check the catalog-known keys of one mapping (a rule, a node_config's constraints, `provider.exclude`);
+    the notes (names that are real but not offered in the region, in an allow-list)."""
+    notes: list[str] = []
     for name, (kind, allow) in keys.items():
         names = _names(data[name]) if name in data else None
         if not names:
@@ -109,16 +148,20 @@ def check_constraints(values: CatalogValues, data: Mapping[str, Any], key: str,
         if kind == "type":
             values.check_types(names, f"{key}.{name}", allow)
         elif kind == "family":
-            values.check_families(names, f"{key}.{name}", allow)
+            notes += values.check_families(names, f"{key}.{name}", allow)
         else:
             values.check_zones(names, f"{key}.{name}")
+    return notes
 
 
 def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
-                         backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                         backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                         unlisted_families: Iterable[str] = ()) -> list[str]:
     """Every catalog-checkable value of the cluster YAML (see the module docstring). Runs after the parsers, so
-    shapes are known to be right where it looks."""
-    values = CatalogValues(rc)
+    shapes are known to be right where it looks. Returns the notes: real families the region does not offer, in an
+    allow-list."""
+    values = CatalogValues(rc, unlisted_families)
+    notes: list[str] = []
     provider = cluster_config.get("provider") or {}
     exclude = provider.get("exclude")
     if isinstance(exclude, Mapping):
@@ -127,7 +170,7 @@ def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
     if isinstance(rules, list):
         for i, rule in enumerate(rules):
             if isinstance(rule, Mapping):
-                check_constraints(values, rule, f"provider.rules[{i}]")
+                notes += check_constraints(values, rule, f"provider.rules[{i}]")
     if backend_overrides is not None:
         # Zones the provider block's own keys imply (AWS availability_zone, subnets), named after the key.
         for zone in _names(backend_overrides({}).get("zones")) or []:
@@ -137,7 +180,7 @@ def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
                                   f"{', '.join(values.zones)}){_hint(zone, values.zones)}")
     types = cluster_config.get("available_node_types")
     if not isinstance(types, Mapping):
-        return
+        return notes
     for name in sorted(types, key=str):
         nt = types[name]
         nc = nt.get("node_config") if isinstance(nt, Mapping) else None
@@ -145,7 +188,7 @@ def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
             continue
         key = f"available_node_types.{name}.node_config"
         ours, theirs = split_node_config(nc)
-        check_constraints(values, ours, key)
+        notes += check_constraints(values, ours, key)
         if backend_overrides is None:
             continue
         # A backend key that pins an instance type (AWS InstanceType, GCP machineType + guestAccelerators): the
@@ -155,8 +198,9 @@ def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
         if unknown:
             pins = [k for k in sorted(theirs, key=str) if backend_overrides({k: theirs[k]}).get("instance_types")]
             where = f"{key}.{pins[0]}" if pins else key
-            raise ConfigError(where, f"{unknown[0]!r} is not an {values.cloud} instance type in {values.region}"
+            raise ConfigError(where, f"{unknown[0]!r} is not {_a(values.cloud)} instance type in {values.region}"
                                      f"{_hint(unknown[0], values.offered)}")
+    return notes
 
 
 def provider_key_holding(provider: Mapping[str, Any], value: str) -> str:

@@ -5,6 +5,7 @@ same errors the CLI shows, before anything launches.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -20,6 +21,10 @@ from ray_nodeless.errors import ConfigError, NoFeasibleOffering
 from ray_nodeless.core.planner import Plan, Planner
 from ray_nodeless.core.idle import IdleTimeout, cluster_idle_s, idle_timeout
 from ray_nodeless.core.prices import priced
+from ray_nodeless.core.requirements import OPEN_SHAPE_KEY
+from ray_nodeless.core.rules import rule_warnings
+
+logger = logging.getLogger(__name__)
 
 # Names Ray and the backends write into tags and labels. The strictest limit among them: GCE label values and
 # Kubernetes label values hold at most 63 characters (a longer name would be cut, and two clusters or node types
@@ -127,6 +132,8 @@ class ClusterPlan:
     cost: ClusterCost
     global_max_workers: int
     idle: dict[str, IdleTimeout] = field(default_factory=dict)   # worker node type -> idle timeout (core/idle.py)
+    # Rules that never apply (core/rules.py rule_warnings); logged as warnings by plan_cluster.
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         types = {}
@@ -141,14 +148,19 @@ class ClusterPlan:
             types[name] = rec
         return {"cloud": self.settings.cloud, "price_cloud": self.settings.price_cloud,
                 "region": self.settings.region, "catalog_id": self.catalog_id,
-                "head_node_type": self.head_node_type, "node_types": types, "summary": self.cost.to_dict()}
+                "head_node_type": self.head_node_type, "node_types": types, "summary": self.cost.to_dict(),
+                "warnings": list(self.warnings)}
 
 
 def plan_cluster(cluster_config: Mapping[str, Any],
                  backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
                  catalog: catalog_mod.Catalog | None = None,
-                 settings: CoreSettings | None = None) -> ClusterPlan:
-    """Resolve every node type of `cluster_config`. Raises ConfigError / NoFeasibleOffering naming the key.
+                 settings: CoreSettings | None = None, shape_open: bool = False,
+                 unlisted_families: frozenset[str] = frozenset()) -> ClusterPlan:
+    """Resolve every node type of `cluster_config`. Raises ConfigError / NoFeasibleOffering naming the key; a rule
+    that never applies is a warning (logged, and in `warnings`). `shape_open`: the cluster serves demands no node
+    type declares (launch/open_types.py shape_open), which rules may match too. `unlisted_families`: the price
+    cloud's real families no catalog lists (providers.unlisted_families), accepted where a family is named.
 
     Pure: the backend's knowledge comes in as `backend_overrides` and pre-validated `settings`
     (`launch.config.check_cluster` supplies both); without them only the core keys are checked and the block is
@@ -167,7 +179,7 @@ def plan_cluster(cluster_config: Mapping[str, Any],
     requests = {name: resolver.request(name, nt.get("resources") or {}, nt.get("node_config"), name == head)
                 for name, nt in node_types.items()}
     rc = catalog.region(settings.price_cloud, settings.region)
-    check_catalog_values(cluster_config, rc, backend_overrides)
+    notes = check_catalog_values(cluster_config, rc, backend_overrides, unlisted_families)
     plans: dict[str, Plan] = {}
     costs = []
     for name, nt in node_types.items():
@@ -186,8 +198,19 @@ def plan_cluster(cluster_config: Mapping[str, Any],
                                launch_latency_s=settings.expected_launch_s,
                                relaunch_overhead_usd=settings.relaunch_overhead_usd, cluster_s=cluster_s)
             for name, nt in node_types.items() if name != head}
+    matched_on = {name: (_matched_on(nt), name == head) for name, nt in node_types.items()}
+    warnings = notes + rule_warnings(settings.rules, matched_on, shape_open)
+    for w in warnings:
+        logger.warning("%s", w)
     return ClusterPlan(settings=settings, catalog_id=catalog.catalog_id, head_node_type=head, plans=plans,
-                       node_types=node_types, cost=cost, global_max_workers=int(global_max or 0), idle=idle)
+                       node_types=node_types, cost=cost, global_max_workers=int(global_max or 0), idle=idle,
+                       warnings=warnings)
+
+
+def _matched_on(node_type: Mapping[str, Any]) -> Mapping[str, float]:
+    """What a node type's rule is matched on (as Resolver.request): a generated type's demand, else its resources."""
+    shape = (node_type.get("node_config") or {}).get(OPEN_SHAPE_KEY)
+    return shape if isinstance(shape, Mapping) else (node_type.get("resources") or {})
 
 
 def check_cost_cap(cap: float | None, head: str, head_plan: Plan, cost: ClusterCost) -> None:

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, InstanceType, Offering, RegionCatalog
 from ray_nodeless.core.catalog.encoding import region_entry
-from ray_nodeless.core.schema import suggest_key
+from ray_nodeless.core.schema import unknown_key
 from ray_nodeless.errors import ConfigError
 
 KEY = "provider.price_overrides"
@@ -150,9 +150,7 @@ def parse_price_overrides(value: Any, prefix: str = KEY) -> PriceBook:
             raise ConfigError(key, f"must be a mapping, got {type(entry).__name__}")
         for k in sorted(entry, key=str):
             if k not in known:
-                close = suggest_key(str(k), known)
-                raise ConfigError(f"{key}.{k}", f"unknown key; did you mean `{close}`?" if close
-                                  else f"unknown key; known keys: {', '.join(known)}")
+                raise unknown_key(f"{key}.{k}", str(k), known)
         given = [k for k in PRICE_KEYS if k in entry]
         if len(given) != 1:
             raise ConfigError(key, "needs exactly one of `discount` (a fraction off the list price) or "

@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
-from ray_nodeless.core.schema import suggest_key
-from ray_nodeless.errors import ConfigError
+from ray_nodeless.core.schema import suggest_key, unknown_key
+from ray_nodeless.errors import ConfigError, ConfigErrors
 
 GIB = 1024 ** 3
 
@@ -180,8 +180,7 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
     if not allow_unknown:
         unknown = sorted(k for k in data if k not in REQUIREMENT_KEYS)
         if unknown:
-            raise ConfigError(f"{key}.{unknown[0]}",
-                              f"unknown key; allowed keys are {sorted(REQUIREMENT_KEYS)}")
+            raise unknown_key(f"{key}.{unknown[0]}", str(unknown[0]), REQUIREMENT_KEYS - {OPEN_SHAPE_KEY})
     kw: dict[str, Any] = {}
     if "instance_types" in data:
         kw["instance_types"] = (tuple(_str_list(data["instance_types"], f"{key}.instance_types", allow_empty=False)),)
@@ -235,9 +234,9 @@ def parse_exclude(data: Mapping[str, Any] | None, key: str) -> Requirements:
     if not isinstance(data, Mapping):
         raise ConfigError(key, f"must be a mapping, got {type(data).__name__}")
     allowed = ("families", "gpus", "instance_types")
-    for k in sorted(data):
-        if k not in allowed:
-            raise ConfigError(f"{key}.{k}", f"unknown key; allowed keys are {list(allowed)}")
+    unknown = [unknown_key(f"{key}.{k}", str(k), allowed) for k in sorted(data, key=str) if k not in allowed]
+    if unknown:
+        raise ConfigErrors.of(unknown)
     return Requirements(
         exclude_families=frozenset(_str_list(data.get("families", []), f"{key}.families")),
         exclude_gpus=frozenset(known_gpu(g, f"{key}.gpus[{i}]")

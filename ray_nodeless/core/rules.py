@@ -24,9 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ray_nodeless.core.schema import suggest_key
-from ray_nodeless.errors import ConfigError
-from ray_nodeless.core.requirements import GIB, Requirements, parse_requirements
+from ray_nodeless.core.requirements import GIB, OPEN_SHAPE_KEY, REQUIREMENT_KEYS, Requirements, parse_requirements
+from ray_nodeless.core.schema import suggest_key, unknown_key
+from ray_nodeless.errors import ConfigError, ConfigErrors
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt,
@@ -84,10 +84,19 @@ def _parse_predicate(resource: str, spec: Any, key: str) -> Predicate:
     return Predicate(resource, m.group(1) or "==", float(m.group(2)))
 
 
+# The keys of a rule: its name, its match and the constraint keys (core/requirements.py), save the one
+# ray_nodeless writes on generated node types.
+RULE_KEYS = frozenset({"name", "match"} | (REQUIREMENT_KEYS - {OPEN_SHAPE_KEY}))
+
+
 def parse_rule(data: Any, index: int) -> Rule:
     key = f"provider.rules[{index}]"
     if not isinstance(data, Mapping):
         raise ConfigError(key, f"must be a mapping with `name`, `match` and constraint keys, got {data!r}")
+    unknown = [unknown_key(f"{key}.{k}", str(k), RULE_KEYS) for k in sorted(data, key=str) if k not in RULE_KEYS]
+    if unknown:
+        # A typo is named as itself (`mach`: did you mean 'match'?), before the key it leaves missing.
+        raise ConfigErrors.of(unknown)
     name = data.get("name")
     if not isinstance(name, str) or not name.strip():
         raise ConfigError(f"{key}.name", "every rule needs a non-empty name (decisions and logs cite it)")
@@ -114,7 +123,7 @@ def parse_rule(data: Any, index: int) -> Rule:
             close = suggest_key(str(k), _STANDARD_MATCH_KEYS)
             if close and close != k:
                 # `GPUS` or `gpu` would never match Ray's `GPU` resource: a rule that silently never applies.
-                raise ConfigError(f"{key}.match.{k}", f"unknown resource; did you mean `{close}`?")
+                raise ConfigError(f"{key}.match.{k}", f"unknown key {k!r}; did you mean {close!r}?")
             preds.append(_parse_predicate(k, v, f"{key}.match.{k}"))
     constraints = {k: v for k, v in data.items() if k not in ("name", "match")}
     return Rule(name=name.strip(), node_types=node_types, node_kind=node_kind, predicates=tuple(preds),
@@ -148,3 +157,45 @@ def parse_rules(data: Any) -> tuple[Rule, ...]:
             raise ConfigError(f"provider.rules[{r.index}].name", f"{DEFAULT_RULE!r} is reserved")
         seen[r.name] = r.index
     return rules
+
+
+# The node type name a shape-open demand is resolved under (core/open_plan.py's `resolver.request("open", ...)`).
+OPEN_DEMAND_NODE_TYPE = "open"
+
+
+def _catch_all(rule: Rule) -> bool:
+    return not rule.node_types and rule.node_kind is None and not rule.predicates
+
+
+def rule_warnings(rules: RuleSet, node_types: Mapping[str, tuple[Mapping[str, float], bool]],
+                  shape_open: bool = False) -> list[str]:
+    """What makes a rule dead weight, one message per rule: it stands after a catch-all rule (`match: {}`, which
+    matches everything first), or (a rule that is not itself a catch-all) it decides no node type (`node_types`: name -> (the resources it is matched on,
+    whether it is the head)) and, on a shape-open cluster, no demand either. Such a rule is usually a typo in a
+    glob or a predicate, or rules in the wrong order: a warning, since the cluster still plans."""
+    out = []
+    catch_all: Rule | None = None
+    for r in rules.rules:
+        key = f"provider.rules[{r.index}] ({r.name!r})"
+        if catch_all is not None:
+            out.append(f"{key} stands after the catch-all provider.rules[{catch_all.index}] ({catch_all.name!r}, "
+                       f"match: {{}}), which matches every node type and demand first: it never applies")
+            continue
+        if _catch_all(r):
+            catch_all = r        # a fallback for node types added later: deciding nothing today is its purpose
+            continue
+        decides = [n for n, (res, head) in node_types.items() if rules.first_match(n, res, head) is r]
+        # A demand is matched as a worker named OPEN_DEMAND_NODE_TYPE with the demand's resources: any rule that
+        # is not head-only and whose globs admit that name may decide some demand.
+        demands = shape_open and r.node_kind != "head" and (
+            not r.node_types or any(fnmatch.fnmatchcase(OPEN_DEMAND_NODE_TYPE, g) for g in r.node_types))
+        if decides or demands:
+            continue
+        matched = sorted(n for n, (res, head) in node_types.items() if r.matches(n, res, head))
+        if matched:
+            out.append(f"{key}: every node type it matches ({', '.join(matched)}) is decided by an earlier rule: "
+                       f"it never applies")
+        else:
+            out.append(f"{key} matches no node type ({', '.join(sorted(node_types))})"
+                       + (" and no demand" if shape_open else "") + ": it never applies")
+    return out

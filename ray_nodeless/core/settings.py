@@ -15,18 +15,21 @@
       exclude: {...}             # see requirements.py
       rules: [...]               # see rules.py
       price_overrides: [...]     # discounts / fixed prices, first match wins: see prices.py
+      open: {...}                # shape-open provisioning: see setting_groups.py (also the flat open_shapes, ...)
+      metrics: {...}             # Prometheus port, decision log, `ray status` block: see setting_groups.py
+      idle: {...}                # cost-aware idle release: see setting_groups.py
+      reversion: {...}           # on-demand -> spot reversion: see reversion.py
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, Callable, Iterable, Mapping
 
-from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog.refresh import DEFAULT_TTL_S as CATALOG_TTL_S
-from ray_nodeless.core.idle import DEFAULT_LAUNCH_LATENCY_S
 from ray_nodeless.core.prices import PriceBook, parse_price_overrides
 from ray_nodeless.core.requirements import (
     OPEN_SHAPE_KEY,
@@ -34,8 +37,9 @@ from ray_nodeless.core.requirements import (
 )
 from ray_nodeless.core.reversion import ReversionSettings
 from ray_nodeless.core.rules import DEFAULT_RULE, Rule, RuleSet, parse_rules
-from ray_nodeless.core.schema import Section, declared_keys, parse_section, suggest_key
-from ray_nodeless.errors import ConfigError
+from ray_nodeless.core.schema import Section, declared_keys, missing_keys, parse_section, suggest_key, unknown_key
+from ray_nodeless.core.setting_groups import FLAT_KEYS, IdleSettings, MetricsSettings, OpenSettings, fold_groups
+from ray_nodeless.errors import ConfigError, ConfigErrors
 
 logger = logging.getLogger(__name__)
 
@@ -122,30 +126,12 @@ class CoreSettings(Section):
     rules: RuleSet = Field(None, validate_default=True)            # rules.parse_rules, plus `exclude`
     # Effective prices (core/prices.py): discounts and fixed prices, first match wins, applied before the ranking.
     price_overrides: PriceBook = Field(default_factory=PriceBook)
-    # Cost-aware idle release (core/idle.py): each worker type's idle_timeout_s is the break-even of keeping an idle
-    # machine against relaunching it (expected_launch_s + 3600 x relaunch_overhead_usd / price); a node type's own
-    # idle_timeout_s wins; false: Ray's cluster-wide idle_timeout_minutes for every type.
-    cost_aware_idle: bool = True
-    expected_launch_s: float = Field(DEFAULT_LAUNCH_LATENCY_S, ge=0)   # request -> Ray node ready
-    relaunch_overhead_usd: float = Field(0.0, ge=0)                    # fixed cost of a relaunch beyond its boot
-    # Shape-open provisioning (core/open_plan.py, launch/open_types.py): every pending demand that no declared
-    # worker type serves gets its cheapest-fit machine, as a node type generated into the config the monitor
-    # re-reads. None = on exactly when the cluster declares no worker node type (a head, limits and rules).
-    open_shapes: bool | None = None
-    # Launch keys (and requirement keys that narrow the search) of every generated node type, e.g. ImageId.
-    open_node_config: dict[str, Any] = Field(default_factory=dict)
-    # Generated node types kept at once (each is a node type Ray's scheduler scores every demand against).
-    max_open_node_types: int = Field(32, ge=1, le=256)
-    # A placement group's new machines in one zone (cross-zone traffic costs money); false: each its cheapest.
-    single_zone_gangs: bool = True
-    # The monitor's Prometheus endpoint for ray_nodeless_* metrics (ray_nodeless/metrics/; Ray's own autoscaler
-    # metrics are on 44217); null: not exported.
-    metrics_port: int | None = Field(44218, ge=1, le=65535)
-    # The head's decision log and cost state (metrics/events.py); None: $RAY_NODELESS_EVENTS_DIR, else
-    # ~/.ray-nodeless/events (of the head's home).
-    events_dir: str | None = Field(None, min_length=1)
-    # The last N decisions appended to `ray status` (metrics/ray_status.py); 0: not shown.
-    ray_status_events: int = Field(10, ge=0, le=50)
+    # The nested groups (core/setting_groups.py): shape-open provisioning, what the monitor exports, cost-aware idle
+    # release. Their older flat keys (`open_shapes`, `metrics_port`, `cost_aware_idle`, ...) are folded in by
+    # `_fold_groups`; the flat names stay readable as properties below.
+    open: OpenSettings = Field(default_factory=OpenSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    idle: IdleSettings = Field(default_factory=IdleSettings)
     # On-demand -> spot reversion and the on-demand preference after repeated interruptions (core/reversion.py).
     reversion: ReversionSettings = Field(default_factory=ReversionSettings)
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
@@ -154,6 +140,11 @@ class CoreSettings(Section):
     # The backend's own catalog cloud (`BackendConfig.catalog_cloud`), as the loader passed it to parse_provider;
     # not a key of the block.
     _catalog_cloud: str | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_groups(cls, data: Any) -> Any:
+        return fold_groups(data) if isinstance(data, Mapping) else data
 
     @field_validator("exclude", mode="plain")
     @classmethod
@@ -170,6 +161,47 @@ class CoreSettings(Section):
     def _parse_rules(cls, value: Any, info: ValidationInfo) -> RuleSet:
         return RuleSet(rules=parse_rules(value), exclude=info.data.get("exclude") or Requirements())
 
+    # The flat names of before the groups, read-only: callers written against them keep working.
+    @property
+    def open_shapes(self) -> bool | None:
+        return self.open.enabled
+
+    @property
+    def open_node_config(self) -> dict[str, Any]:
+        return self.open.node_config
+
+    @property
+    def max_open_node_types(self) -> int:
+        return self.open.max_node_types
+
+    @property
+    def single_zone_gangs(self) -> bool:
+        return self.open.single_zone_gangs
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.metrics.port
+
+    @property
+    def events_dir(self) -> str | None:
+        return self.metrics.events_dir
+
+    @property
+    def ray_status_events(self) -> int:
+        return self.metrics.ray_status_events
+
+    @property
+    def cost_aware_idle(self) -> bool:
+        return self.idle.cost_aware
+
+    @property
+    def expected_launch_s(self) -> float:
+        return self.idle.expected_launch_s
+
+    @property
+    def relaunch_overhead_usd(self) -> float:
+        return self.idle.relaunch_overhead_usd
+
     @property
     def price_cloud(self) -> str:
         """The catalog cloud that prices decisions: the backend's own (`BackendConfig.catalog_cloud`, which the
@@ -178,7 +210,7 @@ class CoreSettings(Section):
         return self._catalog_cloud or self.simulate_cloud or DEFAULT_PRICE_CLOUD
 
 
-CORE_KEYS = declared_keys(CoreSettings)
+CORE_KEYS = declared_keys(CoreSettings) | FLAT_KEYS      # the flat keys of before the groups too
 # The keys only planning reads (which offering a launch gets): listing, tagging and terminating never need them, so
 # a teardown reads the block without them when they do not parse (parse_provider's `planning=False`).
 PLANNING_KEYS = ("exclude", "rules", "price_overrides")
@@ -187,37 +219,63 @@ PLANNING_KEYS = ("exclude", "rules", "price_overrides")
 ProviderSettings = CoreSettings
 
 
-def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
-    """Every key of the provider block must be known: the core's, the backend's, the registration's or Ray's.
-    A key close to a known one gets a did-you-mean suggestion; nothing is silently ignored."""
+def unknown_provider_keys(provider: Mapping[str, Any], known: Iterable[str]) -> list[ConfigError]:
+    """An error for each key of the provider block no one declares (the core, the backend, the registration, Ray),
+    with a did-you-mean when it is close to a known one; nothing is silently ignored."""
     known = frozenset(known) | CORE_KEYS | RAY_PROVIDER_KEYS
+    errors = []
     for k in sorted(provider, key=str):
         if not isinstance(k, str):
-            raise ConfigError(f"provider.{k}", "keys must be strings")
-        if k in known or k.startswith("_"):
-            continue   # keys with a leading underscore are Ray's own bookkeeping (e.g. _config_cache_path)
-        close = suggest_key(k, known)
-        if close:
-            raise ConfigError(f"provider.{k}", f"unknown key; did you mean `{close}`?")
-        raise ConfigError(f"provider.{k}", "unknown key for this backend and registration; known keys: "
-                                           + ", ".join(sorted(known - RAY_PROVIDER_KEYS)))
+            errors.append(ConfigError(f"provider.{k}", "keys must be strings"))
+        elif k not in known and not k.startswith("_"):
+            # keys with a leading underscore are Ray's own bookkeeping (e.g. _config_cache_path)
+            close = suggest_key(k, known)
+            errors.append(unknown_key(f"provider.{k}", k, known) if close else ConfigError(
+                f"provider.{k}", f"unknown key {k!r} for this backend and registration; known keys: "
+                                 + ", ".join(sorted(known - RAY_PROVIDER_KEYS - FLAT_KEYS))))
+    return sorted(errors, key=lambda e: "did you mean" not in str(e))     # the typos first: stable sort
+
+
+def key_problems(provider: Mapping[str, Any], known_keys: Iterable[str] | None,
+                 required_by: Iterable[type[Section]] = ()) -> list[ConfigError]:
+    """The provider block's unknown keys (when `known_keys`, the backend's and registration's, are given) and the
+    required keys it lacks (the core's and those of `required_by`), each once, typos first."""
+    problems = unknown_provider_keys(provider, known_keys) if known_keys is not None else []
+    for model in (CoreSettings, *required_by):
+        problems += [e for e in missing_keys(model, provider, "provider") if e.key not in {p.key for p in problems}]
+    return problems
+
+
+def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
+    """Every key of the provider block must be known (see unknown_provider_keys); all unknown ones in one error."""
+    errors = unknown_provider_keys(provider, known)
+    if errors:
+        raise ConfigErrors.of(errors)
 
 
 def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None = None,
                    known_keys: Iterable[str] | None = None, catalog_cloud: str | None = None,
-                   price_clouds: Iterable[str] | None = None, planning: bool = True) -> CoreSettings:
+                   price_clouds: Iterable[str] | None = None, planning: bool = True,
+                   required_by: Iterable[type[Section]] = ()) -> CoreSettings:
     """The core's reading of the provider block (one validation of CoreSettings). What only the backend registry
     knows comes from the launch layer's loader: `clouds` (the registry's names), `known_keys` (the backend's and
     registration's declared keys), `catalog_cloud` (the backend's own catalog cloud, None for a backend that is
-    not a cloud) and `price_clouds` (every catalog cloud, what `simulate_cloud` may name). Without them only the
+    not a cloud), `price_clouds` (every catalog cloud, what `simulate_cloud` may name) and `required_by` (the
+    backend's and registration's models, whose required keys are checked with the core's). Without them only the
     core keys are checked and the block is priced as `simulate_cloud` (default DEFAULT_PRICE_CLOUD): right for a
     backend that is not a cloud; a cloud backend's block is read through `launch.config.load_provider`.
+
+    Unknown keys (each with its did-you-mean) and missing required keys come first, all in one error: a typo
+    (`regoin`) is named as itself, not as the key it leaves missing.
 
     `planning=False` (teardown: `ray down`, `sweep`): a mistake in PLANNING_KEYS is a warning and the block is read
     without them (the default rule, no exclusions), so a rule broken or tightened since `ray up` cannot keep the
     cluster's machines running; every other key is checked as always (the backend must still be built)."""
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
+    problems = key_problems(provider, known_keys, required_by)
+    if problems:
+        raise ConfigErrors.of(problems)
     try:
         core = parse_section(CoreSettings, provider, "provider")
     except ConfigError as e:
@@ -227,8 +285,6 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
         logger.warning("%s; not needed to end the cluster's machines: reading the provider block without %s", e,
                        " and ".join(PLANNING_KEYS))
         core = parse_section(CoreSettings, {k: v for k, v in provider.items() if k not in PLANNING_KEYS}, "provider")
-    if known_keys is not None:
-        check_keys(provider, known_keys)
     if clouds is not None and core.cloud not in set(clouds):
         raise ConfigError("provider.cloud", f"{core.cloud!r} is not one of {sorted(clouds)}")
     if catalog_cloud is not None and core.simulate_cloud is not None:

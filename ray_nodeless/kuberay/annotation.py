@@ -35,7 +35,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from ray_nodeless.errors import ConfigError
+from ray_nodeless.core.schema import suggest_key, unknown_key
+from ray_nodeless.errors import ConfigError, ConfigErrors
 
 ANNOTATION = "ray-nodeless.io/config"
 MODULE = "ray_nodeless.NodelessProvider"
@@ -61,7 +62,9 @@ def annotation_key(key: str | None = None) -> str:
 
 def rekey(error: ConfigError) -> ConfigError:
     """A ConfigError about the provider block the annotation became (`provider.rules[0].capacity`), naming the
-    annotation instead (`metadata.annotations["ray-nodeless.io/config"].rules[0].capacity`)."""
+    annotation instead (`metadata.annotations["ray-nodeless.io/config"].rules[0].capacity`); each of several."""
+    if isinstance(error, ConfigErrors):
+        return ConfigErrors([rekey(e) for e in error.errors])
     key = error.key
     if key == "provider" or key.startswith("provider.") or key.startswith("provider["):
         rest = key[len("provider"):].lstrip(".")
@@ -113,15 +116,28 @@ def parse_annotation(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         g, gk = groups[name], annotation_key(f"{GROUPS}.{name}")
         if not isinstance(g, dict):
             raise ConfigError(gk, f"takes {' and '.join(GROUP_KEYS)}")
-        for k in sorted(g, key=str):
-            if k not in GROUP_KEYS:
-                raise ConfigError(f"{gk}.{k}", f"unknown key; a group takes {', '.join(GROUP_KEYS)}")
+        unknown = [unknown_key(f"{gk}.{k}", str(k), GROUP_KEYS) for k in sorted(g, key=str) if k not in GROUP_KEYS]
+        if unknown:
+            raise ConfigErrors.of(unknown)
         m = g.get("minWorkers", 0)
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ConfigError(f"{gk}.minWorkers", f"must be an integer >= 0, got {m!r}")
         if not isinstance(g.get("node_config", {}), dict):
             raise ConfigError(f"{gk}.node_config", "must be a mapping of constraint keys")
     return doc
+
+
+def check_group_names(groups: Mapping[str, Any], names: list[str]) -> None:
+    """Every group the annotation's `groups` names must be a worker group of the RayCluster (`names`): a typo would
+    leave the real group without its settings. All unknown ones in one error, each with its nearest group name."""
+    unknown = sorted(set(map(str, groups)) - set(names), key=str)
+    if unknown:
+        raise ConfigErrors.of([unknown_key(annotation_key(f"{GROUPS}.{n}"), n, names, what="worker group")
+                               if suggest_key(n, names) else
+                               ConfigError(annotation_key(f"{GROUPS}.{n}"), f"is not a worker group of the "
+                                                                           f"RayCluster (groups: "
+                                                                           f"{', '.join(names) or 'none'})")
+                               for n in unknown])
 
 
 def split_groups(annotation: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -193,10 +193,7 @@ def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip
     spec = ray_cr.get("spec") or {}
     workers = list(spec.get("workerGroupSpecs") or [])
     names = [str(g.get("groupName")) for g in workers]
-    unknown = sorted(set(groups_cfg) - set(names))
-    if unknown:
-        raise ConfigError(_annotation_key(f"groups.{unknown[0]}"),
-                          f"is not a worker group of the RayCluster (groups: {', '.join(names) or 'none'})")
+    annotation.check_group_names(groups_cfg, names)     # a typo gets its nearest group name
     config = copy.deepcopy(dict(derived))
     types = config["available_node_types"]
     templates: dict[str, dict[str, Any]] = {}

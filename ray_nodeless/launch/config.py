@@ -17,12 +17,12 @@ from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan, plan_cluster
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.schema import Section, declared_keys, parse_section
-from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_types_of, parse_provider
-from ray_nodeless.errors import ConfigError
+from ray_nodeless.core.settings import CoreSettings, ProviderSettings, key_problems, node_types_of, parse_provider
+from ray_nodeless.errors import ConfigError, ConfigErrors
 from ray_nodeless.launch.catalog import catalog_for
 from ray_nodeless.launch.open_types import check_open
 from ray_nodeless.providers import (
-    backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,
+    backend_class, backend_config, backend_names, played, player_settings_model, price_clouds, unlisted_families,
 )
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.ray_compat import in_teardown
@@ -85,15 +85,9 @@ def load_provider(provider: Any, *, planning: bool | None = None) -> ProviderBun
     bootstrap_config, and tells neither), else True."""
     if not isinstance(provider, Mapping):
         raise ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")
-    cloud = provider.get("cloud", "local")
-    if not isinstance(cloud, str) or cloud not in backend_names():
-        raise ConfigError("provider.cloud", f"{cloud!r} is not one of {backend_names()}")
-    cls = backend_config(cloud)
-    reg = registration_class(provider.get("registration", "vm"))
-    player = player_settings_model(provider)      # played machines: the player's keys (providers/local/played.py)
-    models = (cls.settings_model, reg.settings_model) + ((player,) if player is not None else ())
+    cls, reg, player, models = _sections(provider)
     core = parse_provider(provider, clouds=backend_names(), known_keys=declared_keys(*models),
-                          catalog_cloud=cls.catalog_cloud, price_clouds=price_clouds(),
+                          catalog_cloud=cls.catalog_cloud, price_clouds=price_clouds(), required_by=models,
                           planning=not in_teardown() if planning is None else planning)
     if core.interruption_queue_url is not None and not cls.supports_interruption_queue:
         raise ConfigError("provider.interruption_queue_url", f"backend {core.cloud!r} polls no queue of "
@@ -103,6 +97,32 @@ def load_provider(provider: Any, *, planning: bool | None = None) -> ProviderBun
                           registration_settings=parse_section(reg.settings_model, provider, "provider"),
                           backend_config=cls, registration_class=reg,
                           player_settings=None if player is None else parse_section(player, provider, "provider"))
+
+
+def _sections(provider: Mapping[str, Any]) -> tuple[BackendChecks, type[Registration], type[Section] | None,
+                                                   tuple[type[Section], ...]]:
+    """The backend's checks, the registration's class, the player's model (played machines) and every model whose
+    keys the block may hold besides the core's."""
+    cloud = provider.get("cloud", "local")
+    if not isinstance(cloud, str) or cloud not in backend_names():
+        raise ConfigError("provider.cloud", f"{cloud!r} is not one of {backend_names()}")
+    cls = backend_config(cloud)
+    reg = registration_class(provider.get("registration", "vm"))
+    player = player_settings_model(provider)      # played machines: the player's keys (providers/local/played.py)
+    models = (cls.settings_model, reg.settings_model) + ((player,) if player is not None else ())
+    return cls, reg, player, models
+
+
+def provider_key_problems(provider: Any) -> list[ConfigError]:
+    """The provider block's unknown and missing keys (core.settings.key_problems), or the one error that keeps
+    them from being known (no mapping, an unknown cloud or registration); [] when there is none."""
+    if not isinstance(provider, Mapping):
+        return [ConfigError("provider", f"must be a mapping, got {type(provider).__name__}")]
+    try:
+        _, _, _, models = _sections(provider)
+    except ConfigError as e:
+        return [e]
+    return key_problems(provider, declared_keys(*models), models)
 
 
 def check_node_types(cluster_config: Mapping[str, Any], bundle: ProviderBundle) -> None:
@@ -131,10 +151,27 @@ def prepare_like_ray_up(cluster_config: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(provider, Mapping) and provider.get("type", "external") != "external":
         raise ConfigError("provider.type", f"{provider.get('type')!r}: ray_nodeless runs as `type: external`; "
                                            "`ray-nodeless convert` turns a Ray AWS/GCP YAML into one")
-    for key in RAY_REQUIRED_KEYS:
-        if key not in cluster_config:
-            raise ConfigError(key, "missing: `ray up` needs this top-level key for `type: external` providers (Ray "
-                                   "fills it only for its own clouds); `ray-nodeless convert` writes a complete YAML")
+    # What a user fixes in one edit, named at once: unknown top-level keys (a did-you-mean from Ray's schema), the
+    # top-level keys Ray requires, the provider block's unknown and missing keys.
+    from ray_nodeless.launch.ray_schema import unknown_top_level_keys
+
+    problems = unknown_top_level_keys(cluster_config)
+    missing = [key for key in RAY_REQUIRED_KEYS if key not in cluster_config]
+    problems += [ConfigError(key, "missing: `ray up` needs this top-level key for `type: external` providers (Ray "
+                                  "fills it only for its own clouds); `ray-nodeless convert` writes a complete YAML"
+                             if i == 0 else "missing too") for i, key in enumerate(missing)]
+    types = cluster_config.get("available_node_types")
+    if "head_node_type" not in cluster_config and isinstance(types, Mapping) and types \
+            and RAY_EXTERNAL_HEAD_TYPE not in types:
+        problems.append(ConfigError("head_node_type", f"missing: name the head's node type (one of "
+                                                      f"{sorted(map(str, types))}); without it Ray looks for "
+                                                      f"{RAY_EXTERNAL_HEAD_TYPE!r}"))
+    if problems and "provider" in cluster_config:
+        # With the top-level ones, so all are named at once; alone, the loader names them (after the caller has
+        # taken out keys that are not the provider's, e.g. the KubeRay bridge's `kuberay`).
+        problems += provider_key_problems(cluster_config["provider"])
+    if problems:
+        raise ConfigErrors.of(problems)
     config = copy.deepcopy(dict(cluster_config))
     config.setdefault("head_node_type", RAY_EXTERNAL_HEAD_TYPE)
     types = node_types_of(config)     # checks each node type's shape first
@@ -158,8 +195,9 @@ def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalo
     bundle = bundle or load_provider(cluster_config.get("provider"))
     check_node_types(cluster_config, bundle)
     bundle.registration_class.check_config(bundle.registration_settings)
-    check_open(cluster_config, bundle.core, bundle.check_node_config)     # shape-open: the generated types' template
+    is_open = check_open(cluster_config, bundle.core, bundle.check_node_config)   # shape-open: the generated template
     catalog = catalog or catalog_for(bundle.core)
     return plan_cluster(cluster_config, backend_overrides=bundle.requirement_overrides, catalog=catalog,
-                        settings=bundle.core)
+                        settings=bundle.core, shape_open=is_open,
+                        unlisted_families=unlisted_families(bundle.core.price_cloud))
 

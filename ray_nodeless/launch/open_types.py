@@ -95,12 +95,12 @@ def check_open(cluster_config: Mapping[str, Any], settings: CoreSettings,
     types = cluster_config.get("available_node_types") or {}
     if not shape_open(settings, types, str(cluster_config.get("head_node_type", ""))):
         return False
-    key = "provider.open_node_config"
-    ours, theirs = split_node_config(settings.open_node_config)
+    key = settings.open.key("node_config")     # as written: provider.open.node_config or provider.open_node_config
+    ours, theirs = split_node_config(settings.open.node_config)
     if OPEN_SHAPE_KEY in ours:
         raise ConfigError(f"{key}.{OPEN_SHAPE_KEY}", "is written by ray_nodeless on the node types it generates")
     parse_requirements(ours, key)
-    check_launch_keys("open", dict(settings.open_node_config), key)
+    check_launch_keys("open", dict(settings.open.node_config), key)
     return True
 
 

@@ -84,12 +84,31 @@ def _check(schema: Mapping[str, Any], root: Mapping[str, Any], value: Any, key: 
             for p in matched:
                 _check(patterns[p], root, value[k], sub)
             if not matched and schema.get("additionalProperties") is False:
-                close = suggest_key(str(k), props)
-                hint = f"; did you mean `{close}`?" if close else f"; Ray's keys here: {', '.join(sorted(props))}"
-                raise ConfigError(sub, f"unknown key (Ray's cluster schema allows no other){hint}")
+                raise _unknown(sub, str(k), props)
     elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
         for i, v in enumerate(value):
             _check(schema["items"], root, v, f"{key}[{i}]")
+
+
+def unknown_top_level_keys(cluster_config: Mapping[str, Any]) -> list[ConfigError]:
+    """A ConfigError for each top-level key Ray's cluster schema does not allow (`max_worker`: did you mean
+    `max_workers`?), found before the missing keys they may stand for are reported."""
+    schema = ray_schema()
+    if schema is None or schema.get("additionalProperties") is not False:
+        return []
+    props = schema.get("properties") or {}
+    patterns = schema.get("patternProperties") or {}
+    return [_unknown(str(k), str(k), props) for k in sorted(cluster_config, key=str)
+            if k not in props and not any(re.search(p, str(k)) for p in patterns)]
+
+
+def _unknown(key: str, name: str, props: Mapping[str, Any]) -> ConfigError:
+    close = suggest_key(name, props)
+    if close:
+        return ConfigError(key, f"unknown key {name!r} (Ray's cluster schema allows no other); did you mean "
+                                f"{close!r}?")
+    return ConfigError(key, f"unknown key {name!r} (Ray's cluster schema allows no other); Ray's keys here: "
+                            f"{', '.join(sorted(props))}")
 
 
 def check_ray_schema(cluster_config: Mapping[str, Any]) -> None:

@@ -66,6 +66,18 @@ def price_clouds() -> list[str]:
     return sorted({c for name in backend_names() if (c := backend_config(name).catalog_cloud) is not None})
 
 
+def unlisted_families(catalog_cloud: str) -> frozenset[str]:
+    """The real instance families of `catalog_cloud` no catalog lists (retired, dedicated-host or unpriced ones:
+    core/family_names.py), as the registered backends priced by that cloud declare them
+    (`BackendConfig.unlisted_families`)."""
+    out: set[str] = set()
+    for name in backend_names():
+        config = backend_config(name)
+        if config.catalog_cloud == catalog_cloud:
+            out |= config.unlisted_families
+    return frozenset(out)
+
+
 def ray_provider_types() -> dict[str, str]:
     """Ray's own provider types the registered backends stand for (`BackendConfig.ray_provider_type`) -> the
     backend's name (the first by name where two claim one), sorted by type."""

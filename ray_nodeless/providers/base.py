@@ -207,6 +207,9 @@ class BackendConfig:
     # `provider.simulate_cloud` (default aws); the loader refuses `simulate_cloud` for a backend that has one
     # (launch/config.py). `providers.price_clouds()` lists them: the `--cloud` choices of `plan` and `catalog`.
     catalog_cloud: ClassVar[str | None] = None
+    # Real instance families of that catalog cloud no catalog lists (retired, dedicated-host, unpriced; data in
+    # core/family_names.py): accepted where a family is named, so excluding one is no error.
+    unlisted_families: ClassVar[frozenset[str]] = frozenset()
 
     # The `provider.type` of Ray's own provider for this backend's cloud: the one whose defaults.yaml `ray up`
     # merges into a YAML of that type. `bootstrap_config` fills a swapped YAML's missing keys from it

@@ -47,7 +47,7 @@ def test_no_overrides_is_the_catalog_itself():
     ([{"hourly_price": 0}], "provider.price_overrides[0].hourly_price", "> 0"),
     ([{"families": ["g4dn"]}], "provider.price_overrides[0]", "exactly one of"),
     ([{"discount": 0.1, "hourly_price": 0.2}], "provider.price_overrides[0]", "exactly one of"),
-    ([{"familes": ["g4dn"], "discount": 0.1}], "provider.price_overrides[0].familes", "did you mean `families`"),
+    ([{"familes": ["g4dn"], "discount": 0.1}], "provider.price_overrides[0].familes", "did you mean 'families'?"),
     ([{"capacity": ["reserved"], "discount": 0.1}], "provider.price_overrides[0].capacity", "'reserved'"),
     ([{"instance_types": [], "discount": 0.1}], "provider.price_overrides[0].instance_types", "non-empty"),
     (["g4dn"], "provider.price_overrides[0]", "must be a mapping"),

@@ -57,10 +57,10 @@ def test_the_provider_key_reaches_the_boot_script():
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("interruption_watchers", False, "did you mean `interruption_watcher`"),
+    ("interruption_watchers", False, "did you mean 'interruption_watcher'"),
     ("interruption_watcher", "no", "must be true or false"),
     ("interruption_queue_url", "my-queue", "interruption_queue_url"),
-    ("interruption_que_url", "https://sqs.us-east-1.amazonaws.com/1/q", "did you mean `interruption_queue_url`"),
+    ("interruption_que_url", "https://sqs.us-east-1.amazonaws.com/1/q", "did you mean 'interruption_queue_url'"),
 ])
 def test_bad_keys_name_the_key(key, value, match):
     with pytest.raises(ConfigError, match=match):

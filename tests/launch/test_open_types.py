@@ -201,8 +201,12 @@ def test_aws_template_launch_keys_are_checked_by_the_backend():
     from ray_nodeless.launch.config import check_cluster
 
     cfg = yaml.safe_load((REPO_ROOT / "cluster-configs" / "aws-nodeless.yaml").read_text())
-    cfg["provider"]["open_node_config"]["InstanceType"] = 5
-    with pytest.raises(ConfigError, match="provider.open_node_config"):
+    cfg["provider"]["open"]["node_config"]["InstanceType"] = 5
+    with pytest.raises(ConfigError, match=r"provider\.open\.node_config\.InstanceType"):
+        check_cluster(cfg)
+    # The older flat key: its errors name it as written.
+    cfg["provider"]["open_node_config"] = cfg["provider"].pop("open").pop("node_config")
+    with pytest.raises(ConfigError, match=r"provider\.open_node_config\.InstanceType"):
         check_cluster(cfg)
 
 

@@ -79,7 +79,8 @@ def _gcp_node_configs() -> list[dict]:
         (REPO_ROOT / "tests" / "data" / "ray-examples").glob("gcp-*.yaml"))
     for p in paths:
         doc = yaml.safe_load(p.read_text())
-        templates = [{"node_config": doc["provider"]["open_node_config"]}] if "open_node_config" in doc["provider"] else []
+        template = (doc["provider"].get("open") or {}).get("node_config", doc["provider"].get("open_node_config"))
+        templates = [{"node_config": template}] if template is not None else []
         for nt in list((doc.get("available_node_types") or {}).values()) + templates:
             # The backend sees a node_config without ray_nodeless's requirement keys (min_vcpus, ...).
             nc = split_node_config(dict(nt.get("node_config") or {}))[1]

@@ -30,7 +30,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_core import PydanticCustomError
 
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
-from ray_nodeless.core.schema import Section
+from ray_nodeless.core.schema import Section, suggest_key
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.aws.launch_model import (  # noqa: F401  (installed_botocore_version: tests read it here)
     _other_ec2_models, check_launch_keys, installed_botocore_version,
@@ -178,9 +178,11 @@ def check_node_config(settings: AwsSettings, node_config: Mapping[str, Any], key
         if name in MANAGED_KEYS:
             raise ConfigError(f"{key}.{name}", f"{name} is set by ray_nodeless for every launch; remove it")
         if name not in accepted:
-            close = sorted(k for k in accepted if k.lower() == str(name).lower())
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise ConfigError(f"{key}.{name}", f"not a RunInstances parameter{hint}")
+            # node_config holds the constraint keys too: a typo of either gets its nearest (`min_memory`).
+            close = suggest_key(str(name), accepted | REQUIREMENT_KEYS)
+            hint = f"; did you mean {close!r}?" if close else ""
+            raise ConfigError(f"{key}.{name}", f"unknown key {name!r}: not a RunInstances parameter nor a "
+                                               f"constraint key{hint}")
     # Types and ranges by EC2's own request model first: later checks (and Ray's AMI check) read these values.
     check_launch_keys({k: v for k, v in node_config.items() if k not in REQUIREMENT_KEYS and k not in EXTRA_KEYS},
                       key)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
+from ray_nodeless.core.requirements import REQUIREMENT_KEYS
+from ray_nodeless.core.schema import suggest_key
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.gcp.labels import LABEL_KEY_RE, LABEL_VALUE_RE
 
@@ -162,8 +164,11 @@ def check_node_config(node_type: str, node_config: Mapping[str, Any], key: str,
     honour and ray_nodeless could not."""
     for k in node_config:
         if k not in INSTANCE_FIELDS:
-            raise ConfigError(f"{key}.{k}", f"not a Compute Engine Instance field (node type {node_type!r}); "
-                                            "node_config takes the instances.insert body keys")
+            # node_config holds the constraint keys too: a typo of either gets its nearest (`min_memory`).
+            close = suggest_key(str(k), set(INSTANCE_FIELDS) | REQUIREMENT_KEYS)
+            hint = f"did you mean {close!r}?" if close else "node_config takes the instances.insert body keys"
+            raise ConfigError(f"{key}.{k}", f"unknown key {k!r}: not a Compute Engine Instance field (node type "
+                                            f"{node_type!r}) nor a constraint key; {hint}")
         if k in OUTPUT_ONLY_FIELDS:
             raise ConfigError(f"{key}.{k}", "is output-only in the Compute Engine API and cannot be set")
         if k in SET_BY_BACKEND_FIELDS:

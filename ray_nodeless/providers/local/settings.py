@@ -27,8 +27,10 @@ from typing import Any, Literal, Mapping
 
 from pydantic import ConfigDict, Field
 
-from ray_nodeless.core.schema import Section
+from ray_nodeless.core.requirements import REQUIREMENT_KEYS
+from ray_nodeless.core.schema import Section, suggest_key
 from ray_nodeless.core.settings import DEFAULT_GCS_PORT, HeadAddress
+from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import BackendConfig
 from ray_nodeless.providers.local.slots import DEFAULT_PORT_BASE, MAX_PORT_BASE, MIN_PORT_BASE
 
@@ -157,3 +159,13 @@ class LocalConfig(BackendConfig):
 
     cloud = "local"
     settings_model = LocalSettings
+
+    @classmethod
+    def check_node_config(cls, settings: Section, node_type: str, node_config: dict[str, Any], key: str) -> None:
+        """The local backend reads no launch key of node_config, so one there is ignored; but one that is a near
+        miss of a constraint key (`min_memory`, `familes`) is a typo that would silently constrain nothing."""
+        for k in sorted(node_config, key=str):
+            # Only snake_case keys: a cloud's launch key (`InstanceType`) copied from a cloud YAML stays ignored.
+            close = suggest_key(str(k), REQUIREMENT_KEYS) if str(k) == str(k).lower() else None
+            if close:
+                raise ConfigError(f"{key}.{k}", f"unknown key {k!r}; did you mean {close!r}?")

@@ -63,7 +63,7 @@ def test_backend_and_player_parse_once_at_construction(tmp_path: Path) -> None:
 def test_declared_keys_reach_the_provider_key_check() -> None:
     base = {"region": "us-west-2", "simulate_cloud": "aws"}
     load_provider({**base, "cloud": "local", "state_dir": "/tmp/x", "local_faults": [], "local_prewarm": False})
-    with pytest.raises(ConfigError, match="did you mean `local_prewarm`") as ei:
+    with pytest.raises(ConfigError, match="did you mean 'local_prewarm'") as ei:
         load_provider({**base, "cloud": "local", "local_prewarn": False})
     assert ei.value.key == "provider.local_prewarn"
     # The player's keys are known with registration: local-player on a cloud, and only there.
