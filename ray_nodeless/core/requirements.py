@@ -223,7 +223,8 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
             raise ConfigError(f"{key}.max_hourly_price", "must be > 0")
     if "allow_gpu_instances" in data:
         if not isinstance(data["allow_gpu_instances"], bool):
-            raise ConfigError(f"{key}.allow_gpu_instances", f"must be true or false, got {data['allow_gpu_instances']!r}")
+            raise ConfigError(f"{key}.allow_gpu_instances",
+                              f"must be true or false, got {data['allow_gpu_instances']!r}")
         kw["allow_gpu_instances"] = data["allow_gpu_instances"]
     return Requirements(**kw)
 

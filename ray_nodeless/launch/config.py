@@ -17,7 +17,7 @@ from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan, plan_cluster
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.schema import Section, declared_keys, parse_section
-from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_types_of, parse_provider
+from ray_nodeless.core.settings import CoreSettings, node_types_of, parse_provider
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.catalog import catalog_for
 from ray_nodeless.launch.open_types import check_open

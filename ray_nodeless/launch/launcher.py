@@ -87,7 +87,8 @@ def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) 
         TAG_CATALOG: catalog_id,
     }
     listed = offering.listed
-    if offering.list_price is not None and (offering.hourly_price is None or abs(listed - offering.hourly_price) > 5e-7):
+    differs = offering.hourly_price is None or listed is None or abs(listed - offering.hourly_price) > 5e-7
+    if offering.list_price is not None and differs:
         tags[TAG_LIST_PRICE] = f"{listed:.6f}" if listed is not None else "unknown"
     return tags
 

@@ -287,5 +287,6 @@ def _live_counts(machines: Mapping[str, Machine]) -> dict[str, int]:
 
 def _pinned(entry: Mapping[str, Any]) -> tuple[str, str, str]:
     nc = entry.get("node_config") or {}
-    return tuple(str((nc.get(k) or [""])[0]) for k in ("instance_types", "zones", "capacity"))  # type: ignore
+    types, zones, capacity = (str((nc.get(k) or [""])[0]) for k in ("instance_types", "zones", "capacity"))
+    return types, zones, capacity
 

@@ -26,7 +26,8 @@ KEY = "available_node_types.w.node_config"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("vendor_cloud_schemas", REPO_ROOT / "scripts" / "vendor_cloud_schemas.py")
+    spec = importlib.util.spec_from_file_location("vendor_cloud_schemas",
+                                                  REPO_ROOT / "scripts" / "vendor_cloud_schemas.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -79,7 +80,8 @@ def _gcp_node_configs() -> list[dict]:
         (REPO_ROOT / "tests" / "data" / "ray-examples").glob("gcp-*.yaml"))
     for p in paths:
         doc = yaml.safe_load(p.read_text())
-        templates = [{"node_config": doc["provider"]["open_node_config"]}] if "open_node_config" in doc["provider"] else []
+        provider = doc["provider"]
+        templates = [{"node_config": provider["open_node_config"]}] if "open_node_config" in provider else []
         for nt in list((doc.get("available_node_types") or {}).values()) + templates:
             # The backend sees a node_config without ray_nodeless's requirement keys (min_vcpus, ...).
             nc = split_node_config(dict(nt.get("node_config") or {}))[1]

@@ -1,13 +1,9 @@
 """What the catalog holds: instance types, offerings, and one region's offerings as arrays. No I/O here."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
-
-if TYPE_CHECKING:
-    import numpy as np
+from typing import Iterator, Mapping, Sequence
 
 # Index in this tuple is the capacity id stored in the region arrays.
 CAPACITY_TYPES = ("on-demand", "spot")

@@ -212,7 +212,8 @@ def _narrow_subnets(name: str, ours: dict[str, Any], subnets: list[str], zone_of
     kept = [s for s in subnets if allowed is None or set(zone_of.get(s, ("", ""))) & allowed]
     if not kept:
         raise ConfigError(f"available_node_types.{name}.node_config.SubnetIds",
-                          f"none of the subnets {subnets} is in the zones this node type may use {sorted(allowed or [])}")
+                          f"none of the subnets {subnets} is in the zones this node type may use "
+                          f"{sorted(allowed or [])}")
     zones = sorted({zone_of[s][0] for s in kept if s in zone_of})
     if allowed is not None:
         zones = sorted(z for z in zones if z in allowed) or sorted(

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.gcp.labels import LABEL_KEY_RE, LABEL_VALUE_RE
+from ray_nodeless.providers.gcp.settings import GcpSettings
 
 logger = logging.getLogger(__name__)
 

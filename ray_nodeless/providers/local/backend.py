@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import ForeignMachineError
 from ray_nodeless.providers.base import (
     MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update,

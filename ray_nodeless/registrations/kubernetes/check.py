@@ -1,6 +1,7 @@
 """Bad input before any launch: every check of `registration: kubernetes`, as ConfigErrors naming the key.
 
-`check_static(settings)` (the section as the loader parsed it) needs no network (`ray-nodeless plan` runs it, through the registration's
+`check_static(settings)` (the section as the loader parsed it) needs no network (`ray-nodeless plan` runs it, through
+the registration's
 `check_config`); `check(settings)` adds the API server's answers and is run by `bootstrap_config`, so
 `ray up` fails before the head is created.
 
@@ -17,7 +18,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.registrations.kubernetes.join import check_join
