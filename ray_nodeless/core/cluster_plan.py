@@ -17,9 +17,11 @@ from ray_nodeless.core.diagnose import explain_no_offering
 from ray_nodeless.core.settings import CoreSettings, Resolver, node_types_of, parse_provider
 from ray_nodeless.core.cost import ClusterCost, cluster_cost, node_type_cost
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
-from ray_nodeless.core.planner import Plan, Planner
+from ray_nodeless.core.plan import Plan
+from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.idle import IdleTimeout, cluster_idle_s, idle_timeout
 from ray_nodeless.core.prices import priced
+from ray_nodeless.core.documents import Document
 
 # Names Ray and the backends write into tags and labels. The strictest limit among them: GCE label values and
 # Kubernetes label values hold at most 63 characters (a longer name would be cut, and two clusters or node types
@@ -128,7 +130,7 @@ class ClusterPlan:
     global_max_workers: int
     idle: dict[str, IdleTimeout] = field(default_factory=dict)   # worker node type -> idle timeout (core/idle.py)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Document:
         types = {}
         for name, plan in self.plans.items():
             nt = self.node_types[name]

@@ -96,9 +96,9 @@ class OpenFitter:
         # requirements instead of asking the planner (`_plan`); the same candidates in the same order, so the same
         # fits. False: always ask the planner (tests compare the two).
         self.derive_sizes = derive_sizes
-        self._bases: dict[tuple, tuple[tuple[float, float, int], Plan, list[int], list[int], tuple]] = {}
+        self._bases: dict[_SizeKey, _Base] = {}
         self._derived: dict[Request, Plan] = {}
-        self._size_columns: dict[int, tuple[RegionCatalog, tuple]] = {}
+        self._size_columns: dict[int, tuple[RegionCatalog, _Columns]] = {}
         # A callable: the provider loads its catalog at the first plan, not when Ray builds it.
         self._planner = planner
         self.unavailable = unavailable
@@ -222,14 +222,22 @@ class OpenFitter:
         return planner.plan(request)          # the planner's own error, with its explanation
 
 
-    def _columns(self, rc: RegionCatalog) -> tuple[list[float], list[float], list[int]]:
+    def _columns(self, rc: RegionCatalog) -> _Columns:
         hit = self._size_columns.get(id(rc))
         if hit is None or hit[0] is not rc:
             hit = self._size_columns[id(rc)] = (rc, _size_columns(rc))
         return hit[1]
 
 
-def _size_free(request: Request, catalog_id: str) -> tuple[tuple, tuple[float, float, int]]:
+# The open fitter's cache of base plans: a request's fields besides its size (hashed and compared only), the size
+# thresholds (vCPUs, memory GiB, GPUs), a region's type columns of those, and a cached base plan with its candidates.
+_SizeKey = tuple[object, ...]
+_Need = tuple[float, float, int]
+_Columns = tuple[list[float], list[float], list[int]]
+_Base = tuple[_Need, Plan, list[int], list[int], _Columns]
+
+
+def _size_free(request: Request, catalog_id: str) -> tuple[_SizeKey, _Need]:
     """(what the planner's checks depend on besides size, the three size thresholds) of a request."""
     req, shape = request.requirements, request.shape
     key = (catalog_id, request.cloud, request.region, request.rule, request.node_type, shape.accelerator_type,
@@ -237,13 +245,13 @@ def _size_free(request: Request, catalog_id: str) -> tuple[tuple, tuple[float, f
     return key, (max(shape.cpu, req.min_vcpus), max(shape.memory_gib, req.min_memory_gib), shape.gpu)
 
 
-def _size_columns(rc: RegionCatalog) -> tuple[list[float], list[float], list[int]]:
+def _size_columns(rc: RegionCatalog) -> _Columns:
     """The type columns the planner's size checks read (planner_py.PyRegionIndex: the same values)."""
     return ([float(t.vcpus) for t in rc.types], [float(t.memory_gib) for t in rc.types],
             [t.gpu_count for t in rc.types])
 
 
-def _filtered(base: tuple, request: Request, need: tuple[float, float, int], planner: Planner) -> Plan:
+def _filtered(base: _Base, request: Request, need: _Need, planner: Planner) -> Plan:
     """The base plan's candidates whose instance type passes `need` (the planner's too_few_vcpus, too_little_memory
     and too_few_gpus checks, on the same float columns), in the same order, as `request`'s plan."""
     _, plan, candidates, type_ids, (vcpus, mem, gpus) = base
@@ -259,7 +267,7 @@ def _filtered(base: tuple, request: Request, need: tuple[float, float, int], pla
 class Packing:
     """What one pass decided: machines to open per generated type, and demands nothing allowed can serve."""
 
-    new: Counter = field(default_factory=Counter)               # type name -> machines
+    new: Counter[str] = field(default_factory=Counter)          # type name -> machines
     types: dict[str, OpenType] = field(default_factory=dict)
     infeasible: dict[Demand, str] = field(default_factory=dict)  # demand -> why (the planner's reason)
 
@@ -268,7 +276,7 @@ class Packing:
         return sum(self.types[n].price * c for n, c in self.new.items())
 
 
-def _size_key(d: Demand) -> tuple:
+def _size_key(d: Demand) -> tuple[object, ...]:
     """Demands with label selectors first (they can use fewer machines), then largest first."""
     r = d.res
     return (not d.selectors, -r.get("GPU", 0.0), -r.get("CPU", 0.0), -r.get("memory", 0.0), d.resources,
@@ -372,10 +380,10 @@ class Packer:
 
     def _gang(self, gid: str, bundles: list[Demand], bins: list[NodeCapacity], out: Packing) -> None:
         if any(b.packed for b in bundles):    # STRICT_PACK: one machine holds the sum
-            total: Counter = Counter()
+            total: dict[str, float] = {}
             for b in bundles:
                 for k, v in b.resources:
-                    total[k] += v * max(1, b.count)
+                    total[k] = total.get(k, 0.0) + v * max(1, b.count)
             units = [Demand(tuple(sorted(total.items())), bundles[0].selectors, 1, gid)]
         else:
             units = [Demand(b.resources, b.selectors, 1, gid, b.spread) for b in bundles
@@ -387,17 +395,18 @@ class Packer:
             first = self._open(units[0], out)
             if first is None:
                 return
-            seen = Counter(b.zone for b in bins if b.zone and b.node_type)
-            zones = sorted({z for z in seen}, key=lambda z: (-seen[z], z != first.offering.zone, z))
+            seen: Counter[str] = Counter(b.zone for b in bins if b.zone and b.node_type)
+            by_use = sorted(seen, key=lambda z: (-seen[z], z != first.offering.zone, z))
+            zones = list(by_use)
             if first.offering.zone not in zones:
                 zones.append(first.offering.zone)
             zones += sorted({o.zone for o in self._zones_of(units[0])} - set(zones))
         for zone in zones:
             trial = self._place_gang(gid, units, bins, zone, spread, out)
             if trial is not None:
-                for b, want in trial[0]:
-                    take(b.free, want)
-                    b.hosts.add(gid)
+                for placed_on, want in trial[0]:
+                    take(placed_on.free, want)
+                    placed_on.hosts.add(gid)
                 for t in trial[1]:
                     nb = self._new_bin(t, out, bins)
                     take(nb.free, _bin_view(dict(t.shape), nb))
@@ -415,14 +424,15 @@ class Packer:
             return []
 
     def _place_gang(self, gid: str, units: list[Demand], bins: list[NodeCapacity], zone: str | None, spread: bool,
-                    out: Packing) -> tuple[list, list[OpenType]] | None:
+                    out: Packing) -> tuple[list[tuple[NodeCapacity, dict[str, float]]], list[OpenType]] | None:
         free = {id(b): dict(b.free) for b in bins}
         used: set[int] = set()
-        placed: list[tuple[NodeCapacity, dict]] = []
+        placed: list[tuple[NodeCapacity, dict[str, float]]] = []
         opened: list[OpenType] = []
         for u in units:
             want = u.res
-            spot = view = None
+            spot: NodeCapacity | None = None
+            view: dict[str, float] = {}
             for b in bins:
                 if zone is not None and b.zone != zone:
                     continue
@@ -448,7 +458,8 @@ class Packer:
 
 def _group_sizes(remaining: int) -> list[int]:
     """The group sizes tried when a machine is opened for `remaining` equal demands: remaining, then halving."""
-    out, m = [], remaining
+    out: list[int] = []
+    m = remaining
     while m > 1 and len(out) < 8:
         out.append(m)
         m //= 2

@@ -119,7 +119,8 @@ class Requirements:
         if other.arch is not None:
             arch = other.arch if self.arch is None else tuple(a for a in other.arch if a in self.arch)
             if not arch:
-                raise ConfigError(f"{key}.arch", f"{list(other.arch)} conflicts with the rule's {list(self.arch)}")
+                raise ConfigError(f"{key}.arch",
+                                  f"{list(other.arch)} conflicts with the rule's {list(self.arch or ())}")
         prices = [p for p in (self.max_hourly_price, other.max_hourly_price) if p is not None]
         return Requirements(
             instance_types=self.instance_types + other.instance_types,
@@ -263,7 +264,8 @@ def names_explicitly(pattern: str) -> bool:
     Burstable types, GPU types for CPU-only shapes and non-GPU accelerators are allowed only when named.
     """
     fam = _FAMILY_PART.match(pattern)
-    return bool(fam and fam.group(1)) and not any(c in fam.group(1) for c in "*?[")
+    family = fam.group(1) if fam else ""
+    return bool(family) and not any(c in family for c in "*?[")
 
 
 @dataclass(frozen=True)

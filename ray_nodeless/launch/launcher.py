@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Literal
 
 from cachetools import TTLCache
 
@@ -23,7 +23,8 @@ from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog, Offering
 from ray_nodeless.core.demand import offering_labels
 from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.core.planner import Plan, Planner
+from ray_nodeless.core.plan import Plan
+from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import (
@@ -100,6 +101,11 @@ class Launched:
     spec: LaunchSpec
 
 
+# A launch request's round: when it started, count -> calls so far, whether it is a retry round.
+_Round = tuple[float, dict[int, int], bool]
+_Slot = tuple[str, str, int, int]
+
+
 class Launcher:
     def __init__(self, cluster_name: str, catalog: PlanningCatalog, resolver: Resolver,
                  backend: MachineBackend, registration: Registration, unavailable: UnavailableOfferings,
@@ -117,8 +123,8 @@ class Launcher:
         self._hourly_cost = self.budget.hourly_cost if self.budget is not None else hourly_cost
         # (request id, node type) -> (when its round started, count -> calls so far); the offering each slot's
         # launch succeeded on, so Ray's retry of it walks straight to the same token.
-        self._rounds: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
-        self._slot_offerings: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
+        self._rounds: TTLCache[tuple[str | None, str], _Round] = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
+        self._slot_offerings: TTLCache[_Slot, Offering] = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
         self._batches_lock = threading.Lock()
         self._catalog = catalog          # loaded at the first plan: listing and terminating never need it
         self.resolver = resolver
@@ -281,13 +287,15 @@ class Launcher:
         the cloud lists with this cluster's tag counts, pending ones included, whoever launched it. What no listing
         can show yet is another object's launch in flight (README "Reliability" states the bound). Concurrent
         calls share one listing (`MachineView.refresh` answers a caller that arrives during one from it)."""
+        if self._view is None:      # no view, no budget (__init__): nothing to count
+            return
         try:
             self._view.refresh(force=True)
         except ListingError as e:
             raise LaunchError(f"{node_type}: refused: cannot count the cluster's machines for "
                               f"provider.max_hourly_cost: {e}", e.category) from e
 
-    def _reserve(self, token: str, offering: Offering, count: int) -> Hold | None | bool:
+    def _reserve(self, token: str, offering: Offering, count: int) -> Hold | None | Literal[False]:
         """A reservation for `count` new machines of `offering` (held until `_end_hold` or `Budget.landed`); None
         when there is nothing to hold (no cap, or no new machine), False when the cap has no room for them."""
         if self.budget is None:
@@ -318,7 +326,7 @@ class Launcher:
         has those (it allocates every listed machine before it times an instance out), so what it retries are
         the others."""
         now = self._clock()
-        key = (launch_request, node_type)
+        key: tuple[str | None, str] = (launch_request, node_type)
         with self._batches_lock:
             round_ = self._rounds.get(key)
             retry = round_ is not None and now - round_[0] >= retry_round_s()
@@ -364,7 +372,7 @@ class Launcher:
         return None, shown
 
     @staticmethod
-    def _walk(plan: Plan, first: Offering | None, on_demand_first: bool = False):
+    def _walk(plan: Plan, first: Offering | None, on_demand_first: bool = False) -> Iterator[Offering]:
         if first is not None:
             yield first
         # Stable: the documented order within each capacity group; on-demand first only when asked to.

@@ -100,8 +100,8 @@ def install_on_head(config: dict[str, Any], ray_version: str) -> dict[str, str]:
 
 def _commands(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, command) for every setup command, `setup_commands` first, each under the list the user wrote it in."""
-    lists = {k: config.get(k) for k in COMMAND_KEYS}
-    lists = {k: [str(c) for c in v] if isinstance(v, list) else [] for k, v in lists.items()}
+    raw = {k: config.get(k) for k in COMMAND_KEYS}
+    lists = {k: [str(c) for c in v] if isinstance(v, list) else [] for k, v in raw.items()}
     common = lists["setup_commands"]
     out: list[tuple[str, str]] = []
     for k in COMMAND_KEYS:

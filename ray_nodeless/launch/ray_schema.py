@@ -36,7 +36,9 @@ def ray_schema() -> dict[str, Any] | None:
     if spec is None or not spec.origin:
         return None
     try:
-        return json.loads((Path(spec.origin).parent / "autoscaler" / "ray-schema.json").read_text(encoding="utf-8"))
+        schema: dict[str, Any] = json.loads(
+            (Path(spec.origin).parent / "autoscaler" / "ray-schema.json").read_text(encoding="utf-8"))
+        return schema
     except (OSError, ValueError):
         return None
 

@@ -149,9 +149,9 @@ class Sweep:
         ended_workers = self._terminate(workers, result)
         # The registration's side of every worker ended now, and of machines already gone (orphan Nodes, pods,
         # players whose machine is not listed any more).
-        listed = {t.id for t in machines}
+        machine_ids = {t.id for t in machines}
         orphans = sorted({t.machine_id or t.id for t in targets if t.source == "registration"
-                          and (t.machine_id or t.id) not in listed})
+                          and (t.machine_id or t.id) not in machine_ids})
         self._registration_sweep(ended_workers + orphans, targets, result)
         backend_leftovers = [t for t in targets if t.kind != "machine" and t.source == "backend"]
         if backend_leftovers:
@@ -246,5 +246,5 @@ def _leftover_dict(t: Target) -> dict[str, str]:
     return {"kind": t.kind, "name": t.id, "machine_id": t.machine_id, "node_kind": t.node_kind, "state": t.state}
 
 
-def _order(t: Target) -> tuple:
+def _order(t: Target) -> tuple[bool, str, str]:
     return (t.node_kind == "head", t.kind, t.id)
