@@ -31,7 +31,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Collection, Iterable
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, RegionCatalog
-from ray_nodeless.core.plan import REASONS, SIZE_REASONS, Plan, allowed_gpu_models, failure_text  # noqa: F401 (API)
+# Re-exported: callers name the plan's types through the planner.
+from ray_nodeless.core.plan import REASONS as REASONS, SIZE_REASONS as SIZE_REASONS, Plan as Plan  # noqa: F401
+from ray_nodeless.core.plan import allowed_gpu_models as allowed_gpu_models, failure_text as failure_text  # noqa: F401
 from ray_nodeless.core.planner_py import PyPlanner
 from ray_nodeless.core.requirements import Request, names_explicitly
 from ray_nodeless.errors import NoFeasibleOffering

@@ -19,7 +19,7 @@ from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.schema import Section, declared_keys, parse_section
 from ray_nodeless.core.settings import CoreSettings, node_types_of, parse_provider
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.catalog import catalog_for
+from ray_nodeless.launch.catalog import catalog_for as catalog_for   # re-exported: bootstrap's and convert's name
 from ray_nodeless.launch.open_types import check_open
 from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,

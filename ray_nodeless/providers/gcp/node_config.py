@@ -259,7 +259,7 @@ def _message_ok(schema: dict[str, dict[str, tuple[str, bool, str]]], message: st
     fields = schema.get(message)
     if fields is None:
         return False
-    seen: set[tuple[str, bool, str] | int] = set()
+    seen: set[tuple[tuple[str, bool, str], str] | int] = set()
     for name, v in value.items():
         spec = fields.get(name) if isinstance(name, str) else None
         if spec is None:

@@ -294,11 +294,9 @@ class KubeletPlayer:
             resources = {k: float(v) for k, v in json.loads(env.get("RAY_OVERRIDE_RESOURCES", "{}")).items()}
             labels = json.loads(env.get("RAY_OVERRIDE_LABELS", "{}"))
             extra = {k: v for k, v in env.items() if k == "RAY_CLOUD_INSTANCE_TYPE_NAME"}
-            if self.processes.get(mid) is None:
-                rec = self.processes.start(mid, env.get("RAY_NODE_TYPE_NAME", ""), resources, labels,
-                                           extra_env=extra, tags={"pod": name})
-            else:
-                rec = self.processes.get(mid)
+            running = self.processes.get(mid)
+            rec = running if running is not None else self.processes.start(
+                mid, env.get("RAY_NODE_TYPE_NAME", ""), resources, labels, extra_env=extra, tags={"pod": name})
             with self._lock:
                 self.pod_ips[name] = rec.ip
             self._set_pod_status(pod, "Running", rec.ip)

@@ -26,6 +26,7 @@ from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
 
 if TYPE_CHECKING:
     from kubernetes import client
+    from kubernetes.client.rest import ApiException
 
 KEY = "provider.kubernetes"
 CHECK_TIMEOUT_S = 10
@@ -121,7 +122,7 @@ def check(settings: KubernetesSettings, cluster_name: str = "check",
         raise ConfigError(f"{KEY}.pod_template", f"rejected by the API server (dry run): {msg}") from e
 
 
-def _api_message(e: Exception) -> str:
+def _api_message(e: ApiException) -> str:
     try:
         return json.loads(e.body).get("message") or f"{e.status} {e.reason}"
     except Exception:
