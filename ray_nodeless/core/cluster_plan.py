@@ -21,7 +21,7 @@ from ray_nodeless.core.plan import Plan
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.idle import IdleTimeout, cluster_idle_s, idle_timeout
 from ray_nodeless.core.prices import priced
-from ray_nodeless.core.documents import Document
+from ray_nodeless.core.documents import Document, DocumentView
 
 # Names Ray and the backends write into tags and labels. The strictest limit among them: GCE label values and
 # Kubernetes label values hold at most 63 characters (a longer name would be cut, and two clusters or node types
@@ -53,7 +53,7 @@ def load_catalog(spec: str) -> catalog_mod.Catalog:
     return catalog_mod.load_file(spec)
 
 
-def load_cluster_yaml(path: str | Path) -> dict[str, Any]:
+def load_cluster_yaml(path: str | Path) -> Document:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -93,7 +93,7 @@ def too_deep(doc: Any, limit: int = MAX_YAML_DEPTH) -> str | None:
     return None
 
 
-def check_names(cluster_config: Mapping[str, Any]) -> None:
+def check_names(cluster_config: DocumentView) -> None:
     """`cluster_name` and the node type names (at most MAX_NODE_TYPES of them), as Ray and the backends can use
     them: strings, not empty (an empty cluster name tags machines that `sweep` then cannot tell apart), printable,
     at most NAME_MAX_LEN characters."""
@@ -125,7 +125,7 @@ class ClusterPlan:
     catalog_id: str
     head_node_type: str
     plans: dict[str, Plan]               # node type -> plan, sorted by name
-    node_types: dict[str, dict[str, Any]]
+    node_types: dict[str, Document]
     cost: ClusterCost
     global_max_workers: int
     idle: dict[str, IdleTimeout] = field(default_factory=dict)   # worker node type -> idle timeout (core/idle.py)
@@ -146,8 +146,8 @@ class ClusterPlan:
                 "head_node_type": self.head_node_type, "node_types": types, "summary": self.cost.to_dict()}
 
 
-def plan_cluster(cluster_config: Mapping[str, Any],
-                 backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+def plan_cluster(cluster_config: DocumentView,
+                 backend_overrides: Callable[[Document], Document] | None = None,
                  catalog: catalog_mod.Catalog | None = None,
                  settings: CoreSettings | None = None) -> ClusterPlan:
     """Resolve every node type of `cluster_config`. Raises ConfigError / NoFeasibleOffering naming the key.

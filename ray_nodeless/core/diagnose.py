@@ -12,8 +12,9 @@ names every place that constrains the node type (their combination leaves nothin
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import CAPACITY_TYPES, InstanceType, Offering, RegionCatalog
 from ray_nodeless.core.catalog_checks import provider_key_holding
 from ray_nodeless.core.requirements import (
@@ -45,9 +46,9 @@ def _describe(o: Offering) -> str:
 
 def explain_no_offering(error: NoFeasibleOffering, plan: Callable[[Request], Plan], rc: RegionCatalog,
                         settings: CoreSettings, name: str,
-                        node_type: Mapping[str, Any], is_head: bool,
-                        backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None,
-                        settings_provider: Mapping[str, Any] | None = None) -> NoFeasibleOffering:
+                        node_type: DocumentView, is_head: bool,
+                        backend_overrides: Callable[[Document], Document] | None,
+                        settings_provider: DocumentView | None = None) -> NoFeasibleOffering:
     """`error` (the planner's, for node type `name`) with the key that emptied it first. `plan` is the planner's
     `plan` (cached: the re-plans cost a few ms each, and only a failing config pays them); `rc` the region."""
     key = f"available_node_types.{name}"
@@ -111,7 +112,7 @@ def explain_no_offering(error: NoFeasibleOffering, plan: Callable[[Request], Pla
 
 
 def _shape_text(plan: Callable[[Request], Plan], rc: RegionCatalog, settings: CoreSettings, name: str, shape: Shape,
-                resources: Mapping[str, Any], key: str, where: str) -> str | None:
+                resources: DocumentView, key: str, where: str) -> str | None:
     """The shape's own misfit (no constraint at all gives an offering), naming the resource; None if it fits."""
     open_req = Requirements(arch=ARCHES, capacity=CAPACITY_TYPES, allow_gpu_instances=True)
     try:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Offering, RegionCatalog
 from ray_nodeless.core.gpus import canonical_gpu
@@ -59,13 +60,13 @@ class OpenType:
     def price(self) -> float:
         return self.offering.hourly_price or 0.0
 
-    def node_type(self, template: Mapping[str, Any], max_workers: int, priority: int) -> dict[str, Any]:
+    def node_type(self, template: DocumentView, max_workers: int, priority: int) -> Document:
         """The `available_node_types` entry: pinned to this offering, labelled with what it is."""
         o = self.offering
         node_config = {k: v for k, v in template.get("node_config", {}).items()}
         node_config.update(instance_types=[o.instance_type.name], zones=[o.zone], capacity=[o.capacity])
         node_config[OPEN_SHAPE_KEY] = {k: (int(v) if float(v).is_integer() else v) for k, v in self.shape}
-        out: dict[str, Any] = {"min_workers": 0, "max_workers": int(max_workers), "resources": dict(self.resources),
+        out: Document = {"min_workers": 0, "max_workers": int(max_workers), "resources": dict(self.resources),
                                "labels": dict(self.labels), "priority": int(priority), "node_config": node_config}
         if template.get("idle_timeout_s") is not None:
             out["idle_timeout_s"] = template["idle_timeout_s"]
@@ -90,7 +91,7 @@ class OpenFitter:
 
     def __init__(self, resolver: Resolver, planner: Planner | Callable[[], Planner],
                  unavailable: UnavailableOfferings | None = None,
-                 template_node_config: Mapping[str, Any] | None = None, derive_sizes: bool = True):
+                 template_node_config: DocumentView | None = None, derive_sizes: bool = True):
         self.resolver = resolver
         # derive_sizes: take the candidates of a bigger shape from a smaller shape's plan under the same rule and
         # requirements instead of asking the planner (`_plan`); the same candidates in the same order, so the same
@@ -121,7 +122,7 @@ class OpenFitter:
                 f"{demand.describe()}: no instance offers the resource(s) {others}; declare a node type with them")
         # The planner's Shape: whole GPUs, the accelerator model as a resource; memory as RAM (node memory is
         # TASK_MEMORY_FRACTION of it).
-        shape: dict[str, Any] = {"CPU": want.get("CPU", 0.0), "GPU": math.ceil(want.get("GPU", 0.0) - 1e-9)}
+        shape: Document = {"CPU": want.get("CPU", 0.0), "GPU": math.ceil(want.get("GPU", 0.0) - 1e-9)}
         if demand.accelerator:
             shape[f"{ACCELERATOR_RESOURCE}{demand.accelerator}"] = 1
             if not shape["GPU"]:
@@ -169,8 +170,8 @@ class OpenFitter:
                                  f"{nearest.zone} {nearest.capacity} ${nearest.hourly_price or 0:.4f}/h)")
 
 
-    def _why_none(self, request: Request, error: NoFeasibleOffering, shape: Mapping[str, Any],
-                  node_config: Mapping[str, Any]) -> str:
+    def _why_none(self, request: Request, error: NoFeasibleOffering, shape: DocumentView,
+                  node_config: DocumentView) -> str:
         """The key that removed the demand's last candidate and the nearest offering (core/diagnose.py), once
         per request: an unservable demand stays pending, and is planned again every loop."""
         if request not in self._why:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import CAPACITY_TYPES
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
 from ray_nodeless.core.schema import suggest_key
@@ -171,7 +172,7 @@ def _number(value: Any, key: str, minimum: float = 0.0) -> float:
     return float(value)
 
 
-def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool = False) -> Requirements:
+def parse_requirements(data: DocumentView, key: str, *, allow_unknown: bool = False) -> Requirements:
     """Parse the constraint keys of `data` (a rule, a node_config, or `provider.exclude`).
 
     Unknown keys raise unless `allow_unknown` (node_config also holds the backend's launch keys).
@@ -183,7 +184,7 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
         if unknown:
             raise ConfigError(f"{key}.{unknown[0]}",
                               f"unknown key; allowed keys are {sorted(REQUIREMENT_KEYS)}")
-    kw: dict[str, Any] = {}
+    kw: Document = {}
     if "instance_types" in data:
         kw["instance_types"] = (tuple(_str_list(data["instance_types"], f"{key}.instance_types", allow_empty=False)),)
     if "exclude_instance_types" in data:
@@ -230,7 +231,7 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
     return Requirements(**kw)
 
 
-def parse_exclude(data: Mapping[str, Any] | None, key: str) -> Requirements:
+def parse_exclude(data: DocumentView | None, key: str) -> Requirements:
     """`provider.exclude: {families, gpus, instance_types}` -> exclusion-only Requirements."""
     if data is None:
         return Requirements()
@@ -248,7 +249,7 @@ def parse_exclude(data: Mapping[str, Any] | None, key: str) -> Requirements:
     )
 
 
-def split_node_config(node_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_node_config(node_config: DocumentView) -> tuple[Document, Document]:
     """Split a node_config into (ray_nodeless requirement keys, backend launch keys)."""
     ours = {k: v for k, v in node_config.items() if k in REQUIREMENT_KEYS}
     theirs = {k: v for k, v in node_config.items() if k not in REQUIREMENT_KEYS}

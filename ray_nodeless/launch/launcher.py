@@ -14,10 +14,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal
+from typing import Callable, Iterator, Literal
 
 from cachetools import TTLCache
 
+from ray_nodeless.core.documents import Document
 from ray_nodeless.core import ttls
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog, Offering
@@ -143,14 +144,14 @@ class Launcher:
     def planner(self) -> Planner:
         return self._catalog.planner
 
-    def plan(self, node_type: str, resources: dict[str, Any], node_config: dict[str, Any] | None,
+    def plan(self, node_type: str, resources: Document, node_config: Document | None,
              is_head: bool) -> Plan:
         try:
             return self.planner.plan(self.resolver.request(node_type, resources, node_config, is_head))
         except (ConfigError, NoFeasibleOffering) as e:
             raise LaunchError(str(e), type(e).__name__) from e
 
-    def launch(self, node_type: str, node_config: dict[str, Any] | None, ray_tags: dict[str, str], count: int,
+    def launch(self, node_type: str, node_config: Document | None, ray_tags: dict[str, str], count: int,
                resources: dict[str, float], labels: dict[str, str], is_head: bool,
                launch_request: str | None = None, capacities: frozenset[str] | None = None) -> Launched:
         """`capacities`: only candidates of these capacity types (a reversion launches spot only)."""

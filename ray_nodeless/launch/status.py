@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ray_nodeless.core.documents import Document
 from ray_nodeless.launch.config import ProviderBundle, load_provider
@@ -50,7 +50,7 @@ def list_price_of(tags: dict[str, str]) -> float | None:
     return price_of(tags, TAG_LIST_PRICE) if TAG_LIST_PRICE in tags else price_of(tags)
 
 
-def _list(cluster_config: dict[str, Any]) -> tuple[ProviderBundle, list[Machine]]:
+def _list(cluster_config: Document) -> tuple[ProviderBundle, list[Machine]]:
     bundle = load_provider(cluster_config.get("provider"))
     backend = bundle.make_backend(cluster_config["cluster_name"])
     try:
@@ -59,7 +59,7 @@ def _list(cluster_config: dict[str, Any]) -> tuple[ProviderBundle, list[Machine]
         backend.close()
 
 
-def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> list[NodeStatus]:
+def cluster_status(cluster_config: Document, now: float | None = None) -> list[NodeStatus]:
     bundle, machines = _list(cluster_config)
     now = time.time() if now is None else now
     extra: dict[str, Document] = {}
@@ -83,7 +83,7 @@ def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> 
     return out
 
 
-def status_document(cluster_config: dict[str, Any]) -> Document:
+def status_document(cluster_config: Document) -> Document:
     nodes = cluster_status(cluster_config)
     return {
         "cluster_name": cluster_config.get("cluster_name"),
@@ -101,7 +101,7 @@ def _flat(n: NodeStatus) -> Document:
     return d
 
 
-def events_document(cluster_config: dict[str, Any], since_s: float | None = None, now: float | None = None,
+def events_document(cluster_config: Document, since_s: float | None = None, now: float | None = None,
                     read_head: Callable[[str], str] | None = None) -> Document:
     """The provider's decisions: the head's bounded event log and what the cluster's machines carry in their tags,
     from `since_s` ago on. The log is read here when this machine holds it (the head itself, or a local cluster

@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
+from ray_nodeless.core.documents import Document
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
@@ -51,7 +52,7 @@ class Target:
     machine_id: str = ""
     source: str = "backend"           # who ends it: "backend" | "registration"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Document:
         d = asdict(self)
         d.pop("source")
         return d
@@ -71,7 +72,7 @@ class SweepResult:
     def ok(self) -> bool:
         return not self.failures
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Document:
         return {"cluster_name": self.cluster_name, "dry_run": self.dry_run, "workers_only": self.workers_only,
                 "targets": [t.to_dict() for t in self.targets], "kept": [t.to_dict() for t in self.kept],
                 "hourly_cost": round(sum(t.hourly_price or 0.0 for t in self.targets), 6),
@@ -81,7 +82,7 @@ class SweepResult:
 class Sweep:
     """One sweep of one cluster. `targets()` lists; `run()` ends. Build, use, `close()`."""
 
-    def __init__(self, cluster_config: dict[str, Any], *, workers_only: bool = False,
+    def __init__(self, cluster_config: Document, *, workers_only: bool = False,
                  progress: Callable[[str], None] = lambda _msg: None, verify_s: float | None = None):
         name = cluster_config.get("cluster_name")
         if not isinstance(name, str) or not name:

@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from ray_nodeless.core.catalog.encoding import dump_bytes, sha256_hex
 from ray_nodeless.core.catalog.model import CAPACITY_TYPES
@@ -262,9 +262,9 @@ def _stale_or_fallback(err: str, path: Path, key: str, clock: Callable[[], float
     return CatalogResult(cat, SOURCE_EMBEDDED, None, why, path, (err,))
 
 
-def summarize(result: CatalogResult, cloud: str, region: str) -> dict[str, Any]:
+def summarize(result: CatalogResult, cloud: str, region: str) -> Document:
     """What `ray-nodeless catalog refresh` prints: provenance and the region's counts."""
-    out: dict[str, Any] = {
+    out: Document = {
         "cloud": cloud, "region": region, "source": result.source, "catalog_id": result.catalog.catalog_id,
         "age_s": None if result.age_s is None else round(result.age_s, 1), "reason": result.reason,
         "warnings": list(result.warnings), "cache_path": None if result.path is None else str(result.path),
