@@ -36,7 +36,8 @@ def test_the_metered_calls_keep_the_wrapped_signatures():
     for metered, wrapped, name in [(MeteredLauncher, Launcher, "launch"), (MeteredView, MachineView, "refresh"),
                                    (MeteredBackend, MachineBackend, "launch"),
                                    (MeteredBackend, MachineBackend, "list_machines")]:
-        assert inspect.signature(getattr(metered, name)) == inspect.signature(getattr(wrapped, name)), name
+        assert (inspect.signature(getattr(metered, name), eval_str=True)
+                == inspect.signature(getattr(wrapped, name), eval_str=True)), name
 
 
 def test_attribute_reads_and_writes_reach_the_wrapped_object():
