@@ -2,7 +2,8 @@
 """Cold `ray-nodeless plan CLUSTER_YAML`: this tree against an earlier commit, in the same run, interleaved.
 
     .venv/bin/python benches/bench_cold_plan.py                          # vs acde165 (before the numpy-free plan)
-    .venv/bin/python benches/bench_cold_plan.py --runs 9 --baseline-rev HEAD~3 --config cluster-configs/aws-cpu-head.yaml
+    .venv/bin/python benches/bench_cold_plan.py --runs 9 --baseline-rev HEAD~3 \
+        --config cluster-configs/aws-cpu-head.yaml
 
 Each figure is a fresh interpreter running the whole command (`ray-nodeless plan <config>`, interpreter start-up and
 every import included), as a user types it. The baseline commit is checked out into a temporary git worktree

@@ -30,7 +30,8 @@ LATENCIES_S = (60, 90, 120, 180)
 def row(r) -> dict:
     worker_h, launch_h, idle_h = r.worker_hours()
     return {"launches": sum(1 for n in r.nodes if not n.is_head), "launching_h": round(launch_h, 2),
-            "idle_h": round(idle_h, 2), "cost": round(r.workload_cost, 2), "bound_with_head": round(r.bound_with_head, 2),
+            "idle_h": round(idle_h, 2), "cost": round(r.workload_cost, 2),
+            "bound_with_head": round(r.bound_with_head, 2),
             "vs_bound_pct": round(r.distance_to_bound * 100, 2)}
 
 

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ray_nodeless.core.cluster_plan import plan_cluster  # noqa: E402
-from ray_nodeless.core.node_resources import instance_resources
+from ray_nodeless.core.node_resources import instance_resources  # noqa: E402
 from ray_nodeless.ray_adapter.provider import NodelessProvider  # noqa: E402
 from ray_nodeless.providers.local.backend import LocalBackend  # noqa: E402
 from ray_nodeless.providers.local.ray_start import MARKER_ENV  # noqa: E402
@@ -434,7 +434,8 @@ def main() -> int:
     report = {
         "autoscaler": args.autoscaler, "update_interval_s": 1, "reps": args.reps, "interleaved": True,
         "our_instance_type": ours.instance_type, "worker_resources": ours.worker_resources,
-        "list_cache_s": args.list_cache_s, "ray_start_args": args.ray_start_arg, "head_start_s": head_s, "wall_s": time.monotonic() - t_all,
+        "list_cache_s": args.list_cache_s, "ray_start_args": args.ray_start_arg, "head_start_s": head_s,
+        "wall_s": time.monotonic() - t_all,
         "providers": {b.name: {"summary": {k: s for k in keys if (s := summarize(b.results, k))},
                                "runs": b.results} for b in benches},
     }

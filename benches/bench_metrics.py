@@ -12,7 +12,8 @@ view, launcher, planner); "off" is the same provider with its view, backend and 
 unwrapped objects, i.e. the provider without ray_nodeless/metrics; a second "off" provider ("control") gives the
 noise floor of the comparison.
 One autoscaler update = what Ray asks per loop: `non_terminated_nodes({})`, then `node_tags`, `is_running` and
-`internal_ip` for every node. Updates alternate on/off, the first side alternating too (this machine's speed drifts); the figure is the median of
+`internal_ip` for every node. Updates alternate on/off, the first side alternating too (this machine's speed drifts);
+the figure is the median of
 each side and the difference of the medians, in this thread's CPU time (`time.thread_time`), so that other
 processes on the shared cores do not count. A scrape (the registry rendered as Prometheus text, the gauges read
 from the view) is timed separately: it runs when Prometheus asks, not per update.

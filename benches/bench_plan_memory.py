@@ -118,7 +118,7 @@ def main() -> None:
             trees.append((f"baseline {args.baseline_rev}", base))
         try:
             small = cluster_yaml(tmpd / "small.yaml", 1, "one")
-            print(f"| path | shapes | node types | " + " | ".join(name for name, _ in trees) + " |")
+            print("| path | shapes | node types | " + " | ".join(name for name, _ in trees) + " |")
             print("|---|---|---|" + "---|" * len(trees))
             for mode in args.modes.split(","):
                 for mix in args.mixes.split(","):

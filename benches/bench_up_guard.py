@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=200)
     args = ap.parse_args()
     with_hook, without = _start_ups(args.rounds)
-    ms = lambda xs: f"median {1e3 * statistics.median(xs):.2f} ms, mean {1e3 * statistics.fmean(xs):.2f} ms"  # noqa
+    ms = lambda xs: f"median {1e3 * statistics.median(xs):.2f} ms, mean {1e3 * statistics.fmean(xs):.2f} ms"  # noqa: E731
     print(f"python -c pass, {args.rounds} rounds alternating (Python {sys.version.split()[0]}):")
     print(f"  with the hook:    {ms(with_hook)}")
     print(f"  without the hook: {ms(without)}")

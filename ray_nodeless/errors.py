@@ -27,8 +27,9 @@ class CatalogError(NodelessError):
 class NoFeasibleOffering(NodelessError):
     """No offering satisfies a shape under its rule. Carries the explanation of every rejection."""
 
-    def __init__(self, message: str, explanation: "object | None" = None):
+    def __init__(self, message: str, explanation: "object | None" = None, key: str | None = None):
         self.explanation = explanation
+        self.key = key      # the config key that emptied the candidates, where core/diagnose.py could tell
         super().__init__(message)
 
 

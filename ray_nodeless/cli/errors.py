@@ -15,7 +15,7 @@ BAD_INPUT = 2
 FAILURE = 1
 
 
-def fail(e: Exception, code: int) -> NoReturn:
+def fail(e: BaseException, code: int) -> NoReturn:
     click.echo(f"ray-nodeless: error: {e}", err=True)
     sys.exit(code)
 

@@ -1,4 +1,5 @@
-"""`ray-nodeless`: plan, catalog, status, sweep, simulate, trace. Keep these interfaces stable: other tools build on them.
+"""`ray-nodeless`: plan, catalog, status, sweep, simulate, trace. Keep these interfaces stable: other tools build on
+them.
 
 Every `--json` output is one JSON document (keys documented in README.md). Errors follow `cli.errors`: one line
 naming the offending key, exit status 2 (bad input) or 1 (anything else). Each command group lives in its own

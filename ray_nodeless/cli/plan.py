@@ -18,7 +18,7 @@ from ray_nodeless.cli.plan_open import OpenPreview, offering_dict, parse_cli_dem
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.demand import Demand
 from ray_nodeless.core.idle import SOURCE_BREAK_EVEN, SOURCE_CLUSTER, SOURCE_NODE_TYPE, IdleTimeout
-from ray_nodeless.core.cluster_plan import ClusterPlan, load_cluster_yaml, plan_cluster, planner_for
+from ray_nodeless.core.cluster_plan import ClusterPlan, load_cluster_yaml, planner_for
 from ray_nodeless.core.planner import Plan
 from ray_nodeless.core.requirements import GIB, Request, Shape, parse_requirements
 from ray_nodeless.errors import ConfigError
@@ -213,7 +213,8 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); {_open_ceiling(cp, preview)}")
         return
     at_list = ("" if c.list_idle_cost_per_hour is None else
-               f" [list prices: idle ${c.list_idle_cost_per_hour:.4f}/h, ceiling ${c.list_ceiling_cost_per_hour:.4f}/h]")
+               f" [list prices: idle ${c.list_idle_cost_per_hour:.4f}/h,"
+               f" ceiling ${c.list_ceiling_cost_per_hour:.4f}/h]")
     click.echo(f"idle cost: ${c.idle_cost_per_hour:.4f}/h (head + min_workers); "
                f"ceiling: ${c.ceiling_cost_per_hour:.4f}/h (at max_workers){at_list}")
 

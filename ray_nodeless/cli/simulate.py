@@ -5,6 +5,7 @@ The replay itself is `ray_nodeless.simulate`; this module only reads the options
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -81,7 +82,8 @@ def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple
         idle = IDLE_RELEASE if idle_release == "both" else (idle_release,)
         cfgs = build_configs(trace, configs, baselines, capacity, schedule, catalog, idle_release=idle,
                              reversion=REVERSION_VARIANTS[reversion])
-        timing = {"launch_latency_ms": int(round(launch_minutes * 60_000)), "launch_concurrency": launch_concurrency,
+        timing: dict[str, Any] = {
+                  "launch_latency_ms": int(round(launch_minutes * 60_000)), "launch_concurrency": launch_concurrency,
                   "task_start_ms": int(round(task_start_seconds * 1000)),
                   "scale_down_ms": int(round(scale_down_seconds * 1000)),
                   "spot_outage_ms": int(round(spot_outage_minutes * 60_000))}

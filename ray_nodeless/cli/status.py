@@ -77,7 +77,7 @@ def _age(text: str | None) -> float | None:
     try:
         n = float(t[:-1]) if t and t[-1] in _UNITS else float(t)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not an age like 30s, 10m, 2h or 1d", param_hint="--since")
+        raise click.BadParameter(f"{text!r} is not an age like 30s, 10m, 2h or 1d", param_hint="--since") from None
     if n < 0:
         raise click.BadParameter(f"{text!r} is negative", param_hint="--since")
     return n * _UNITS.get(t[-1], 1)

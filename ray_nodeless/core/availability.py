@@ -24,8 +24,9 @@ class UnavailableOfferings:
         self.ttl_s = ttl_s
         # Read at each call, so a test may swap it after construction (`provider.unavailable.clock = FakeClock()`).
         self.clock = clock
-        self._entries: TTLCache = TTLCache(maxsize=ttls.UNAVAILABLE_MAX_ENTRIES, ttl=max(ttl_s, 1e-9),
-                                           timer=lambda: self.clock())
+        # (instance type, zone, capacity) -> why
+        self._entries: TTLCache[tuple[str, str, str], str] = TTLCache(
+            maxsize=ttls.UNAVAILABLE_MAX_ENTRIES, ttl=max(ttl_s, 1e-9), timer=lambda: self.clock())
         self._lock = threading.Lock()    # cachetools caches are not thread-safe
 
     def mark(self, offering: Offering, reason: str) -> None:

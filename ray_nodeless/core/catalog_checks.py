@@ -23,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any, Callable, Iterable, Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import RegionCatalog
 from ray_nodeless.core.family_names import cloud_families
 from ray_nodeless.core.requirements import split_node_config
@@ -136,7 +137,7 @@ def _names(value: Any) -> list[str] | None:
     return None
 
 
-def check_constraints(values: CatalogValues, data: Mapping[str, Any], key: str,
+def check_constraints(values: CatalogValues, data: DocumentView, key: str,
                       keys: Mapping[str, tuple[str, bool]] = RULE_KEYS) -> list[str]:
     """Check the catalog-known keys of one mapping (a rule, a node_config's constraints, `provider.exclude`);
     the notes (names that are real but not offered in the region, in an allow-list)."""
@@ -154,8 +155,8 @@ def check_constraints(values: CatalogValues, data: Mapping[str, Any], key: str,
     return notes
 
 
-def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
-                         backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+def check_catalog_values(cluster_config: DocumentView, rc: RegionCatalog,
+                         backend_overrides: Callable[[Document], Document] | None = None,
                          unlisted_families: Iterable[str] = ()) -> list[str]:
     """Every catalog-checkable value of the cluster YAML (see the module docstring). Runs after the parsers, so
     shapes are known to be right where it looks. Returns the notes: real families the region does not offer, in an
@@ -203,7 +204,7 @@ def check_catalog_values(cluster_config: Mapping[str, Any], rc: RegionCatalog,
     return notes
 
 
-def provider_key_holding(provider: Mapping[str, Any], value: str) -> str:
+def provider_key_holding(provider: DocumentView, value: str) -> str:
     """The provider-block key whose value (or whose mapping's keys) holds `value`; `provider` if none does."""
     for k in sorted(provider, key=str):
         v = provider[k]

@@ -18,13 +18,15 @@ from ray_nodeless.core.diagnose import explain_no_offering
 from ray_nodeless.core.settings import CoreSettings, Resolver, node_types_of, parse_provider
 from ray_nodeless.core.cost import ClusterCost, cluster_cost, node_type_cost
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
-from ray_nodeless.core.planner import Plan, Planner
+from ray_nodeless.core.plan import Plan
+from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.idle import IdleTimeout, cluster_idle_s, idle_timeout
 from ray_nodeless.core.prices import priced
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY
 from ray_nodeless.core.rules import rule_warnings
 
 logger = logging.getLogger(__name__)
+from ray_nodeless.core.documents import Document, DocumentView
 
 # Names Ray and the backends write into tags and labels. The strictest limit among them: GCE label values and
 # Kubernetes label values hold at most 63 characters (a longer name would be cut, and two clusters or node types
@@ -56,7 +58,7 @@ def load_catalog(spec: str) -> catalog_mod.Catalog:
     return catalog_mod.load_file(spec)
 
 
-def load_cluster_yaml(path: str | Path) -> dict[str, Any]:
+def load_cluster_yaml(path: str | Path) -> Document:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -96,7 +98,7 @@ def too_deep(doc: Any, limit: int = MAX_YAML_DEPTH) -> str | None:
     return None
 
 
-def check_names(cluster_config: Mapping[str, Any]) -> None:
+def check_names(cluster_config: DocumentView) -> None:
     """`cluster_name` and the node type names (at most MAX_NODE_TYPES of them), as Ray and the backends can use
     them: strings, not empty (an empty cluster name tags machines that `sweep` then cannot tell apart), printable,
     at most NAME_MAX_LEN characters."""
@@ -128,14 +130,14 @@ class ClusterPlan:
     catalog_id: str
     head_node_type: str
     plans: dict[str, Plan]               # node type -> plan, sorted by name
-    node_types: dict[str, dict[str, Any]]
+    node_types: dict[str, Document]
     cost: ClusterCost
     global_max_workers: int
     idle: dict[str, IdleTimeout] = field(default_factory=dict)   # worker node type -> idle timeout (core/idle.py)
     # Rules that never apply (core/rules.py rule_warnings); logged as warnings by plan_cluster.
     warnings: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Document:
         types = {}
         for name, plan in self.plans.items():
             nt = self.node_types[name]
@@ -152,8 +154,8 @@ class ClusterPlan:
                 "warnings": list(self.warnings)}
 
 
-def plan_cluster(cluster_config: Mapping[str, Any],
-                 backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+def plan_cluster(cluster_config: DocumentView,
+                 backend_overrides: Callable[[Document], Document] | None = None,
                  catalog: catalog_mod.Catalog | None = None,
                  settings: CoreSettings | None = None, shape_open: bool = False,
                  unlisted_families: frozenset[str] = frozenset()) -> ClusterPlan:

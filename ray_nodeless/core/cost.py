@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
 
-from ray_nodeless.core.planner import Plan
+from ray_nodeless.core.plan import Plan
+from ray_nodeless.core.documents import Document, DocumentView
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ClusterCost:
     list_idle_cost_per_hour: float | None = None
     list_ceiling_cost_per_hour: float | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Document:
         out = {"idle_cost_per_hour": round(self.idle_cost_per_hour, 6),
                "ceiling_cost_per_hour": round(self.ceiling_cost_per_hour, 6)}
         if self.list_idle_cost_per_hour is not None:
@@ -65,7 +65,7 @@ def _cluster_cost(items: list[NodeTypeCost], global_max_workers: int | None) -> 
     return ClusterCost(idle_cost_per_hour=idle, ceiling_cost_per_hour=ceiling)
 
 
-def node_type_cost(name: str, node_type: Mapping, plan: Plan, is_head: bool,
+def node_type_cost(name: str, node_type: DocumentView, plan: Plan, is_head: bool,
                    default_max_workers: int = 0) -> NodeTypeCost:
     """Ray's default max_workers of a worker type is the cluster's max_workers."""
     price = plan.chosen.hourly_price or 0.0

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.gpus import canonical_gpu
 from ray_nodeless.errors import ConfigError
@@ -66,7 +67,7 @@ class Selector:
         return " and ".join(c.describe() for c in self.constraints) or "any node"
 
 
-def canonical_resources(resources: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+def canonical_resources(resources: DocumentView) -> tuple[tuple[str, float], ...]:
     """Resources as a sorted tuple without zero amounts (hashable: equal demands are one shape)."""
     out = []
     for k in sorted(resources, key=str):
@@ -177,7 +178,7 @@ def parse_demand(text_or_map: Any, selectors: Iterable[Any] = (), key: str = "--
     return Demand(canonical_resources(res), tuple(parse_selector(s) for s in selectors))
 
 
-def _json_map(text_or_map: Any, key: str) -> dict[str, Any]:
+def _json_map(text_or_map: Any, key: str) -> Document:
     if isinstance(text_or_map, str):
         try:
             text_or_map = json.loads(text_or_map)

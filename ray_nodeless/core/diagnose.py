@@ -12,14 +12,19 @@ names every place that constrains the node type (their combination leaves nothin
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable
 
-from ray_nodeless.core.catalog import CAPACITY_TYPES, Offering, RegionCatalog
+from ray_nodeless.core.documents import Document, DocumentView
+from ray_nodeless.core.catalog import CAPACITY_TYPES, InstanceType, Offering, RegionCatalog
 from ray_nodeless.core.catalog_checks import provider_key_holding
 from ray_nodeless.core.requirements import (
     ARCHES, Request, Requirements, Shape, parse_requirements, split_node_config,
 )
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
+from ray_nodeless.core.plan import Plan
+
+if TYPE_CHECKING:
+    from ray_nodeless.core.settings import CoreSettings   # settings imports nothing of this module's callers
 
 # provider.exclude spells its exclusions without the `exclude_` prefix.
 _EXCLUDE_SPELLING = {"exclude_families": "families", "exclude_gpus": "gpus",
@@ -39,11 +44,11 @@ def _describe(o: Offering) -> str:
     return f"{t.name} ({t.vcpus:g} vCPU, {t.memory_gib:g} GiB{gpu}) {o.zone} {o.capacity} {price}"
 
 
-def explain_no_offering(error: NoFeasibleOffering, plan: Callable[[Request], Any], rc: RegionCatalog,
-                        settings: Any, name: str,
-                        node_type: Mapping[str, Any], is_head: bool,
-                        backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None,
-                        settings_provider: Mapping[str, Any] | None = None) -> NoFeasibleOffering:
+def explain_no_offering(error: NoFeasibleOffering, plan: Callable[[Request], Plan], rc: RegionCatalog,
+                        settings: CoreSettings, name: str,
+                        node_type: DocumentView, is_head: bool,
+                        backend_overrides: Callable[[Document], Document] | None,
+                        settings_provider: DocumentView | None = None) -> NoFeasibleOffering:
     """`error` (the planner's, for node type `name`) with the key that emptied it first. `plan` is the planner's
     `plan` (cached: the re-plans cost a few ms each, and only a failing config pays them); `rc` the region."""
     key = f"available_node_types.{name}"
@@ -66,7 +71,8 @@ def explain_no_offering(error: NoFeasibleOffering, plan: Callable[[Request], Any
                     pins.setdefault(field, f"{key}.node_config.{k}")
     # (place, requirements, field -> the key it is spelled as), in Resolver's order of composition.
     parts: list[tuple[Requirements, Callable[[str], str]]] = [
-        (rule.requirements if rule else Requirements(), lambda f: f"provider.rules[{rule.index}].{f}"),
+        (rule.requirements if rule else Requirements(),
+         lambda f: f"provider.rules[{rule.index if rule else '?'}].{f}"),     # no rule: no rule field is set
         (parse_requirements(ours, f"{key}.node_config"), lambda f: f"{key}.node_config.{f}"),
         (parse_requirements(implied, f"{key}.node_config"), lambda f: pins.get(f, f"{key}.node_config")),
         (settings.rules.exclude, lambda f: f"provider.exclude.{_EXCLUDE_SPELLING.get(f, f)}"),
@@ -102,13 +108,11 @@ def explain_no_offering(error: NoFeasibleOffering, plan: Callable[[Request], Any
             f"{key}: {head}: no single key is at fault; the combination of "
             + ", ".join(sorted({spelled(f) for req, spelled in parts for f in _set_fields(req)}) or ["the defaults"])
             + " leaves nothing")
-    out = NoFeasibleOffering(f"{text}\n{error}", explanation=error.explanation)
-    out.key = text.split(":", 1)[0]
-    return out
+    return NoFeasibleOffering(f"{text}\n{error}", explanation=error.explanation, key=text.split(":", 1)[0])
 
 
-def _shape_text(plan: Callable[[Request], Any], rc: RegionCatalog, settings: Any, name: str, shape: Shape,
-                resources: Mapping[str, Any], key: str, where: str) -> str | None:
+def _shape_text(plan: Callable[[Request], Plan], rc: RegionCatalog, settings: CoreSettings, name: str, shape: Shape,
+                resources: DocumentView, key: str, where: str) -> str | None:
     """The shape's own misfit (no constraint at all gives an offering), naming the resource; None if it fits."""
     open_req = Requirements(arch=ARCHES, capacity=CAPACITY_TYPES, allow_gpu_instances=True)
     try:
@@ -124,8 +128,9 @@ def _shape_text(plan: Callable[[Request], Any], rc: RegionCatalog, settings: Any
             return (f"{key}.resources.accelerator_type:{shape.accelerator_type}: no instance type {where} has a "
                     f"{shape.accelerator_type} GPU")
         rc_types = with_model
-    checks = (("GPU", shape.gpu, lambda t: t.gpu_count, "GPUs"), ("CPU", shape.cpu, lambda t: t.vcpus, "vCPUs"),
-              ("memory", shape.memory_gib, lambda t: t.memory_gib, "GiB of memory"))
+    checks: tuple[tuple[str, float, Callable[[InstanceType], float], str], ...] = (
+        ("GPU", shape.gpu, lambda t: t.gpu_count, "GPUs"), ("CPU", shape.cpu, lambda t: t.vcpus, "vCPUs"),
+        ("memory", shape.memory_gib, lambda t: t.memory_gib, "GiB of memory"))
     for res, wanted, have, unit in checks:
         best = max(rc_types, key=lambda t: (have(t), t.name), default=None)
         if best is not None and wanted > have(best):

@@ -30,7 +30,7 @@ cluster-wide timeout applies (`ray-nodeless plan` says which is used). Pure: no 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from ray_nodeless.core.documents import Document, DocumentView
 
 DEFAULT_LAUNCH_LATENCY_S = 180.0     # request -> Ray node ready; the replay's default launch latency too
 SOURCE_NODE_TYPE = "node type"       # the YAML's own available_node_types.<t>.idle_timeout_s
@@ -43,7 +43,7 @@ class IdleTimeout:
     seconds: float | None        # None: never (no per-type value and no idle_timeout_minutes)
     source: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Document:
         return {"idle_timeout_s": None if self.seconds is None else round(self.seconds, 3),
                 "idle_timeout_source": self.source}
 
@@ -58,7 +58,7 @@ def break_even_s(hourly_price: float | None, launch_latency_s: float, relaunch_o
     return float(launch_latency_s) + 3600.0 * relaunch_overhead_usd / hourly_price
 
 
-def cluster_idle_s(cluster_config: Mapping[str, Any]) -> float | None:
+def cluster_idle_s(cluster_config: DocumentView) -> float | None:
     """Ray's cluster-wide `idle_timeout_minutes` in seconds (None when the YAML has none: under v2, never)."""
     v = cluster_config.get("idle_timeout_minutes")
     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -75,7 +75,7 @@ def capped_break_even_s(hourly_price: float | None, launch_latency_s: float, rel
     return s
 
 
-def idle_timeout(node_type: Mapping[str, Any], hourly_price: float | None, *, cost_aware: bool,
+def idle_timeout(node_type: DocumentView, hourly_price: float | None, *, cost_aware: bool,
                  launch_latency_s: float, relaunch_overhead_usd: float, cluster_s: float | None) -> IdleTimeout:
     """One worker node type's idle timeout and where it comes from (the precedence in the module docstring)."""
     own = node_type.get("idle_timeout_s")

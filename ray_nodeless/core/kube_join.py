@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from ray_nodeless.core.documents import Document
 
 NODECONFIG_API = "node.eks.aws/v1alpha1"
 NODECONFIG_TYPE = "application/node.eks.aws"
@@ -149,7 +150,7 @@ def _parse_eks(text: str) -> JoinedNode:
             continue
         for doc in yaml.safe_load_all(part.get_content()):
             if isinstance(doc, dict) and doc.get("kind") == "NodeConfig" and doc.get("apiVersion") == NODECONFIG_API:
-                spec: dict[str, Any] = doc.get("spec") or {}
+                spec: Document = doc.get("spec") or {}
                 flags = list((spec.get("kubelet") or {}).get("flags") or [])
                 taints = [parse_taint_flag(t) for t in _flag(flags, "--register-with-taints").split(",") if t]
                 return JoinedNode("eks", None, parse_labels_flag(_flag(flags, "--node-labels")), taints, flags,

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core import ttls
 from ray_nodeless.core.catalog import InstanceType
 from ray_nodeless.core.gpus import canonical_gpu
@@ -49,7 +50,7 @@ class FillRule:
     # nothing at all; one declaring neither still gets the rule, or the autoscaler could never scale it).
     declared_shape_kept: bool = False
 
-    def keeps(self, declared: Mapping[str, Any]) -> bool:
+    def keeps(self, declared: DocumentView) -> bool:
         """True when `declared` resources stay as written (no fill-in at all) under this rule."""
         return self.declared_shape_kept and bool({"CPU", "GPU"} & set(declared))
 
@@ -99,16 +100,16 @@ def ray_autodetected_resources(t: InstanceType, is_head: bool, rule: FillRule) -
     return out
 
 
-def ray_filled_resources(t: InstanceType, declared: dict[str, Any] | None, is_head: bool, *,
-                         rule: FillRule) -> dict[str, Any]:
+def ray_filled_resources(t: InstanceType, declared: Document | None, is_head: bool, *,
+                         rule: FillRule) -> Document:
     """A node type's resources after Ray's fill-in for instance type `t` under the cloud's `rule` (the backend
     config of `t.cloud` supplies it): detected, then declared on top. Whether to fill at all is `rule.keeps`."""
-    out: dict[str, Any] = ray_autodetected_resources(t, is_head, rule)
+    out: Document = ray_autodetected_resources(t, is_head, rule)
     out.update(declared or {})
     return out
 
 
-def instance_resources(t: InstanceType, declared: dict[str, Any] | None) -> dict[str, float]:
+def instance_resources(t: InstanceType, declared: Document | None) -> dict[str, float]:
     """The Ray resources a machine of type `t` advertises: its CPUs, GPUs and memory, plus declared custom ones."""
     out: dict[str, float] = {k: float(v) for k, v in sorted((declared or {}).items())
                              if k not in ("CPU", "GPU", "memory")}

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Offering, RegionCatalog
 from ray_nodeless.core.gpus import canonical_gpu
@@ -59,13 +60,13 @@ class OpenType:
     def price(self) -> float:
         return self.offering.hourly_price or 0.0
 
-    def node_type(self, template: Mapping[str, Any], max_workers: int, priority: int) -> dict[str, Any]:
+    def node_type(self, template: DocumentView, max_workers: int, priority: int) -> Document:
         """The `available_node_types` entry: pinned to this offering, labelled with what it is."""
         o = self.offering
         node_config = {k: v for k, v in template.get("node_config", {}).items()}
         node_config.update(instance_types=[o.instance_type.name], zones=[o.zone], capacity=[o.capacity])
         node_config[OPEN_SHAPE_KEY] = {k: (int(v) if float(v).is_integer() else v) for k, v in self.shape}
-        out: dict[str, Any] = {"min_workers": 0, "max_workers": int(max_workers), "resources": dict(self.resources),
+        out: Document = {"min_workers": 0, "max_workers": int(max_workers), "resources": dict(self.resources),
                                "labels": dict(self.labels), "priority": int(priority), "node_config": node_config}
         if template.get("idle_timeout_s") is not None:
             out["idle_timeout_s"] = template["idle_timeout_s"]
@@ -90,15 +91,15 @@ class OpenFitter:
 
     def __init__(self, resolver: Resolver, planner: Planner | Callable[[], Planner],
                  unavailable: UnavailableOfferings | None = None,
-                 template_node_config: Mapping[str, Any] | None = None, derive_sizes: bool = True):
+                 template_node_config: DocumentView | None = None, derive_sizes: bool = True):
         self.resolver = resolver
         # derive_sizes: take the candidates of a bigger shape from a smaller shape's plan under the same rule and
         # requirements instead of asking the planner (`_plan`); the same candidates in the same order, so the same
         # fits. False: always ask the planner (tests compare the two).
         self.derive_sizes = derive_sizes
-        self._bases: dict[tuple, tuple[tuple[float, float, int], Plan, list[int], list[int], tuple]] = {}
+        self._bases: dict[_SizeKey, _Base] = {}
         self._derived: dict[Request, Plan] = {}
-        self._size_columns: dict[int, tuple[RegionCatalog, tuple]] = {}
+        self._size_columns: dict[int, tuple[RegionCatalog, _Columns]] = {}
         # A callable: the provider loads its catalog at the first plan, not when Ray builds it.
         self._planner = planner
         self.unavailable = unavailable
@@ -121,7 +122,7 @@ class OpenFitter:
                 f"{demand.describe()}: no instance offers the resource(s) {others}; declare a node type with them")
         # The planner's Shape: whole GPUs, the accelerator model as a resource; memory as RAM (node memory is
         # TASK_MEMORY_FRACTION of it).
-        shape: dict[str, Any] = {"CPU": want.get("CPU", 0.0), "GPU": math.ceil(want.get("GPU", 0.0) - 1e-9)}
+        shape: Document = {"CPU": want.get("CPU", 0.0), "GPU": math.ceil(want.get("GPU", 0.0) - 1e-9)}
         if demand.accelerator:
             shape[f"{ACCELERATOR_RESOURCE}{demand.accelerator}"] = 1
             if not shape["GPU"]:
@@ -169,8 +170,8 @@ class OpenFitter:
                                  f"{nearest.zone} {nearest.capacity} ${nearest.hourly_price or 0:.4f}/h)")
 
 
-    def _why_none(self, request: Request, error: NoFeasibleOffering, shape: Mapping[str, Any],
-                  node_config: Mapping[str, Any]) -> str:
+    def _why_none(self, request: Request, error: NoFeasibleOffering, shape: DocumentView,
+                  node_config: DocumentView) -> str:
         """The key that removed the demand's last candidate and the nearest offering (core/diagnose.py), once
         per request: an unservable demand stays pending, and is planned again every loop."""
         if request not in self._why:
@@ -222,14 +223,22 @@ class OpenFitter:
         return planner.plan(request)          # the planner's own error, with its explanation
 
 
-    def _columns(self, rc: RegionCatalog) -> tuple[list[float], list[float], list[int]]:
+    def _columns(self, rc: RegionCatalog) -> _Columns:
         hit = self._size_columns.get(id(rc))
         if hit is None or hit[0] is not rc:
             hit = self._size_columns[id(rc)] = (rc, _size_columns(rc))
         return hit[1]
 
 
-def _size_free(request: Request, catalog_id: str) -> tuple[tuple, tuple[float, float, int]]:
+# The open fitter's cache of base plans: a request's fields besides its size (hashed and compared only), the size
+# thresholds (vCPUs, memory GiB, GPUs), a region's type columns of those, and a cached base plan with its candidates.
+_SizeKey = tuple[object, ...]
+_Need = tuple[float, float, int]
+_Columns = tuple[list[float], list[float], list[int]]
+_Base = tuple[_Need, Plan, list[int], list[int], _Columns]
+
+
+def _size_free(request: Request, catalog_id: str) -> tuple[_SizeKey, _Need]:
     """(what the planner's checks depend on besides size, the three size thresholds) of a request."""
     req, shape = request.requirements, request.shape
     key = (catalog_id, request.cloud, request.region, request.rule, request.node_type, shape.accelerator_type,
@@ -237,13 +246,13 @@ def _size_free(request: Request, catalog_id: str) -> tuple[tuple, tuple[float, f
     return key, (max(shape.cpu, req.min_vcpus), max(shape.memory_gib, req.min_memory_gib), shape.gpu)
 
 
-def _size_columns(rc: RegionCatalog) -> tuple[list[float], list[float], list[int]]:
+def _size_columns(rc: RegionCatalog) -> _Columns:
     """The type columns the planner's size checks read (planner_py.PyRegionIndex: the same values)."""
     return ([float(t.vcpus) for t in rc.types], [float(t.memory_gib) for t in rc.types],
             [t.gpu_count for t in rc.types])
 
 
-def _filtered(base: tuple, request: Request, need: tuple[float, float, int], planner: Planner) -> Plan:
+def _filtered(base: _Base, request: Request, need: _Need, planner: Planner) -> Plan:
     """The base plan's candidates whose instance type passes `need` (the planner's too_few_vcpus, too_little_memory
     and too_few_gpus checks, on the same float columns), in the same order, as `request`'s plan."""
     _, plan, candidates, type_ids, (vcpus, mem, gpus) = base
@@ -259,7 +268,7 @@ def _filtered(base: tuple, request: Request, need: tuple[float, float, int], pla
 class Packing:
     """What one pass decided: machines to open per generated type, and demands nothing allowed can serve."""
 
-    new: Counter = field(default_factory=Counter)               # type name -> machines
+    new: Counter[str] = field(default_factory=Counter)          # type name -> machines
     types: dict[str, OpenType] = field(default_factory=dict)
     infeasible: dict[Demand, str] = field(default_factory=dict)  # demand -> why (the planner's reason)
 
@@ -268,7 +277,7 @@ class Packing:
         return sum(self.types[n].price * c for n, c in self.new.items())
 
 
-def _size_key(d: Demand) -> tuple:
+def _size_key(d: Demand) -> tuple[object, ...]:
     """Demands with label selectors first (they can use fewer machines), then largest first."""
     r = d.res
     return (not d.selectors, -r.get("GPU", 0.0), -r.get("CPU", 0.0), -r.get("memory", 0.0), d.resources,
@@ -372,10 +381,10 @@ class Packer:
 
     def _gang(self, gid: str, bundles: list[Demand], bins: list[NodeCapacity], out: Packing) -> None:
         if any(b.packed for b in bundles):    # STRICT_PACK: one machine holds the sum
-            total: Counter = Counter()
+            total: dict[str, float] = {}
             for b in bundles:
                 for k, v in b.resources:
-                    total[k] += v * max(1, b.count)
+                    total[k] = total.get(k, 0.0) + v * max(1, b.count)
             units = [Demand(tuple(sorted(total.items())), bundles[0].selectors, 1, gid)]
         else:
             units = [Demand(b.resources, b.selectors, 1, gid, b.spread) for b in bundles
@@ -387,17 +396,18 @@ class Packer:
             first = self._open(units[0], out)
             if first is None:
                 return
-            seen = Counter(b.zone for b in bins if b.zone and b.node_type)
-            zones = sorted({z for z in seen}, key=lambda z: (-seen[z], z != first.offering.zone, z))
+            seen: Counter[str] = Counter(b.zone for b in bins if b.zone and b.node_type)
+            by_use = sorted(seen, key=lambda z: (-seen[z], z != first.offering.zone, z))
+            zones = list(by_use)
             if first.offering.zone not in zones:
                 zones.append(first.offering.zone)
             zones += sorted({o.zone for o in self._zones_of(units[0])} - set(zones))
         for zone in zones:
             trial = self._place_gang(gid, units, bins, zone, spread, out)
             if trial is not None:
-                for b, want in trial[0]:
-                    take(b.free, want)
-                    b.hosts.add(gid)
+                for placed_on, want in trial[0]:
+                    take(placed_on.free, want)
+                    placed_on.hosts.add(gid)
                 for t in trial[1]:
                     nb = self._new_bin(t, out, bins)
                     take(nb.free, _bin_view(dict(t.shape), nb))
@@ -415,14 +425,15 @@ class Packer:
             return []
 
     def _place_gang(self, gid: str, units: list[Demand], bins: list[NodeCapacity], zone: str | None, spread: bool,
-                    out: Packing) -> tuple[list, list[OpenType]] | None:
+                    out: Packing) -> tuple[list[tuple[NodeCapacity, dict[str, float]]], list[OpenType]] | None:
         free = {id(b): dict(b.free) for b in bins}
         used: set[int] = set()
-        placed: list[tuple[NodeCapacity, dict]] = []
+        placed: list[tuple[NodeCapacity, dict[str, float]]] = []
         opened: list[OpenType] = []
         for u in units:
             want = u.res
-            spot = view = None
+            spot: NodeCapacity | None = None
+            view: dict[str, float] = {}
             for b in bins:
                 if zone is not None and b.zone != zone:
                     continue
@@ -448,7 +459,8 @@ class Packer:
 
 def _group_sizes(remaining: int) -> list[int]:
     """The group sizes tried when a machine is opened for `remaining` equal demands: remaining, then halving."""
-    out, m = [], remaining
+    out: list[int] = []
+    m = remaining
     while m > 1 and len(out) < 8:
         out.append(m)
         m //= 2

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from ray_nodeless.core.catalog import Offering, RegionCatalog
 from ray_nodeless.core.requirements import Request
+from ray_nodeless.core.documents import Document
 
 if TYPE_CHECKING:
     import numpy as np
@@ -99,7 +100,7 @@ class Plan:
             if skip is None or not skip(o):
                 yield o
 
-    def explain(self, alternatives: int = 4) -> dict:
+    def explain(self, alternatives: int = 4) -> Document:
         """A JSON-ready record of the decision (what `ray-nodeless plan --json` prints per node type)."""
         chosen = self.chosen
         return {
@@ -118,7 +119,7 @@ class Plan:
         }
 
 
-def _offering_record(o: Offering) -> dict:
+def _offering_record(o: Offering) -> Document:
     t = o.instance_type
     return {
         "instance_type": t.name, "zone": o.zone, "capacity": o.capacity, "hourly_price": o.hourly_price,

@@ -28,16 +28,21 @@ import sys
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Collection, Iterable
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, RegionCatalog
-from ray_nodeless.core.plan import REASONS, SIZE_REASONS, Plan, allowed_gpu_models, failure_text  # noqa: F401 (API)
+# Re-exported: callers name the plan's types through the planner.
+from ray_nodeless.core.plan import REASONS as REASONS, SIZE_REASONS as SIZE_REASONS, Plan as Plan  # noqa: F401
+from ray_nodeless.core.plan import allowed_gpu_models as allowed_gpu_models, failure_text as failure_text  # noqa: F401
 from ray_nodeless.core.planner_py import PyPlanner
 from ray_nodeless.core.requirements import Request, names_explicitly
 from ray_nodeless.errors import NoFeasibleOffering
 
 if TYPE_CHECKING:
     import numpy as np
+
+    # (reason, which types or offerings pass it): the planner's checks, in order.
+    _Checks = list[tuple[str, np.ndarray]]
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +92,7 @@ class _RegionIndex:
                 self._glob_cache[pattern] = hit
         return hit
 
-    def any_glob(self, patterns) -> np.ndarray:
+    def any_glob(self, patterns: Iterable[str]) -> np.ndarray:
         import numpy as np
 
         out = np.zeros(len(self.names), dtype=bool)
@@ -95,11 +100,12 @@ class _RegionIndex:
             out |= self.glob_mask(p)
         return out
 
-    def code_mask(self, universe: list[str], codes: np.ndarray, wanted) -> np.ndarray:
+    def code_mask(self, universe: list[str], codes: np.ndarray, wanted: Collection[str]) -> np.ndarray:
         import numpy as np
 
         lut = np.array([u in wanted for u in universe], dtype=bool)
-        return lut[codes]
+        masked: np.ndarray = lut[codes]
+        return masked
 
 
 class Planner:
@@ -244,7 +250,7 @@ class Planner:
         return self._py.compute(request)
 
     @staticmethod
-    def _attribute(idx: _RegionIndex, type_checks, offering_checks) -> dict[str, int]:
+    def _attribute(idx: _RegionIndex, type_checks: _Checks, offering_checks: _Checks) -> dict[str, int]:
         """Count each rejected offering under the first reason it fails."""
         import numpy as np
 
@@ -266,7 +272,7 @@ class Planner:
             alive &= passes
         return out
 
-    def _failure_message(self, idx: _RegionIndex, request: Request, type_checks, offering_checks,
+    def _failure_message(self, idx: _RegionIndex, request: Request, type_checks: _Checks, offering_checks: _Checks,
                          rejected: dict[str, int], nearest: int = 3) -> str:
         import numpy as np
 

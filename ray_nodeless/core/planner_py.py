@@ -7,7 +7,7 @@ from __future__ import annotations
 import fnmatch
 import threading
 from array import array
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, RegionCatalog
 from ray_nodeless.core.plan import SIZE_REASONS, Plan, allowed_gpu_models, failure_text
@@ -48,7 +48,7 @@ class PyRegionIndex:
                 self._glob_cache[pattern] = hit
         return hit
 
-    def any_glob(self, patterns) -> list[bool]:
+    def any_glob(self, patterns: Iterable[str]) -> list[bool]:
         out = [False] * self.n_types
         for p in patterns:
             out = [a or b for a, b in zip(out, self.glob_mask(p))]
@@ -63,7 +63,11 @@ def _not(a: Sequence[bool]) -> list[bool]:
     return [not x for x in a]
 
 
-def _py_type_checks(idx: PyRegionIndex, request: Request) -> list[tuple[str, list[bool]]]:
+# (reason, which types or offerings pass it): the planner's checks, in order.
+_PyChecks = list[tuple[str, list[bool]]]
+
+
+def _py_type_checks(idx: PyRegionIndex, request: Request) -> _PyChecks:
     """`Planner._type_checks`, per type in plain Python (same checks, same order, same values)."""
     req = request.requirements
     shape = request.shape
@@ -111,7 +115,7 @@ def _py_type_checks(idx: PyRegionIndex, request: Request) -> list[tuple[str, lis
     ]
 
 
-def _py_offering_checks(idx: PyRegionIndex, request: Request) -> list[tuple[str, list[bool]]]:
+def _py_offering_checks(idx: PyRegionIndex, request: Request) -> _PyChecks:
     """`Planner._offering_checks`, per offering in plain Python."""
     rc = idx.rc
     req = request.requirements
@@ -133,7 +137,7 @@ def _py_offering_checks(idx: PyRegionIndex, request: Request) -> list[tuple[str,
             ("over_max_hourly_price", under)]
 
 
-def _py_attribute(idx: PyRegionIndex, type_checks, offering_checks) -> dict[str, int]:
+def _py_attribute(idx: PyRegionIndex, type_checks: _PyChecks, offering_checks: _PyChecks) -> dict[str, int]:
     """`Planner._attribute` in plain Python."""
     per_type = idx.offerings_per_type
     still = [True] * idx.n_types
@@ -200,7 +204,8 @@ class PyPlanner:
         return plan
 
 
-def _py_failure_message(catalog_id: str, idx: PyRegionIndex, request: Request, type_checks, offering_checks,
+def _py_failure_message(catalog_id: str, idx: PyRegionIndex, request: Request, type_checks: _PyChecks,
+                        offering_checks: _PyChecks,
                         rejected: dict[str, int], nearest: int = 3) -> str:
     """`Planner._failure_message` in plain Python: the same nearest offerings in the same order."""
     rc = idx.rc

@@ -39,6 +39,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ray_nodeless.core.documents import Document
 from ray_nodeless.core.catalog import CAPACITY_TYPES, Catalog, InstanceType, Offering, RegionCatalog
 from ray_nodeless.core.catalog.encoding import region_entry
 from ray_nodeless.core.schema import unknown_key
@@ -74,8 +75,8 @@ class PriceOverride:
             return None           # a discount of an unknown price is still unknown: never chosen
         return list_price * (1.0 - float(self.discount or 0.0))
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def to_dict(self) -> Document:
+        out: Document = {}
         for k in MATCH_KEYS:
             v = getattr(self, k)
             if v is not None:
@@ -155,7 +156,7 @@ def parse_price_overrides(value: Any, prefix: str = KEY) -> PriceBook:
         if len(given) != 1:
             raise ConfigError(key, "needs exactly one of `discount` (a fraction off the list price) or "
                                    f"`hourly_price` (a fixed USD/hour); got {given or 'neither'}")
-        kw: dict[str, Any] = {}
+        kw: Document = {}
         if "families" in entry:
             kw["families"] = _names(entry["families"], f"{key}.families")
         if "instance_types" in entry:

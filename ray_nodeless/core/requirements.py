@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import CAPACITY_TYPES
 from ray_nodeless.core.gpus import KNOWN_GPU_MODELS, canonical_gpu
 from ray_nodeless.core.schema import suggest_key, unknown_key
@@ -119,7 +120,8 @@ class Requirements:
         if other.arch is not None:
             arch = other.arch if self.arch is None else tuple(a for a in other.arch if a in self.arch)
             if not arch:
-                raise ConfigError(f"{key}.arch", f"{list(other.arch)} conflicts with the rule's {list(self.arch)}")
+                raise ConfigError(f"{key}.arch",
+                                  f"{list(other.arch)} conflicts with the rule's {list(self.arch or ())}")
         prices = [p for p in (self.max_hourly_price, other.max_hourly_price) if p is not None]
         return Requirements(
             instance_types=self.instance_types + other.instance_types,
@@ -170,7 +172,7 @@ def _number(value: Any, key: str, minimum: float = 0.0) -> float:
     return float(value)
 
 
-def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool = False) -> Requirements:
+def parse_requirements(data: DocumentView, key: str, *, allow_unknown: bool = False) -> Requirements:
     """Parse the constraint keys of `data` (a rule, a node_config, or `provider.exclude`).
 
     Unknown keys raise unless `allow_unknown` (node_config also holds the backend's launch keys).
@@ -181,7 +183,7 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
         unknown = sorted(k for k in data if k not in REQUIREMENT_KEYS)
         if unknown:
             raise unknown_key(f"{key}.{unknown[0]}", str(unknown[0]), REQUIREMENT_KEYS - {OPEN_SHAPE_KEY})
-    kw: dict[str, Any] = {}
+    kw: Document = {}
     if "instance_types" in data:
         kw["instance_types"] = (tuple(_str_list(data["instance_types"], f"{key}.instance_types", allow_empty=False)),)
     if "exclude_instance_types" in data:
@@ -222,12 +224,13 @@ def parse_requirements(data: Mapping[str, Any], key: str, *, allow_unknown: bool
             raise ConfigError(f"{key}.max_hourly_price", "must be > 0")
     if "allow_gpu_instances" in data:
         if not isinstance(data["allow_gpu_instances"], bool):
-            raise ConfigError(f"{key}.allow_gpu_instances", f"must be true or false, got {data['allow_gpu_instances']!r}")
+            raise ConfigError(f"{key}.allow_gpu_instances",
+                              f"must be true or false, got {data['allow_gpu_instances']!r}")
         kw["allow_gpu_instances"] = data["allow_gpu_instances"]
     return Requirements(**kw)
 
 
-def parse_exclude(data: Mapping[str, Any] | None, key: str) -> Requirements:
+def parse_exclude(data: DocumentView | None, key: str) -> Requirements:
     """`provider.exclude: {families, gpus, instance_types}` -> exclusion-only Requirements."""
     if data is None:
         return Requirements()
@@ -245,7 +248,7 @@ def parse_exclude(data: Mapping[str, Any] | None, key: str) -> Requirements:
     )
 
 
-def split_node_config(node_config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_node_config(node_config: DocumentView) -> tuple[Document, Document]:
     """Split a node_config into (ray_nodeless requirement keys, backend launch keys)."""
     ours = {k: v for k, v in node_config.items() if k in REQUIREMENT_KEYS}
     theirs = {k: v for k, v in node_config.items() if k not in REQUIREMENT_KEYS}
@@ -261,7 +264,8 @@ def names_explicitly(pattern: str) -> bool:
     Burstable types, GPU types for CPU-only shapes and non-GPU accelerators are allowed only when named.
     """
     fam = _FAMILY_PART.match(pattern)
-    return bool(fam and fam.group(1)) and not any(c in fam.group(1) for c in "*?[")
+    family = fam.group(1) if fam else ""
+    return bool(family) and not any(c in family for c in "*?[")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import difflib
 from typing import Any, Iterable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
 
 from ray_nodeless.errors import ConfigError, ConfigErrors
 
@@ -50,8 +51,8 @@ _MESSAGES = {
 }
 
 
-def _message(err: dict[str, Any]) -> str:
-    ctx = err.get("ctx") or {}
+def _message(err: ErrorDetails) -> str:
+    ctx: dict[str, Any] = err.get("ctx") or {}
     template = _MESSAGES.get(err["type"])
     if template is None:
         return err["msg"][0].lower() + err["msg"][1:]

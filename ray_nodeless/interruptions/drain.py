@@ -2,7 +2,8 @@
 
 Ray 2.60: `GcsClient(address=...).drain_node(node_id=<hex>, reason=<DrainNodeReason>, reason_message=...,
 deadline_timestamp_ms=...) -> (accepted, rejection message)` (ray_compat/gcs.py); `ray drain-node` and
-autoscaler v2's RayStopper call exactly this. With `DRAIN_NODE_REASON_PREEMPTION` the raylet cannot refuse: it stops taking
+autoscaler v2's RayStopper call exactly this. With `DRAIN_NODE_REASON_PREEMPTION` the raylet cannot refuse: it stops
+taking
 new work at once (the scheduler places new and retried tasks elsewhere), lets running tasks go on until the machine
 dies, and exits by itself if it becomes idle first. The deadline is what Ray reports to users ("the node will be
 preempted at ..."), so we pass the cloud's own.

@@ -35,7 +35,6 @@ import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import yaml
 
 from ray_nodeless.errors import CatalogError, ConfigError
 from ray_nodeless.kuberay import annotation, scheduling
@@ -80,8 +79,9 @@ def annotation_settings(ray_cr: Mapping[str, Any]) -> dict[str, Any]:
 
     data = annotation.parse_annotation(ray_cr.get("metadata") or {})
     if not data:
-        raise ConfigError(annotation.annotation_key(), "missing: the ray_nodeless settings of the cluster (at least "
-                                                   "`cloud` and `region`, and `kubernetes.join`); see README \"KubeRay\"")
+        raise ConfigError(annotation.annotation_key(),
+                          "missing: the ray_nodeless settings of the cluster (at least `cloud` and `region`, and "
+                          "`kubernetes.join`); see README \"KubeRay\"")
     if "kuberay" in data:
         raise ConfigError(annotation.annotation_key("kuberay"), "is set by the bridge (KubeRay's head pod)")
     return data

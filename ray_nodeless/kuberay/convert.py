@@ -346,7 +346,8 @@ def _ray_up(conv: ManifestConversion, ray_cr: Mapping[str, Any], cfg: Mapping[st
     head = cfg["head_node_type"]
     node_types = {}
     for name, nt in cfg["available_node_types"].items():
-        out = {"resources": dict(nt.get("resources") or {}), "node_config": dict(nt.get("node_config") or {})}
+        out: dict[str, Any] = {"resources": dict(nt.get("resources") or {}),
+                               "node_config": dict(nt.get("node_config") or {})}
         if name != head:
             out["min_workers"] = int(nt.get("min_workers", 0))
             out["max_workers"] = int(nt.get("max_workers", 0))

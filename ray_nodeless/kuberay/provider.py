@@ -50,14 +50,15 @@ class KubeRayNodelessProvider(NodelessProvider):
     def node_tags(self, node_id: str) -> dict[str, str]:
         return dict(self.head_tags) if node_id == self.head_id else super().node_tags(node_id)
 
-    def internal_ip(self, node_id: str) -> str | None:
+    # Ray types these `str`, yet its own KubeRayNodeProvider answers None for a pod without an IP, and v1 handles it.
+    def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         # As Ray's KubeRayNodeProvider (a pending pod has no IP): a worker's address is its Ray pod's, once the pod
         # runs. Before that no raylet can claim it, and v1's idle check (by IP) must not match another Ray node.
         if node_id == self.head_id:
             return self.head_ip
         return super().internal_ip(node_id) if self.is_running(node_id) else None
 
-    def external_ip(self, node_id: str) -> str | None:
+    def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]  # as internal_ip
         if node_id == self.head_id:
             return self.head_ip
         return super().external_ip(node_id) if self.is_running(node_id) else None

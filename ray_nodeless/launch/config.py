@@ -13,13 +13,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan, plan_cluster
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.schema import Section, declared_keys, parse_section
 from ray_nodeless.core.settings import CoreSettings, ProviderSettings, key_problems, node_types_of, parse_provider
 from ray_nodeless.errors import ConfigError, ConfigErrors
-from ray_nodeless.launch.catalog import catalog_for
+from ray_nodeless.launch.catalog import catalog_for as catalog_for   # re-exported: bootstrap's and convert's name
 from ray_nodeless.launch.open_types import check_open
 from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds, unlisted_families,
@@ -67,11 +68,11 @@ class ProviderBundle:
     def registration_for_sweep(self, cluster_name: str) -> Registration:
         return self.registration_class.for_sweep(self.registration_settings, cluster_name, self.core)
 
-    def requirement_overrides(self, node_config: dict[str, Any]) -> dict[str, Any]:
+    def requirement_overrides(self, node_config: Document) -> Document:
         """Requirement keys the backend's keys of `node_config` imply, given its parsed settings."""
         return self.backend_config.requirement_overrides(self.backend_settings, node_config)
 
-    def check_node_config(self, node_type: str, node_config: dict[str, Any], key: str) -> None:
+    def check_node_config(self, node_type: str, node_config: Document, key: str) -> None:
         self.backend_config.check_node_config(self.backend_settings, node_type, node_config, key)
 
 
@@ -125,7 +126,7 @@ def provider_key_problems(provider: Any) -> list[ConfigError]:
     return key_problems(provider, declared_keys(*models), models)
 
 
-def check_node_types(cluster_config: Mapping[str, Any], bundle: ProviderBundle) -> None:
+def check_node_types(cluster_config: DocumentView, bundle: ProviderBundle) -> None:
     for name, nt in node_types_of(cluster_config).items():
         node_config = nt.get("node_config") or {}
         if not isinstance(node_config, Mapping):
@@ -140,7 +141,7 @@ RAY_REQUIRED_KEYS = ("setup_commands", "head_setup_commands", "worker_setup_comm
 RAY_EXTERNAL_HEAD_TYPE = "ray.head.default"     # Ray's MINIMAL_EXTERNAL_CONFIG head_node_type
 
 
-def prepare_like_ray_up(cluster_config: Mapping[str, Any]) -> dict[str, Any]:
+def prepare_like_ray_up(cluster_config: DocumentView) -> Document:
     """The node-type view `ray up` plans from, without importing Ray (a cold `plan` stays fast): Ray's
     `prepare_config` for `type: external` merges nothing but its minimal defaults, requires the setup-command lists
     and `max_workers`, and fills each node type's `min_workers` (0) and `max_workers` (0 for the head, else the
@@ -186,7 +187,7 @@ def prepare_like_ray_up(cluster_config: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def check_cluster(cluster_config: Mapping[str, Any], catalog: catalog_mod.Catalog | None = None,
+def check_cluster(cluster_config: DocumentView, catalog: catalog_mod.Catalog | None = None,
                   bundle: ProviderBundle | None = None) -> ClusterPlan:
     """Validate a whole cluster YAML and plan every node type (no cloud I/O). `bundle`: its provider block as
     `load_provider` read it, when the caller has it already."""

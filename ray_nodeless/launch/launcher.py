@@ -14,16 +14,18 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, Iterator, Literal
 
 from cachetools import TTLCache
 
+from ray_nodeless.core.documents import Document
 from ray_nodeless.core import ttls
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog, Offering
 from ray_nodeless.core.demand import offering_labels
 from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.core.planner import Plan, Planner
+from ray_nodeless.core.plan import Plan
+from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import (
@@ -87,7 +89,8 @@ def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) 
         TAG_CATALOG: catalog_id,
     }
     listed = offering.listed
-    if offering.list_price is not None and (offering.hourly_price is None or abs(listed - offering.hourly_price) > 5e-7):
+    differs = offering.hourly_price is None or listed is None or abs(listed - offering.hourly_price) > 5e-7
+    if offering.list_price is not None and differs:
         tags[TAG_LIST_PRICE] = f"{listed:.6f}" if listed is not None else "unknown"
     return tags
 
@@ -97,6 +100,11 @@ class Launched:
     offering: Offering
     machine_ids: list[str]
     spec: LaunchSpec
+
+
+# A launch request's round: when it started, count -> calls so far, whether it is a retry round.
+_Round = tuple[float, dict[int, int], bool]
+_Slot = tuple[str, str, int, int]
 
 
 class Launcher:
@@ -116,8 +124,8 @@ class Launcher:
         self._hourly_cost = self.budget.hourly_cost if self.budget is not None else hourly_cost
         # (request id, node type) -> (when its round started, count -> calls so far); the offering each slot's
         # launch succeeded on, so Ray's retry of it walks straight to the same token.
-        self._rounds: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
-        self._slot_offerings: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
+        self._rounds: TTLCache[tuple[str | None, str], _Round] = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
+        self._slot_offerings: TTLCache[_Slot, Offering] = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
         self._batches_lock = threading.Lock()
         self._catalog = catalog          # loaded at the first plan: listing and terminating never need it
         self.resolver = resolver
@@ -136,14 +144,14 @@ class Launcher:
     def planner(self) -> Planner:
         return self._catalog.planner
 
-    def plan(self, node_type: str, resources: dict[str, Any], node_config: dict[str, Any] | None,
+    def plan(self, node_type: str, resources: Document, node_config: Document | None,
              is_head: bool) -> Plan:
         try:
             return self.planner.plan(self.resolver.request(node_type, resources, node_config, is_head))
         except (ConfigError, NoFeasibleOffering) as e:
             raise LaunchError(str(e), type(e).__name__) from e
 
-    def launch(self, node_type: str, node_config: dict[str, Any] | None, ray_tags: dict[str, str], count: int,
+    def launch(self, node_type: str, node_config: Document | None, ray_tags: dict[str, str], count: int,
                resources: dict[str, float], labels: dict[str, str], is_head: bool,
                launch_request: str | None = None, capacities: frozenset[str] | None = None) -> Launched:
         """`capacities`: only candidates of these capacity types (a reversion launches spot only)."""
@@ -280,13 +288,15 @@ class Launcher:
         the cloud lists with this cluster's tag counts, pending ones included, whoever launched it. What no listing
         can show yet is another object's launch in flight (README "Reliability" states the bound). Concurrent
         calls share one listing (`MachineView.refresh` answers a caller that arrives during one from it)."""
+        if self._view is None:      # no view, no budget (__init__): nothing to count
+            return
         try:
             self._view.refresh(force=True)
         except ListingError as e:
             raise LaunchError(f"{node_type}: refused: cannot count the cluster's machines for "
                               f"provider.max_hourly_cost: {e}", e.category) from e
 
-    def _reserve(self, token: str, offering: Offering, count: int) -> Hold | None | bool:
+    def _reserve(self, token: str, offering: Offering, count: int) -> Hold | None | Literal[False]:
         """A reservation for `count` new machines of `offering` (held until `_end_hold` or `Budget.landed`); None
         when there is nothing to hold (no cap, or no new machine), False when the cap has no room for them."""
         if self.budget is None:
@@ -317,7 +327,7 @@ class Launcher:
         has those (it allocates every listed machine before it times an instance out), so what it retries are
         the others."""
         now = self._clock()
-        key = (launch_request, node_type)
+        key: tuple[str | None, str] = (launch_request, node_type)
         with self._batches_lock:
             round_ = self._rounds.get(key)
             retry = round_ is not None and now - round_[0] >= retry_round_s()
@@ -363,7 +373,7 @@ class Launcher:
         return None, shown
 
     @staticmethod
-    def _walk(plan: Plan, first: Offering | None, on_demand_first: bool = False):
+    def _walk(plan: Plan, first: Offering | None, on_demand_first: bool = False) -> Iterator[Offering]:
         if first is not None:
             yield first
         # Stable: the documented order within each capacity group; on-demand first only when asked to.

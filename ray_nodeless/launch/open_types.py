@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, fits
 from ray_nodeless.core.open_plan import Packer, Packing
@@ -39,9 +40,9 @@ DROP_AFTER_S = 120.0
 class ConfigStore(Protocol):
     """The cluster config the autoscaler re-reads (the head's ray_bootstrap_config.yaml)."""
 
-    def read(self) -> dict[str, Any]: ...
+    def read(self) -> Document: ...
 
-    def write(self, config: dict[str, Any]) -> None: ...
+    def write(self, config: Document) -> None: ...
 
 
 @dataclass
@@ -76,19 +77,19 @@ class StepResult:
     reports: list[str] = field(default_factory=list)     # demands reported infeasible for the first time
 
 
-def is_open_type(entry: Mapping[str, Any]) -> bool:
+def is_open_type(entry: DocumentView) -> bool:
     return isinstance(entry, Mapping) and OPEN_SHAPE_KEY in (entry.get("node_config") or {})
 
 
-def shape_open(settings: CoreSettings, node_types: Mapping[str, Any], head_type: str) -> bool:
+def shape_open(settings: CoreSettings, node_types: DocumentView, head_type: str) -> bool:
     """Whether the cluster is shape-open: `provider.open_shapes`, else exactly when it declares no worker type."""
     if settings.open_shapes is not None:
         return settings.open_shapes
     return not [n for n, t in node_types.items() if n != head_type and not is_open_type(t)]
 
 
-def check_open(cluster_config: Mapping[str, Any], settings: CoreSettings,
-               check_launch_keys: Callable[[str, dict[str, Any], str], None]) -> bool:
+def check_open(cluster_config: DocumentView, settings: CoreSettings,
+               check_launch_keys: Callable[[str, Document, str], None]) -> bool:
     """Config-time checks of a shape-open cluster (`plan` and `ray up` alike), before anything launches: the
     template's requirement keys parse, and its launch keys pass the backend's own check (`check_launch_keys`,
     the bundle's `check_node_config`). Returns whether the cluster is shape-open."""
@@ -117,7 +118,7 @@ class OpenTypes:
 
     def step(self, snapshot: Snapshot, machines: Mapping[str, Machine]) -> StepResult:
         config = self.store.read()
-        types: dict[str, Any] = dict(config.get("available_node_types") or {})
+        types: Document = dict(config.get("available_node_types") or {})
         head = str(config.get("head_node_type", ""))
         if not shape_open(self.settings, types, head):
             return StepResult(Packing(), {}, False)
@@ -144,7 +145,7 @@ class OpenTypes:
         _cap_at_max_workers(packing, config.get("max_workers"), sum(live.values()))
         now = self.clock()
         quotas: dict[str, int] = {}
-        entries: dict[str, dict[str, Any]] = {}
+        entries: dict[str, Document] = {}
         for name, t in sorted(generated.items()):
             entries[name] = dict(t)
         for name in sorted(packing.new):
@@ -154,7 +155,7 @@ class OpenTypes:
                 logger.error("%s: not added: %d generated node types already (provider.max_open_node_types)",
                              name, len(entries))
                 continue
-            template: dict[str, Any] = {"node_config": self.settings.open_node_config}
+            template: Document = {"node_config": self.settings.open_node_config}
             idle_s = self._idle_s(packing.types[name].offering, cluster_idle_s(config))
             if idle_s is not None:
                 template["idle_timeout_s"] = idle_s     # cost-aware idle release, as for declared types
@@ -199,7 +200,7 @@ class OpenTypes:
                                 self.settings.relaunch_overhead_usd, cluster_s)
         return None if s is None else round(s, 3)
 
-    def _offering(self, entry: Mapping[str, Any], name: str, packing: Packing) -> Offering | None:
+    def _offering(self, entry: DocumentView, name: str, packing: Packing) -> Offering | None:
         """The one offering a generated type is pinned to (cached: the catalog lookup scans a region)."""
         if name in packing.types:
             self._offerings[name] = packing.types[name].offering
@@ -211,11 +212,11 @@ class OpenTypes:
                 self._offerings[name] = None
         return self._offerings[name]
 
-    def _price(self, entry: Mapping[str, Any], packing: Packing, name: str) -> float:
+    def _price(self, entry: DocumentView, packing: Packing, name: str) -> float:
         o = self._offering(entry, name, packing)
         return (o.hourly_price or 0.0) if o is not None else float("inf")
 
-    def _unavailable(self, entry: Mapping[str, Any], packing: Packing, name: str) -> bool:
+    def _unavailable(self, entry: DocumentView, packing: Packing, name: str) -> bool:
         """A type whose offering just failed (capacity, a machine that never came up): every launch of it would
         fail at once, so it gets no quota beyond its machines until the offering is available again."""
         o = self._offering(entry, name, packing)
@@ -223,7 +224,7 @@ class OpenTypes:
         return o is not None and unavailable is not None and unavailable.reason(o) is not None
 
     @staticmethod
-    def _declared_serves(d: Demand, declared: Mapping[str, Any]) -> bool:
+    def _declared_serves(d: Demand, declared: DocumentView) -> bool:
         """Whether a declared worker type's shape and labels hold the demand: Ray scales those itself."""
         for t in declared.values():
             res = {k: float(v) for k, v in (t.get("resources") or {}).items()}
@@ -233,7 +234,7 @@ class OpenTypes:
         return False
 
     @staticmethod
-    def _bins(snapshot: Snapshot, machines: Mapping[str, Machine], types: Mapping[str, Any],
+    def _bins(snapshot: Snapshot, machines: Mapping[str, Machine], types: DocumentView,
               whole: bool = False) -> list[NodeCapacity]:
         """Free capacity that pending demands will get without a new machine: Ray nodes alive now, and machines
         launched that have not joined yet (the whole of their type's resources). `whole`: a node's total
@@ -285,7 +286,8 @@ def _live_counts(machines: Mapping[str, Machine]) -> dict[str, int]:
     return out
 
 
-def _pinned(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+def _pinned(entry: DocumentView) -> tuple[str, str, str]:
     nc = entry.get("node_config") or {}
-    return tuple(str((nc.get(k) or [""])[0]) for k in ("instance_types", "zones", "capacity"))  # type: ignore
+    types, zones, capacity = (str((nc.get(k) or [""])[0]) for k in ("instance_types", "zones", "capacity"))
+    return types, zones, capacity
 

@@ -26,8 +26,9 @@ import os
 import shlex
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.errors import ConfigError
 
 DIST_NAME = "ray-nodeless"
@@ -75,7 +76,7 @@ def local_wheel_dir() -> tuple[str, bool]:
     return str(root / WHEEL_DIR), True
 
 
-def install_on_head(config: dict[str, Any], ray_version: str) -> dict[str, str]:
+def install_on_head(config: Document, ray_version: str) -> dict[str, str]:
     """Add the wheel's mount and the head's install command to a cluster YAML (what `ray-nodeless convert` writes).
     The command goes after the user's own head_setup_commands, so that nothing they install downgrades what the
     plugin needs. Returns a note per top-level key changed."""
@@ -98,10 +99,10 @@ def install_on_head(config: dict[str, Any], ray_version: str) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------- the check
 
 
-def _commands(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _commands(config: DocumentView) -> list[tuple[str, str]]:
     """(key, command) for every setup command, `setup_commands` first, each under the list the user wrote it in."""
-    lists = {k: config.get(k) for k in COMMAND_KEYS}
-    lists = {k: [str(c) for c in v] if isinstance(v, list) else [] for k, v in lists.items()}
+    raw = {k: config.get(k) for k in COMMAND_KEYS}
+    lists = {k: [str(c) for c in v] if isinstance(v, list) else [] for k, v in raw.items()}
     common = lists["setup_commands"]
     out: list[tuple[str, str]] = []
     for k in COMMAND_KEYS:
@@ -126,7 +127,7 @@ def _hint(remote: str, local: str) -> str:
     return f"; {MAKE_WHEEL}" if is_wheel else ""
 
 
-def check_file_mounts(config: Mapping[str, Any], workers_boot_themselves: bool = False) -> None:
+def check_file_mounts(config: DocumentView, workers_boot_themselves: bool = False) -> None:
     """Every `file_mounts` source exists on this machine, every setup command's path under a mount exists in its
     source, and no command a self-booting worker runs needs a mount. Raises ConfigError naming the key.
 

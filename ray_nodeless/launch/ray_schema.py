@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.schema import suggest_key
 from ray_nodeless.errors import ConfigError
 
@@ -30,13 +31,15 @@ LEGACY_KEYS = ("head_node", "worker_nodes")
 
 
 @functools.cache
-def ray_schema() -> dict[str, Any] | None:
+def ray_schema() -> Document | None:
     """The installed Ray's ray-schema.json, or None when Ray is not installed (then `ray up` cannot run either)."""
     spec = importlib.util.find_spec("ray")
     if spec is None or not spec.origin:
         return None
     try:
-        return json.loads((Path(spec.origin).parent / "autoscaler" / "ray-schema.json").read_text(encoding="utf-8"))
+        schema: Document = json.loads(
+            (Path(spec.origin).parent / "autoscaler" / "ray-schema.json").read_text(encoding="utf-8"))
+        return schema
     except (OSError, ValueError):
         return None
 
@@ -56,7 +59,7 @@ def _type_ok(value: Any, kind: Any, nullable: bool) -> bool:
     return False
 
 
-def _check(schema: Mapping[str, Any], root: Mapping[str, Any], value: Any, key: str) -> None:
+def _check(schema: DocumentView, root: DocumentView, value: Any, key: str) -> None:
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/definitions/"):
         target = root.get("definitions", {}).get(ref.rsplit("/", 1)[1])
@@ -111,7 +114,7 @@ def _unknown(key: str, name: str, props: Mapping[str, Any]) -> ConfigError:
                             f"{', '.join(sorted(props))}")
 
 
-def check_ray_schema(cluster_config: Mapping[str, Any]) -> None:
+def check_ray_schema(cluster_config: DocumentView) -> None:
     """ConfigError naming the key where `cluster_config` breaks Ray's cluster schema (see the module docstring)."""
     schema = ray_schema()
     if schema is None:

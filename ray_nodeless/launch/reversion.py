@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from ray_nodeless.core.documents import Document
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.reversion import InterruptionHistory, ReversionSettings
 from ray_nodeless.errors import DrainError, LaunchError
@@ -60,7 +61,7 @@ def _price(m: Machine) -> float:
 class Reverter:
     def __init__(self, settings: ReversionSettings, launcher: Launcher, view: MachineView,
                  unavailable: UnavailableOfferings, drainer: Any, terminate: Callable[[list[str]], Any],
-                 resources_of: Callable[[str], dict], node_config_of: Callable[[str], dict | None],
+                 resources_of: Callable[[str], Document], node_config_of: Callable[[str], Document | None],
                  clock: Callable[[], float] = time.monotonic):
         self.settings = settings
         self.launcher = launcher

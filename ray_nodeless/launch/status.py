@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.core.documents import Document
+from ray_nodeless.launch.config import ProviderBundle, load_provider
 from ray_nodeless.metrics.events import (
-    events_from_machines, events_path, head_events_path, head_read_command, head_read_output, merged_events, parse_log,
-    read_log,
+    Event, events_from_machines, events_path, head_events_path, head_read_command, head_read_output, merged_events,
+    parse_log, read_log,
 )
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_LIST_PRICE, TAG_PRICE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RULE,
-    TAG_UNSERVED, TAG_ZONE,
+    TAG_UNSERVED, TAG_ZONE, Machine,
 )
 
 
@@ -32,7 +33,7 @@ class NodeStatus:
     rule: str
     uptime_s: float
     cost: float | None
-    registration: dict = field(default_factory=dict)    # e.g. k8s_node, k8s_ready, pod, pod_phase
+    registration: Document = field(default_factory=dict)    # e.g. k8s_node, k8s_ready, pod, pod_phase
     unserved: str = ""        # the head of a shape-open cluster: demands nothing allowed can serve, and why
     list_price: float | None = None   # the catalog's price; differs from hourly_price where an override applied
 
@@ -49,7 +50,7 @@ def list_price_of(tags: dict[str, str]) -> float | None:
     return price_of(tags, TAG_LIST_PRICE) if TAG_LIST_PRICE in tags else price_of(tags)
 
 
-def _list(cluster_config: dict[str, Any]):
+def _list(cluster_config: Document) -> tuple[ProviderBundle, list[Machine]]:
     bundle = load_provider(cluster_config.get("provider"))
     backend = bundle.make_backend(cluster_config["cluster_name"])
     try:
@@ -58,13 +59,16 @@ def _list(cluster_config: dict[str, Any]):
         backend.close()
 
 
-def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> list[NodeStatus]:
+def cluster_status(cluster_config: Document, now: float | None = None) -> list[NodeStatus]:
     bundle, machines = _list(cluster_config)
     now = time.time() if now is None else now
-    extra: dict[str, dict] = {}
+    extra: dict[str, Document] = {}
     if bundle.core.registration == "kubernetes":
+        from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
         from ray_nodeless.registrations.kubernetes.status import machine_status
-        extra = machine_status(bundle.registration_settings, cluster_config["cluster_name"], [m.id for m in machines])
+        settings = bundle.registration_settings
+        assert isinstance(settings, KubernetesSettings)     # what the loader parses for `registration: kubernetes`
+        extra = machine_status(settings, cluster_config["cluster_name"], [m.id for m in machines])
     out = []
     for m in sorted(machines, key=lambda m: (m.tags.get(TAG_RAY_NODE_KIND) != "head", m.launched_at, m.id)):
         price = price_of(m.tags)
@@ -79,7 +83,7 @@ def cluster_status(cluster_config: dict[str, Any], now: float | None = None) -> 
     return out
 
 
-def status_document(cluster_config: dict[str, Any]) -> dict:
+def status_document(cluster_config: Document) -> Document:
     nodes = cluster_status(cluster_config)
     return {
         "cluster_name": cluster_config.get("cluster_name"),
@@ -90,15 +94,15 @@ def status_document(cluster_config: dict[str, Any]) -> dict:
     }
 
 
-def _flat(n: NodeStatus) -> dict:
+def _flat(n: NodeStatus) -> Document:
     """A node's JSON record: its fields, with the registration's (k8s_node, pod, ...) beside them."""
     d = asdict(n)
     d.update(d.pop("registration"))
     return d
 
 
-def events_document(cluster_config: dict[str, Any], since_s: float | None = None, now: float | None = None,
-                    read_head: Callable[[str], str] | None = None) -> dict:
+def events_document(cluster_config: Document, since_s: float | None = None, now: float | None = None,
+                    read_head: Callable[[str], str] | None = None) -> Document:
     """The provider's decisions: the head's bounded event log and what the cluster's machines carry in their tags,
     from `since_s` ago on. The log is read here when this machine holds it (the head itself, or a local cluster
     run with the same events dir), else through `read_head(command)` -> its output (`ray exec`'s path to the head,
@@ -108,7 +112,7 @@ def events_document(cluster_config: dict[str, Any], since_s: float | None = None
     bundle, machines = _list(cluster_config)
     configured = bundle.core.events_dir
     path = events_path(name, configured)
-    logged: list = []
+    logged: list[Event] = []
     source, error = None, None
     where = str(path)
     if path.exists():

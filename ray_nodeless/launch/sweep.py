@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
+from ray_nodeless.core.documents import Document
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.config import load_provider
@@ -51,7 +52,7 @@ class Target:
     machine_id: str = ""
     source: str = "backend"           # who ends it: "backend" | "registration"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Document:
         d = asdict(self)
         d.pop("source")
         return d
@@ -71,7 +72,7 @@ class SweepResult:
     def ok(self) -> bool:
         return not self.failures
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Document:
         return {"cluster_name": self.cluster_name, "dry_run": self.dry_run, "workers_only": self.workers_only,
                 "targets": [t.to_dict() for t in self.targets], "kept": [t.to_dict() for t in self.kept],
                 "hourly_cost": round(sum(t.hourly_price or 0.0 for t in self.targets), 6),
@@ -81,7 +82,7 @@ class SweepResult:
 class Sweep:
     """One sweep of one cluster. `targets()` lists; `run()` ends. Build, use, `close()`."""
 
-    def __init__(self, cluster_config: dict[str, Any], *, workers_only: bool = False,
+    def __init__(self, cluster_config: Document, *, workers_only: bool = False,
                  progress: Callable[[str], None] = lambda _msg: None, verify_s: float | None = None):
         name = cluster_config.get("cluster_name")
         if not isinstance(name, str) or not name:
@@ -149,9 +150,9 @@ class Sweep:
         ended_workers = self._terminate(workers, result)
         # The registration's side of every worker ended now, and of machines already gone (orphan Nodes, pods,
         # players whose machine is not listed any more).
-        listed = {t.id for t in machines}
+        machine_ids = {t.id for t in machines}
         orphans = sorted({t.machine_id or t.id for t in targets if t.source == "registration"
-                          and (t.machine_id or t.id) not in listed})
+                          and (t.machine_id or t.id) not in machine_ids})
         self._registration_sweep(ended_workers + orphans, targets, result)
         backend_leftovers = [t for t in targets if t.kind != "machine" and t.source == "backend"]
         if backend_leftovers:
@@ -246,5 +247,5 @@ def _leftover_dict(t: Target) -> dict[str, str]:
     return {"kind": t.kind, "name": t.id, "machine_id": t.machine_id, "node_kind": t.node_kind, "state": t.state}
 
 
-def _order(t: Target) -> tuple:
+def _order(t: Target) -> tuple[bool, str, str]:
     return (t.node_kind == "head", t.kind, t.id)

@@ -16,23 +16,34 @@ is wrapped here and the wrapper counts what passes through it and records the de
 - `interrupted` / `MeteredInterruptions.poll`: interruptions_total and "interruption", "interruption_notice",
   "drain" events; `unserved`: an "unservable" event when the unserved demands change.
 
-Attribute reads and writes other than the wrapped calls go to the wrapped object, so code and tests that reach
-into `provider.view.clock` or `provider.launcher.settings` see the real object.
+Each decorator subclasses what it wraps (`MeteredLauncher` is a `Launcher`, `MeteredBackend` a `MachineBackend`:
+decorator.py) and overrides the metered calls with their real signatures; everything else, attribute reads and
+writes included, goes to the wrapped object, so code and tests that reach into `provider.view.clock` or
+`provider.launcher.settings` see the real object.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
+from ray_nodeless.core.plan import Plan
+from ray_nodeless.core.planner import Planner
+from ray_nodeless.core.availability import UnavailableOfferings
+from ray_nodeless.core.requirements import Request
 from ray_nodeless.errors import CapacityError, LaunchError
+from ray_nodeless.interruptions.queue import InterruptionQueue, QueueReport
+from ray_nodeless.launch.catalog import PlanningCatalog
+from ray_nodeless.launch.launcher import Launched, Launcher
+from ray_nodeless.launch.machine_view import MachineView
 from ray_nodeless.metrics.cost_store import SAVE_EVERY_S, CostStore, SavedCost
+from ray_nodeless.metrics.decorator import Decorator
 from ray_nodeless.metrics.events import Event, EventLog
 from ray_nodeless.metrics.ray_status import RayStatusBlock
 from ray_nodeless.metrics.registry import Metrics, StateSnapshot
 from ray_nodeless.providers.base import (
-    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, Machine,
+    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE, LaunchSpec, Machine, MachineBackend,
 )
 
 logger = logging.getLogger(__name__)
@@ -49,33 +60,10 @@ def _price(m: Machine) -> float:
         return 0.0
 
 
-class _Delegate:
-    """Everything not overridden goes to the wrapped object (reads and writes alike)."""
-
-    _own: tuple[str, ...] = ("_inner", "_rec")
-
-    def __init__(self, inner: Any, recorder: "Recorder"):
-        object.__setattr__(self, "_inner", inner)
-        object.__setattr__(self, "_rec", recorder)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "_inner"), name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in type(self)._own:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._inner, name, value)
-
-    @property
-    def wrapped(self) -> Any:
-        return self._inner
-
-
 class _Attempt:
     __slots__ = ("capacity_errors",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.capacity_errors: list[str] = []
 
 
@@ -134,7 +122,7 @@ class Recorder:
     def end(self) -> None:
         self._local.attempt = None
 
-    def capacity_error(self, spec: Any, e: CapacityError) -> None:
+    def capacity_error(self, spec: LaunchSpec, e: CapacityError) -> None:
         o = spec.offering
         self.metrics.capacity_errors.labels(o.instance_type.name, o.zone, o.capacity, e.category).inc()
         what = f"{o.instance_type.name}/{o.zone}/{o.capacity}"
@@ -147,7 +135,7 @@ class Recorder:
                    node_type=spec.node_type, instance_type=o.instance_type.name, zone=o.zone, capacity=o.capacity,
                    code=e.category)
 
-    def launched(self, node_type: str, launched: Any, attempt: _Attempt, seconds: float) -> None:
+    def launched(self, node_type: str, launched: Launched, attempt: _Attempt, seconds: float) -> None:
         o = launched.offering
         m = self.metrics
         m.launches.labels(node_type, o.capacity, "launched").inc()
@@ -206,11 +194,11 @@ class Recorder:
             self._cost_at, self._hourly = now, hourly
             if not same:
                 self._keys = set(keys)
-            save = self.cost_store is not None and (self._saved_at is None or now - self._saved_at >= SAVE_EVERY_S)
-            if save:
+            saved: SavedCost | None = None
+            if self.cost_store is not None and (self._saved_at is None or now - self._saved_at >= SAVE_EVERY_S):
                 self._saved_at = now
                 saved = SavedCost(self._cost_total, now, hourly)
-        if save:
+        if saved is not None and self.cost_store is not None:
             self.cost_store.save(saved)
 
     @staticmethod
@@ -233,8 +221,8 @@ class Recorder:
                    f"{capacity}) vanished without a terminate: treated as interrupted", machine_ids=[m.id],
                    instance_type=m.tags.get(TAG_INSTANCE_TYPE, ""), zone=m.tags.get(TAG_ZONE, ""), capacity=capacity)
 
-    def notices(self, report: Any, machines: Mapping[str, Machine]) -> None:
-        for mid, node in sorted(getattr(report, "drained", {}).items()):
+    def notices(self, report: QueueReport, machines: Mapping[str, Machine]) -> None:
+        for mid, node in sorted(report.drained.items()):
             m = machines.get(mid)
             capacity = (m.tags.get(TAG_CAPACITY, "") if m else "") or "none"
             self.metrics.interruptions.labels(capacity, "notice").inc()
@@ -250,8 +238,22 @@ class Recorder:
             self.event("unservable", "no unservable demand left")
 
 
-class MeteredBackend(_Delegate):
-    def launch(self, spec: Any) -> list[str]:
+T = TypeVar("T")
+
+
+class Metered(Decorator[T]):
+    """A decorator that records into a Recorder."""
+
+    _own: ClassVar[tuple[str, ...]] = ("_inner", "_rec")
+    _rec: Recorder
+
+    def __init__(self, inner: T, recorder: Recorder) -> None:
+        super().__init__(inner)
+        object.__setattr__(self, "_rec", recorder)
+
+
+class MeteredBackend(Metered[MachineBackend], MachineBackend):
+    def launch(self, spec: LaunchSpec) -> list[str]:
         try:
             return self._inner.launch(spec)
         except CapacityError as e:
@@ -265,14 +267,25 @@ class MeteredBackend(_Delegate):
             self._rec.metrics.listing_errors.inc()
             raise
 
+    # The contract's other abstract calls, unmetered (the rest of the contract is delegated by Decorator).
 
-class MeteredLauncher(_Delegate):
-    def launch(self, node_type: str, *args: Any, **kwargs: Any) -> Any:
+    def terminate(self, machine_ids: list[str]) -> None:
+        self._inner.terminate(machine_ids)
+
+    def set_tags(self, machine_id: str, tags: dict[str, str]) -> bool:
+        return self._inner.set_tags(machine_id, tags)
+
+
+class MeteredLauncher(Metered[Launcher], Launcher):
+    def launch(self, node_type: str, node_config: dict[str, Any] | None, ray_tags: dict[str, str], count: int,
+               resources: dict[str, float], labels: dict[str, str], is_head: bool,
+               launch_request: str | None = None, capacities: frozenset[str] | None = None) -> Launched:
         rec = self._rec
         attempt = rec.begin()
         started = time.perf_counter()
         try:
-            launched = self._inner.launch(node_type, *args, **kwargs)
+            launched = self._inner.launch(node_type, node_config, ray_tags, count, resources, labels, is_head,
+                                          launch_request, capacities)
         except LaunchError as e:
             rec.launch_failed(node_type, e, attempt, time.perf_counter() - started)
             raise
@@ -282,13 +295,13 @@ class MeteredLauncher(_Delegate):
         return launched
 
 
-class MeteredView(_Delegate):
-    """Ray asks `node_tags` / `is_running` / `internal_ip` per node, many times per update: those reads are bound
-    to the wrapped view's methods once, so they cost no delegation."""
+class MeteredView(Metered[MachineView], MachineView):
+    """Ray asks `node_tags` / `is_running` / `internal_ip` per node, many times per update: the view's `current` and
+    `known` are bound to the wrapped view's methods once, so they cost no delegation."""
 
     _own = ("_inner", "_rec", "current", "known")
 
-    def __init__(self, inner: Any, recorder: "Recorder"):
+    def __init__(self, inner: MachineView, recorder: Recorder):
         super().__init__(inner, recorder)
         object.__setattr__(self, "current", inner.current)
         object.__setattr__(self, "known", inner.known)
@@ -299,26 +312,26 @@ class MeteredView(_Delegate):
         return machines
 
 
-class MeteredPlanner(_Delegate):
-    def plan(self, *args: Any, **kwargs: Any) -> Any:
+class MeteredPlanner(Metered[Planner], Planner):
+    def plan(self, request: Request) -> Plan:
         started = time.perf_counter()
         try:
-            return self._inner.plan(*args, **kwargs)
+            return self._inner.plan(request)
         finally:
             self._rec.metrics.plan_duration.observe(time.perf_counter() - started)
 
 
-class MeteredPlanning(_Delegate):
+class MeteredPlanning(Metered[PlanningCatalog], PlanningCatalog):
     """Around `launch.catalog.PlanningCatalog`: its planner, metered (one wrapper per planner object)."""
 
     _own = ("_inner", "_rec", "_planners")
 
-    def __init__(self, inner: Any, recorder: Recorder):
+    def __init__(self, inner: PlanningCatalog, recorder: Recorder):
         super().__init__(inner, recorder)
         object.__setattr__(self, "_planners", {})
 
     @property
-    def planner(self) -> Any:
+    def planner(self) -> Planner:
         p = self._inner.planner
         metered = self._planners.get(id(p))
         if metered is None or metered.wrapped is not p:
@@ -328,8 +341,8 @@ class MeteredPlanning(_Delegate):
         return metered
 
 
-class MeteredInterruptions(_Delegate):
-    def poll(self, machines: Mapping[str, Machine]) -> Any:
+class MeteredInterruptions(Metered[InterruptionQueue], InterruptionQueue):
+    def poll(self, machines: Mapping[str, Machine]) -> QueueReport | None:
         report = self._inner.poll(machines)
         if report is not None:
             try:
@@ -339,7 +352,8 @@ class MeteredInterruptions(_Delegate):
         return report
 
 
-def state_source(view: Any, unavailable: Any, recorder: Recorder) -> Callable[[], StateSnapshot]:
+def state_source(view: MachineView, unavailable: UnavailableOfferings,
+                 recorder: Recorder) -> Callable[[], StateSnapshot]:
     """What the scrape-time gauges read: the view's machines now, the capacity memory, the integrated cost."""
 
     def snapshot() -> StateSnapshot:

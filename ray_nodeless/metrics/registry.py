@@ -103,8 +103,8 @@ class StateCollector:
                 machines.add_metric(list(key), n)
             cost.add_metric([], snap.hourly_cost)
             total.add_metric([], snap.cost_total)
-            for key, n in sorted(snap.unavailable.items()):
-                unavailable.add_metric(list(key), n)
+            for capacity_reason, n in sorted(snap.unavailable.items()):
+                unavailable.add_metric(list(capacity_reason), n)
         yield from (machines, cost, total, unavailable)
 
 

@@ -4,9 +4,14 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
+from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.settings import CoreSettings
+from ray_nodeless.interruptions.queue import InterruptionQueue
+from ray_nodeless.launch.catalog import PlanningCatalog
+from ray_nodeless.launch.launcher import Launcher
+from ray_nodeless.launch.machine_view import MachineView
 from ray_nodeless.metrics.cost_store import CostStore
 from ray_nodeless.metrics.events import EventLog, cost_path, events_path, read_log
 from ray_nodeless.metrics.instrument import (
@@ -14,6 +19,10 @@ from ray_nodeless.metrics.instrument import (
 )
 from ray_nodeless.metrics.ray_status import RayStatusBlock
 from ray_nodeless.metrics.registry import process_metrics, serve
+from ray_nodeless.providers.base import Machine, MachineBackend
+
+if TYPE_CHECKING:
+    from ray_nodeless.ray_compat.ray_status import StatusSlot
 
 
 def bind_address(gcs_address: str | None) -> str:
@@ -32,7 +41,7 @@ class ProviderInstruments:
     `events_dir`: the log's and cost state's directory (default `settings.events_dir`, see events.events_dir)."""
 
     def __init__(self, cluster_name: str, settings: CoreSettings, *, gcs_address: str | None,
-                 event_sink: Callable[[str], None] | None = None, status_slot: Any = None,
+                 event_sink: Callable[[str], None] | None = None, status_slot: StatusSlot | None = None,
                  events_dir: str | None = None):
         self.metrics = process_metrics()
         in_monitor = gcs_address is not None
@@ -51,33 +60,36 @@ class ProviderInstruments:
         if in_monitor and settings.metrics_port:
             self.endpoint = serve(self.metrics, settings.metrics_port, bind_address(gcs_address))
 
-    def backend(self, backend: Any) -> Any:
+    # Each part comes back as the type it went in (a decorator subclasses what it wraps, instrument.py).
+
+    def backend(self, backend: MachineBackend) -> MachineBackend:
         return MeteredBackend(backend, self.recorder)
 
-    def planning(self, catalog: Any) -> Any:
+    def planning(self, catalog: PlanningCatalog) -> PlanningCatalog:
         return MeteredPlanning(catalog, self.recorder)
 
-    def view(self, view: Any) -> Any:
+    def view(self, view: MachineView) -> MachineView:
         return MeteredView(view, self.recorder)
 
-    def launcher(self, launcher: Any) -> Any:
+    def launcher(self, launcher: Launcher) -> Launcher:
         return MeteredLauncher(launcher, self.recorder)
 
-    def interruptions(self, queue: Any) -> Any:
+    def interruptions(self, queue: InterruptionQueue) -> InterruptionQueue:
         return MeteredInterruptions(queue, self.recorder)
 
-    def on_interrupted(self, callback: Callable[[Any], None]) -> Callable[[Any], None]:
-        def interrupted(machine: Any) -> None:
+    def on_interrupted(self, callback: Callable[[Machine], None]) -> Callable[[Machine], None]:
+        def interrupted(machine: Machine) -> None:
             self.recorder.interrupted(machine)
             callback(machine)
         return interrupted
 
-    def on_unserved(self, callback: Callable[..., None]) -> Callable[..., None]:
-        def unserved(summary: str, machines: Any) -> None:
+    def on_unserved(self, callback: Callable[[str, Mapping[str, Machine]], None],
+                    ) -> Callable[[str, Mapping[str, Machine]], None]:
+        def unserved(summary: str, machines: Mapping[str, Machine]) -> None:
             callback(summary, machines)      # raises when the tag write failed: tried (and recorded) next loop
             self.recorder.unserved(summary)
         return unserved
 
-    def watch(self, view: Any, unavailable: Any) -> None:
+    def watch(self, view: MachineView, unavailable: UnavailableOfferings) -> None:
         """The scrape-time gauges read this provider object's view and capacity memory from now on."""
         self.metrics.state.set_source(state_source(view, unavailable, self.recorder))

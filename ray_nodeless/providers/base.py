@@ -77,7 +77,8 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
 
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.node_resources import GENERIC_FILL, FillRule
@@ -86,6 +87,8 @@ from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
+    from ray.autoscaler.command_runner import CommandRunnerInterface   # Ray's public API; for annotations only
+
     from ray_nodeless.providers.swapin import SwapIn
 
 logger = logging.getLogger(__name__)
@@ -275,6 +278,9 @@ class BackendConfig:
         return None
 
 
+_Backend = TypeVar("_Backend", bound="MachineBackend")
+
+
 class MachineBackend(BackendConfig, abc.ABC):
     """A place where machines run: local processes, EC2, Compute Engine. A built-in backend class also derives from
     its BackendConfig (`class AwsBackend(AwsConfig, MachineBackend)`), so both answer the config calls alike."""
@@ -285,7 +291,7 @@ class MachineBackend(BackendConfig, abc.ABC):
         self.cluster_name = cluster_name
 
     @classmethod
-    def from_provider(cls, provider: Mapping[str, Any], cluster_name: str):
+    def from_provider(cls: type[_Backend], provider: Mapping[str, Any], cluster_name: str) -> _Backend:
         """A backend from a raw provider block, parsing only its own section (errors name the key). For tests and
         tools; the launch path builds backends from `launch.config.load_provider`'s bundle."""
         return cls(parse_section(cls.settings_model, provider, "provider"), cluster_name)
@@ -340,9 +346,11 @@ class MachineBackend(BackendConfig, abc.ABC):
         `ForeignMachineError` for a machine of another cluster (see the contract above). `tag_update` checks and
         normalises `tags` the same way for every backend."""
 
-    def command_runner(self, log_prefix: str, node_id: str, auth_config: dict, cluster_name: str,
-                       process_runner: Any, use_internal_ip: bool, docker_config: dict | None = None):
-        """A Ray CommandRunnerInterface for this machine, or None to use Ray's SSH runner."""
+    def command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any], cluster_name: str,
+                       process_runner: ModuleType, use_internal_ip: bool,
+                       docker_config: dict[str, Any] | None = None) -> CommandRunnerInterface | None:
+        """A Ray CommandRunnerInterface for this machine, or None to use Ray's SSH runner (the arguments are those
+        of Ray's `NodeProvider.get_command_runner`)."""
         return None
 
     def leftovers(self) -> list[dict[str, str]]:

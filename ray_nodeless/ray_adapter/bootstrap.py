@@ -7,8 +7,6 @@ import logging
 from typing import Any
 
 from ray_nodeless.core.idle import SOURCE_BREAK_EVEN
-from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
 from ray_nodeless.launch.config import ProviderBundle, check_cluster, check_node_types, load_provider
 from ray_nodeless.launch.plugin_install import check_file_mounts

@@ -73,7 +73,9 @@ def ray_aws_steps(wait_for_iam_propagation: bool = True) -> Iterator[RayAwsSteps
         if not wait_for_iam_propagation:
             stack.enter_context(_TIME_LOCK)
             saved = rc.time
-            rc.time = types.SimpleNamespace(sleep=lambda _s: None, time=time.time, monotonic=time.monotonic)
+            # A stand-in for the `time` module Ray's config module imported: its IAM waits become no-ops.
+            rc.time = types.SimpleNamespace(  # type: ignore[assignment]
+                sleep=lambda _s: None, time=time.time, monotonic=time.monotonic)
             stack.callback(setattr, rc, "time", saved)
         # Ray caches subnet descriptions per resource for the process's lifetime: each bootstrap reads afresh.
         stack.callback(rc._get_subnets_or_die.cache_clear)

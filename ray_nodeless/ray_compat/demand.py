@@ -58,7 +58,7 @@ def state_from_proto(state: Any) -> dict[str, Any]:
               "labels": {**dict(n.labels), **dict(n.dynamic_labels)}}
              for n in state.node_states if n.status != dead]
     requests = [dict(_request(r.request), count=int(r.count)) for r in state.pending_resource_requests]
-    gangs = []
+    gangs: list[dict[str, Any]] = []
     for g in state.pending_gang_resource_requests:
         gid = (g.details or "").split(":", 1)[0]
         bundles = [_request(r) for r in g.requests]

@@ -19,7 +19,7 @@ DEAD = "DEAD"
 
 def gcs_client(address: str) -> Any:
     """A GcsClient of the cluster whose GCS is at `address` (raises Ray's own errors when it cannot connect)."""
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # Ray 2.60's _raylet.pyi omits it
 
     return GcsClient(address=address)
 

@@ -67,7 +67,7 @@ def node_provider(provider_config: dict[str, Any], cluster_name: str) -> Any:
 def wait_for_head(gcs_address: str, stop: Callable[[], bool] = lambda: False) -> Any:
     """A GcsClient once the head's GCS answers (Ray's loop runs `ray health-check`; a GCS call is the same check
     without a subprocess)."""
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # Ray 2.60's _raylet.pyi omits it
 
     while True:
         try:
@@ -98,8 +98,10 @@ def run_monitor(config_reader: Callable[[], dict[str, Any]], gcs_address: str, m
         from ray.autoscaler.v2.monitor import AutoscalerMonitor
 
         logger.info("ray_nodeless kuberay-autoscaler: autoscaler v2")
-        AutoscalerMonitor(address=gcs_client.address, config_reader=KubeRayConfigReader(config_reader),  # any producer,
-                          log_dir=log_dir, monitor_ip=monitor_ip).run()
+        # Ray types the reader's argument as its AutoscalingConfigProducer; any callable returning the config works.
+        reader = KubeRayConfigReader(config_reader)  # type: ignore[arg-type]
+        AutoscalerMonitor(address=gcs_client.address, config_reader=reader, log_dir=log_dir,
+                          monitor_ip=monitor_ip).run()
     else:
         logger.info("ray_nodeless kuberay-autoscaler: autoscaler v1")
         Monitor(address=gcs_client.address, autoscaling_config=config_reader, monitor_ip=monitor_ip,

@@ -3,6 +3,7 @@ Ray passes the provider neither fact."""
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 # Ray's `ray down` path: commands.teardown_cluster calls _bootstrap_config (our bootstrap_config) before it lists and
 # terminates the machines. Ray passes no flag that says so.
@@ -15,7 +16,7 @@ RAY_NAMES = tuple((_TEARDOWN_MODULE, f) for f in sorted(_TEARDOWN_FUNCTIONS))
 def in_teardown() -> bool:
     """Is this call part of `ray down` (Ray's teardown_cluster)? Teardown must never depend on planning: a rule
     tightened since `ray up` must not leave the workers running."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name in _TEARDOWN_FUNCTIONS and frame.f_globals.get("__name__") == _TEARDOWN_MODULE:
             return True

@@ -38,7 +38,7 @@ class StatusSlot:
 
     def _gcs(self) -> Any:
         if self._client is None:
-            from ray._raylet import GcsClient
+            from ray._raylet import GcsClient  # type: ignore[attr-defined]  # Ray 2.60's _raylet.pyi omits it
 
             self._client = GcsClient(address=self.gcs_address)
         return self._client

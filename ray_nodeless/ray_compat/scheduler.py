@@ -16,7 +16,7 @@ def demand_scheduler(provider: Any, node_types: Mapping[str, Any], max_workers: 
     """A ResourceDemandScheduler over `provider` (anything with node_tags(id) and internal_ip(id))."""
     from ray.autoscaler._private.resource_demand_scheduler import ResourceDemandScheduler
 
-    return ResourceDemandScheduler(provider, node_types, max_workers, head_node_type, upscaling_speed)
+    return ResourceDemandScheduler(provider, dict(node_types), max_workers, head_node_type, upscaling_speed)
 
 
 def no_availability() -> Any:

@@ -1,15 +1,19 @@
 """How a machine joins the Ray cluster, composed with any machine backend (`provider.registration`)."""
 from __future__ import annotations
 
-import abc
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.core.settings import CoreSettings, parse_provider
 from ray_nodeless.providers.base import LaunchSpec, Machine
 
+if TYPE_CHECKING:
+    from ray.autoscaler.command_runner import CommandRunnerInterface   # Ray's public API; for annotations only
 
-class Registration(abc.ABC):
+
+# Not an ABC: every hook has a default (a registration overrides what it needs), so there is nothing abstract.
+class Registration:
     """How a machine joins the Ray cluster, composed with any backend (`provider.registration`).
 
     `vm` (BareVM): the machine runs Ray itself. `kubernetes`: the machine joins a Kubernetes cluster as a node.
@@ -25,6 +29,11 @@ class Registration(abc.ABC):
     name: ClassVar[str] = ""
     # The registration's own provider-block keys, declared once (see core/schema.py).
     settings_model: ClassVar[type[Section]] = Section
+
+    def __init__(self, settings: Section, cluster_name: str, core: CoreSettings) -> None:
+        self.settings = settings
+        self.cluster_name = cluster_name
+        self.core = core
 
     @classmethod
     def check_config(cls, settings: Section) -> None:
@@ -45,7 +54,8 @@ class Registration(abc.ABC):
         return cls(settings, cluster_name, core)
 
     @classmethod
-    def from_provider(cls, provider: Any, cluster_name: str, core: CoreSettings | None = None) -> "Registration":
+    def from_provider(cls, provider: Mapping[str, Any], cluster_name: str,
+                      core: CoreSettings | None = None) -> "Registration":
         """A registration from a raw provider block: its own section, then (unless given) the core's keys, each
         parsed alone (errors name the key; no check of unknown keys). For tests and tools; the launch path builds
         registrations from `launch.config.load_provider`'s bundle."""
@@ -73,7 +83,7 @@ class Registration(abc.ABC):
         """Machines that will never join and should be terminated (machine id -> reason), e.g. a join timeout."""
         return {}
 
-    def status(self, machine_id: str) -> dict:
+    def status(self, machine_id: str) -> dict[str, Any]:
         """Extra per-machine fields for `ray-nodeless status` (e.g. the Kubernetes Node and pod)."""
         return {}
 
@@ -88,6 +98,14 @@ class Registration(abc.ABC):
         by the same clean-up as `after_terminate`. Default: `after_terminate`, which is synchronous for every
         registration but Kubernetes."""
         self.after_terminate(machine_ids)
+
+    def command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any], cluster_name: str,
+                       process_runner: ModuleType, use_internal_ip: bool,
+                       docker_config: dict[str, Any] | None = None) -> CommandRunnerInterface | None:
+        """A Ray CommandRunnerInterface for this machine when the registration reaches it other than by SSH, asked
+        by the provider's `get_command_runner` when the backend has none (`MachineBackend.command_runner`, same
+        arguments: Ray's `NodeProvider.get_command_runner`'s). Default None: Ray's SSH runner."""
+        return None
 
     def wait_ready(self, timeout_s: float) -> None:
         """Block until status() can answer (a registration that watches an API fills its cache first)."""

@@ -25,5 +25,4 @@ class LocalPlayer(Registration):
     name = "local-player"
 
     def __init__(self, settings: Section, cluster_name: str, core: CoreSettings):
-        self.settings = settings
-        self.cluster_name = cluster_name
+        super().__init__(settings, cluster_name, core)

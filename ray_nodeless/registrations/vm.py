@@ -24,8 +24,8 @@ class BareVM(Registration):
     settings_model = VmSettings
 
     def __init__(self, settings: VmSettings, cluster_name: str, core: CoreSettings):
-        self.settings = settings
-        self.cluster_name = cluster_name
+        super().__init__(settings, cluster_name, core)
+        self.settings: VmSettings = settings
         self.head_ip = settings.head_ip
         self.gcs_port = settings.gcs_port()
         self.cloud = core.cloud

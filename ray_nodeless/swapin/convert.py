@@ -125,6 +125,7 @@ def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, so
         raise ConfigError("provider.type", "external: this YAML already names a provider module; convert reads "
                                            "Ray YAMLs for " + " or ".join(f"`type: {c}`" for c in keymap.convertible()))
     swap = keymap.strategy(cloud)        # the backend named after Ray's provider type: its SwapIn
+    cloud = str(cloud)                   # a convertible type's name (strategy refused anything else)
     notes = _Notes()
     merged = ray_defaults.merge_ray_defaults(ray_config)
     if swap.ray_fills_resources:
@@ -144,9 +145,10 @@ def convert(ray_config: Mapping[str, Any], *, source_text: str | None = None, so
     converted = _ordered(ray_config, merged)
     converted["provider"] = new_provider
     _install_plugin(converted, notes)
-    region = new_provider.get("region")
-    catalog = catalog or catalog_for(load_provider(new_provider).core)
-    head = converted.get("head_node_type")
+    core = load_provider(new_provider).core
+    region = core.region
+    catalog = catalog or catalog_for(core)
+    head: str = converted["head_node_type"]      # required by Ray's schema (ray_checks above)
     node_types = converted[NODE_TYPES]
     before: dict[str, keymap.RayLaunch] = {}
     freed: set[str] = set()
@@ -277,7 +279,7 @@ def _free(cloud: str, swap: SwapIn, name: str, nt: dict[str, Any], head: str, ca
             # Ray's fill-in names the pinned model (`accelerator_type:K80`); no offering has it any more.
             for k in [k for k in resources if k.startswith("accelerator_type:") and k not in declared]:
                 del resources[k]
-    implied = {"min_memory_gib": round(t.memory_gib, 4)}
+    implied: dict[str, Any] = {"min_memory_gib": round(t.memory_gib, 4)}
     if float(resources.get("CPU", 0)) < t.vcpus:
         implied["min_vcpus"] = t.vcpus
     if t.gpu_count:

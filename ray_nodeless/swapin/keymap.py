@@ -52,7 +52,8 @@ def strategy(ray_type: Any) -> SwapIn:
 
 def table() -> tuple[KeyMapping, ...]:
     """The whole key table: the shared rows, then each convertible backend's own, by backend name."""
-    return SHARED + tuple(m for name in convertible() for m in backend_config(name).swapin().keys)
+    swapins = [backend_config(name).swapin() for name in convertible()]
+    return SHARED + tuple(m for s in swapins if s is not None for m in s.keys)   # convertible: each has one
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,12 @@ def cheapest_offering(catalog: catalog_mod.Catalog, cloud: str, region: str, lau
     if launch.instance_type is None:
         return None
     rc = catalog.region(cloud, region)
-    best = None
+    best: catalog_mod.Offering | None = None
+    best_price = 0.0
     for zone in rc.zones:
         if launch.zones is not None and zone not in launch.zones:
             continue
         o = rc.find(launch.instance_type, zone, launch.capacity)
-        if o is not None and o.hourly_price is not None and (best is None or o.hourly_price < best.hourly_price):
-            best = o
+        if o is not None and o.hourly_price is not None and (best is None or o.hourly_price < best_price):
+            best, best_price = o, o.hourly_price
     return best

@@ -24,7 +24,7 @@ def ray_version() -> str:
     return ray_own.ray_version()
 
 
-def defaults_path(ray_type: str) -> Path:
+def defaults_path(ray_type: object) -> Path:
     """The installed Ray's defaults.yaml for its provider `type: <ray_type>`, found the way Ray finds it; only for
     a type a registered backend stands for (`BackendConfig.ray_provider_type`)."""
     types = ray_provider_types()

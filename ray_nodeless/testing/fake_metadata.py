@@ -67,13 +67,13 @@ class FakeMetadataServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     @property
     def host_port(self) -> str:
         """`127.0.0.1:<port>`: google-auth's GCE_METADATA_HOST / GCE_METADATA_IP take a host, not a URL."""
         host, port = self._httpd.server_address[:2]
-        return f"{host}:{port}"
+        return f"{host!s}:{port}"
 
     def stop(self) -> None:
         with self.changed:

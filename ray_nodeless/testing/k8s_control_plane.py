@@ -228,7 +228,8 @@ class ControlPlane:
             if "kube-apiserver" in self._procs:
                 return
             # keep the order of _procs: the API server stops before etcd and after the controllers
-            others = {n: self._procs.pop(n) for n in ("kube-scheduler", "kube-controller-manager") if n in self._procs}
+            others: dict[str, subprocess.Popen] = {
+                n: self._procs.pop(n) for n in ("kube-scheduler", "kube-controller-manager") if n in self._procs}
             self._start_apiserver(self._argv["kube-apiserver"])
             self._procs.update(others)
             self._wait_apiserver_ready(self.startup_timeout)

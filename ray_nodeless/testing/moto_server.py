@@ -161,9 +161,10 @@ def ec2_describe_without(request: AWSPreparedRequest, hidden: Callable[[str], bo
     rset = root.find(q("reservationSet"))
     for res in list(rset if rset is not None else []):
         iset = res.find(q("instancesSet"))
-        for inst in list(iset if iset is not None else []):
-            if hidden(inst.findtext(q("instanceId")) or ""):
-                iset.remove(inst)
-        if iset is None or len(iset) == 0:
+        if iset is not None:
+            for inst in list(iset):
+                if hidden(inst.findtext(q("instanceId")) or ""):
+                    iset.remove(inst)
+        if rset is not None and (iset is None or len(iset) == 0):
             rset.remove(res)
     return AWSResponse(request.url, 200, {"Content-Type": "text/xml"}, _Raw(ET.tostring(root)))

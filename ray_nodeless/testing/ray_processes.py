@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 

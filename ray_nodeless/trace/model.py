@@ -113,7 +113,9 @@ def _phases(data: Any, key: str) -> tuple[HeadPhase, ...]:
     for i, p in enumerate(data):
         if not isinstance(p, Mapping):
             raise ConfigError(f"{key}[{i}]", "must be a mapping")
-        out.append(HeadPhase(name=str(p.get("name", f"phase-{i}")), duration_ms=_duration_ms(p, f"{key}[{i}]")))
+        duration = _duration_ms(p, f"{key}[{i}]")
+        assert duration is not None      # required: a missing duration raised ConfigError
+        out.append(HeadPhase(name=str(p.get("name", f"phase-{i}")), duration_ms=duration))
     return tuple(out)
 
 
@@ -151,6 +153,7 @@ def _job(data: Any, key: str) -> JobSpec:
             raise ConfigError(f"{tkey}.count", f"must be an integer >= 1, got {count!r}")
         res = _resources(t.get("resources"), f"{tkey}.resources")
         dur = _duration_ms(t, tkey)
+        assert dur is not None      # required: a missing duration raised ConfigError
         submit = _duration_ms(t, tkey, required=False, prefix="submit_at_") or 0
         name = str(t.get("name", f"task-{i}"))
         for c in range(count):

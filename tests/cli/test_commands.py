@@ -46,7 +46,8 @@ def test_plan_cluster_text_matches_the_planner():
     assert r.exit_code == 0, r.output
     cp = plan_cluster(load_cluster_yaml(ROOT / "cluster-configs" / "aws-gpu-head.yaml"))
     lines = r.output.splitlines()
-    assert lines[0] == f"cluster {load_cluster_yaml(ROOT / 'cluster-configs' / 'aws-gpu-head.yaml')['cluster_name']}: " \
+    name = load_cluster_yaml(ROOT / 'cluster-configs' / 'aws-gpu-head.yaml')['cluster_name']
+    assert lines[0] == f"cluster {name}: " \
                        f"aws us-west-2, catalog {cp.catalog_id}"
     head = cp.plans[cp.head_node_type].chosen
     # The head comes first, tagged with its role, then the workers with their bounds.

@@ -232,8 +232,8 @@ def test_the_providers_rule_sees_lazy_imports(tmp_path):
 # The adapter (Ray's calls -> the launch layer) knows neither the swap-in tool nor KubeRay: the KubeRay bridge sits
 # above it (ray_nodeless/kuberay/ runs a NodelessProvider), `convert` above both.
 def test_ray_adapter_imports_neither_swapin_nor_kuberay():
-    _check(_pairs(_graph(), lambda m: _under(m, P + "ray_adapter"), lambda m, d: _under(d, P + "swapin", P + "kuberay")),
-           frozenset())
+    _check(_pairs(_graph(), lambda m: _under(m, P + "ray_adapter"),
+                  lambda m, d: _under(d, P + "swapin", P + "kuberay")), frozenset())
 
 
 # swapin/ (the generic Ray-YAML converter) does not import KubeRay's package: KubeRay's convert reuses swapin, not

@@ -140,7 +140,8 @@ def test_demand_gets_its_cheapest_fit_with_labels_and_alternatives():
     assert lines[3] == (f"    labels (the node carries them): ray.io/accelerator-type={t.gpu_model}, "
                         f"ray.io/availability-region=us-west-2, ray.io/availability-zone={o.zone}, "
                         f"ray.io/market-type=spot")
-    assert lines[4].startswith(f"    resources: CPU: {t.vcpus:g}, GPU: {t.gpu_count}, accelerator_type:{t.gpu_model}: 1")
+    assert lines[4].startswith(f"    resources: CPU: {t.vcpus:g}, GPU: {t.gpu_count}, "
+                               f"accelerator_type:{t.gpu_model}: 1")
     alts = [ln for ln in lines if ln.startswith("    alternative: ")]
     assert len(alts) == 3       # --alternatives defaults to 3
     # The next choices after a capacity error: never the chosen one again, never dearer before cheaper.

@@ -1,6 +1,7 @@
 """The bad-config corpora through Ray's own `ray up` code: `ray.autoscaler._private.commands.
 create_or_update_cluster` (what `ray up -y --no-config-cache` runs) on a YAML file, against moto (AWS) and the fake
-GCE server (GCP), and for `registration: kubernetes` on the local backend. Every case must stop with an error naming the key before the head exists, and no instance may
+GCE server (GCP), and for `registration: kubernetes` on the local backend. Every case must stop with an error naming the
+key before the head exists, and no instance may
 exist afterwards.
 
 Ray's head step (`get_or_create_head_node`, where the head would be created and then reached over SSH) is replaced

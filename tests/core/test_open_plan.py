@@ -67,7 +67,8 @@ def test_fit_is_the_catalog_cheapest_that_holds_the_demand(fitter, text):
     assert fits(node, {k: v for k, v in d.res.items() if not k.startswith("accelerator_type:")})
     assert t.name == type_name(t.offering) and len(t.name) <= 63
     if d.accelerator:
-        assert node[f"accelerator_type:{d.accelerator}"] == 1 and dict(t.labels)["ray.io/accelerator-type"] == d.accelerator
+        assert node[f"accelerator_type:{d.accelerator}"] == 1
+        assert dict(t.labels)["ray.io/accelerator-type"] == d.accelerator
 
 
 def test_memory_demand_counts_rays_share_of_the_ram(fitter):

@@ -216,8 +216,8 @@ def test_infeasible_shape_names_shape_rule_and_nearest():
     assert "{CPU: 4, GPU: 1}" in msg and "'old-gpus'" in msg and "'gpu_worker'" in msg
     assert "g4dn.xlarge" in msg and "gpu_model_not_allowed" in msg
     # one line per distinct instance type
-    nearest = [l for l in msg.splitlines() if l.startswith("  - ")]
-    assert len(nearest) == 3 and len({l.split()[1] for l in nearest}) == 3
+    nearest = [ln for ln in msg.splitlines() if ln.startswith("  - ")]
+    assert len(nearest) == 3 and len({ln.split()[1] for ln in nearest}) == 3
 
 
 def test_max_hourly_price():

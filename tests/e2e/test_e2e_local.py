@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -48,7 +47,7 @@ def _driver(cfg: dict, body: str, timeout: float = 240) -> dict:
     """) + textwrap.dedent(body)
     out = subprocess.run([sys.executable, "-c", code], env=RAY_ENV, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
-    [line] = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    [line] = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     return json.loads(line[len("RESULT "):])
 
 

@@ -167,7 +167,8 @@ def test_gpu_task_launches_cheapest_spot_t4_falls_back_a_zone_and_scales_down() 
                 pytest.fail("driver timed out:\n" + out.decode(errors="replace")[-3000:]
                             + "\n--- monitor:\n" + _monitor_tail(temp_dir))
             text = out.decode(errors="replace")
-            assert driver.returncode == 0 and "NODE " in text, text[-3000:] + "\n--- monitor:\n" + _monitor_tail(temp_dir)
+            assert driver.returncode == 0 and "NODE " in text, (
+                text[-3000:] + "\n--- monitor:\n" + _monitor_tail(temp_dir))
             timings["task_done"] = time.monotonic() - t0
             node_id = text.split("NODE ", 1)[1].split()[0]
 

@@ -1,6 +1,7 @@
 """ray_nodeless as KubeRay's autoscaler, end to end, on a REAL Kubernetes control plane (kube-apiserver, scheduler,
 controller-manager with its garbage collector; RBAC on) with KubeRay's RayCluster CRD (tests/data/kuberay, the two
-`x-kubernetes-validations` and the empty-string defaults stripped for the 1.20 server) and KubeRay's autoscaler sample plus a GPU group.
+`x-kubernetes-validations` and the empty-string defaults stripped for the 1.20 server) and KubeRay's autoscaler sample
+plus a GPU group.
 
 The KubeRay operator cannot be built here, so THE TEST PLAYS THE OPERATOR'S PART THE BRIDGE RELIES ON: it creates the
 head pod object (labels ray.io/cluster, ray.io/node-type=head, owned by the RayCluster), the head service and the

@@ -1,5 +1,6 @@
 """End to end, shape-open: `ray up` of cluster-configs/local-nodeless.yaml (no worker node type at all) on the real
-Ray 2.60 autoscaler, then ten kinds of ordinary demands at once. Every one must be served (within SERVED_BOUND_S), on a machine
+Ray 2.60 autoscaler, then ten kinds of ordinary demands at once. Every one must be served (within SERVED_BOUND_S), on a
+machine
 whose instance a brute-force search of the catalog names cheapest-fit for that demand under the rules (or on a
 machine it shares, when sharing costs less than the sum of the demands' own cheapest fits), carrying the labels it
 asked for. A demand the rules forbid (a V100, excluded) is reported as an autoscaler event and blocks nothing.
@@ -14,10 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ray_nodeless.core.catalog import embedded
-from ray_nodeless.core.demand import Demand, canonical_resources, fits, offering_labels, parse_selector
+from ray_nodeless.core.demand import fits, offering_labels, parse_selector
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.launch.config import load_provider
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_ZONE

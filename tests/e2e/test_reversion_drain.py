@@ -104,7 +104,7 @@ def _reversion_log(gcs_port: int) -> str:
         log = (ray_monitor(gcs_port)[0] / "monitor.log").read_text(errors="replace")
     except (AssertionError, OSError) as e:
         return f"(no monitor.log: {e})"
-    return "\n".join(l for l in log.splitlines() if "reversion" in l or "fallback" in l)[-4000:]
+    return "\n".join(ln for ln in log.splitlines() if "reversion" in ln or "fallback" in ln)[-4000:]
 
 
 @pytest.mark.timeout(420)
@@ -179,7 +179,7 @@ def test_ray_monitor_reverts_the_idle_fallback_to_spot_and_waits_for_the_busy_on
         assert min(counts) >= 2                              # never below min_workers (sampled each second)
         log = _reversion_log(port)
         assert f"on-demand {idle} replaced by spot" in log and f"on-demand {busy} replaced by spot" in log, log
-        assert not [l for l in log.splitlines() if "never joined Ray" in l or "reversion tick failed" in l], log
+        assert not [ln for ln in log.splitlines() if "never joined Ray" in ln or "reversion tick failed" in ln], log
 
         backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
         down = subprocess.run([str(BIN / "ray"), "down", "-y", str(path)], env=RAY_ENV, capture_output=True,

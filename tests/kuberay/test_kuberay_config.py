@@ -1,5 +1,6 @@
 """The KubeRay bridge's config (kuberay/bridge.py bridge_config): Ray's own derivation of a RayCluster from
-tests/data/kuberay (KubeRay's samples) with the provider swapped for ray_nodeless, the worker groups' templates as the Ray pods'
+tests/data/kuberay (KubeRay's samples) with the provider swapped for ray_nodeless, the worker groups' templates as the
+Ray pods'
 templates, and the RayClusters the bridge must refuse (naming the key)."""
 from __future__ import annotations
 

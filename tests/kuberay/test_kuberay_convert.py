@@ -14,10 +14,8 @@ from click.testing import CliRunner
 
 from ray_nodeless.cli.convert import convert_command
 from ray_nodeless.cli.plan import plan_command
-from ray_nodeless.errors import ConfigError
 from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.kuberay import annotation as K
-from ray_nodeless.kuberay import scheduling as S
 from ray_nodeless.kuberay import convert as KC
 
 SAMPLES = Path(__file__).resolve().parent.parent / "data" / "kuberay" / "samples"     # KubeRay's, unchanged

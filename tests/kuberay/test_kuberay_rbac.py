@@ -105,8 +105,9 @@ def _key(e: dict) -> tuple[str, str, str] | None:
 
 def _pending_worker_tags(cfg: dict, group: str) -> dict[str, str]:
     # What Ray's v1 autoscaler passes to create_node for a worker of `group` (StandardAutoscaler.launch_new_node)
-    return {"ray-node-kind": "worker", "ray-user-node-type": group, "ray-node-name": f"ray-{cfg['cluster_name']}-worker",
-            "ray-node-status": "uninitialized", "ray-launch-config": "rbac-test"}
+    return {"ray-node-kind": "worker", "ray-user-node-type": group,
+            "ray-node-name": f"ray-{cfg['cluster_name']}-worker", "ray-node-status": "uninitialized",
+            "ray-launch-config": "rbac-test"}
 
 
 def test_a_full_bridge_cycle_uses_exactly_the_granted_verbs(plane, monkeypatch):

@@ -59,8 +59,9 @@ def test_fault_matrix_gcp_backend_against_fake_gce() -> None:
         stats = Matrix(GcpWorld(fake), 1).run(steps=200)
     assert stats.requests >= 100 and stats.launched > 0
     assert (stats.duplicates, stats.returned_terminated, stats.misread_interruptions) == (0, 0, 0)
-    for kind in ("overlapping_provider_terminate", "zone_resource_pool_exhausted", "quota", "lost_response", "lost_response_then_throttled",
-                 "http_503", "throttling_storm", "restart", "reclaimed", "terminate_failed", "list_empty"):
+    for kind in ("overlapping_provider_terminate", "zone_resource_pool_exhausted", "quota", "lost_response",
+                 "lost_response_then_throttled", "http_503", "throttling_storm", "restart", "reclaimed",
+                 "terminate_failed", "list_empty"):
         assert stats.faults.get(kind, 0) > 0, kind
 
 

@@ -10,7 +10,7 @@ from ray_nodeless.providers.base import TAG_CLUSTER, TAG_TERMINATING
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
 from tests.helpers import FakeClock, cluster_config, wait_for, write_cluster_yaml
-from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS, cloud, provider  # noqa: F401 (fixtures)
+from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS
 
 GPU = {"CPU": 4, "GPU": 1}
 

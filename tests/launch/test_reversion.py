@@ -333,7 +333,7 @@ def test_plan_shows_every_reversion_setting_with_its_default_or_the_value_set(tm
         path.write_text(yaml.safe_dump(cluster_config(dict(aws, reversion=block))))
         text = CliRunner().invoke(cli, ["plan", str(path)])
         assert text.exit_code == 0, text.output
-        [line] = [l for l in text.output.splitlines() if l.startswith("reversion:")]
+        [line] = [ln for ln in text.output.splitlines() if ln.startswith("reversion:")]
         for key, value in expect.items():
             if key != "enabled":
                 assert f"{key}={value:g}" in line, (key, line)

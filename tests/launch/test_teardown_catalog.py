@@ -14,7 +14,7 @@ from ray_nodeless.providers.base import TAG_CATALOG, TAG_CLUSTER
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from tests.helpers import cluster_config, write_cluster_yaml
 from tests.launch.test_reliability import GPU, tags
-from tests.ray_adapter.test_provider import PROVIDER, cloud  # noqa: F401 (fixture)
+from tests.ray_adapter.test_provider import PROVIDER
 
 
 def region_copy(path: Path, cloud_name: str = "aws", region: str = "us-west-2") -> Path:

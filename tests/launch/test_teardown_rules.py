@@ -16,7 +16,7 @@ from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from tests.helpers import cluster_config, write_cluster_yaml
 from tests.launch.test_reliability import GPU, tags
-from tests.ray_adapter.test_provider import PROVIDER, cloud  # noqa: F401 (fixture)
+from tests.ray_adapter.test_provider import PROVIDER
 
 # provider-block edits that no longer parse, and the key each error names
 BROKEN: list[tuple[dict[str, Any], str]] = [

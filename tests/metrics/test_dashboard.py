@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 
-import pytest
 import yaml
 
 from ray_nodeless.metrics.registry import Metrics

@@ -159,7 +159,8 @@ def test_status_events_reads_the_log_and_the_tags_after_a_restart(cloud, tmp_pat
     first = NodelessProvider(dict(PROVIDER), "c1")
     first.instruments.recorder.events = EventLog(events_path("c1"))
     offering = first.launcher.plan("gpu_worker", GPU, {}, False).chosen
-    cloud.capacity_faults[(offering.instance_type.name, offering.zone, offering.capacity)] = "InsufficientInstanceCapacity"
+    key = (offering.instance_type.name, offering.zone, offering.capacity)
+    cloud.capacity_faults[key] = "InsufficientInstanceCapacity"
     first.create_node_with_resources_and_labels({}, dict(WORKER_TAGS), 1, GPU, {})
     # A restarted monitor: a new provider object, the same log on the head.
     second = NodelessProvider(dict(PROVIDER), "c1")

@@ -54,7 +54,8 @@ def test_callers_handle_the_defaults():
     assert notice_source("fake", None) is None                         # the watcher refuses `--cloud fake`
     with pytest.raises(ValueError, match="no boot script for cloud 'fake'"):
         worker_boot_script("fake", _spec(), "10.0.0.1", 6379, None)
-    vm = BareVM.from_provider({"cloud": "fake", "region": "us-east-1", "disable_node_updaters": True, "head_ip": "10.0.0.9"}, "c")
+    vm = BareVM.from_provider({"cloud": "fake", "region": "us-east-1", "disable_node_updaters": True,
+                               "head_ip": "10.0.0.9"}, "c")
     assert vm.boots_itself is False and vm.prepare(_spec()).boot_script == ""   # Ray's updaters start it
     join = JoinSettings.model_validate(KUBEADM)
     assert DEFAULT_MACHINE_ID_SNIPPET in user_data(join, _spec(), "c", "fake")   # the id from the environment

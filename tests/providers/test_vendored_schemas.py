@@ -26,7 +26,8 @@ KEY = "available_node_types.w.node_config"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("vendor_cloud_schemas", REPO_ROOT / "scripts" / "vendor_cloud_schemas.py")
+    spec = importlib.util.spec_from_file_location("vendor_cloud_schemas",
+                                                  REPO_ROOT / "scripts" / "vendor_cloud_schemas.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

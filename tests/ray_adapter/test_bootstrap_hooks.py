@@ -88,7 +88,8 @@ def test_a_backend_without_hooks_gets_nothing_done():
     assert CALLS == []
     assert out["available_node_types"]["worker"]["node_config"] == {}
     assert FakeBackend.bootstrap(config, "vm", {}) is False
-    assert BackendConfig.fill_default_images(None, config) is None and MachineBackend.bootstrap(config, "vm", {}) is False
+    assert BackendConfig.fill_default_images(None, config) is None
+    assert MachineBackend.bootstrap(config, "vm", {}) is False
 
 
 def test_built_in_clouds_answer_the_hooks_from_their_own_package():

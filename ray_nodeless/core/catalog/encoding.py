@@ -17,9 +17,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from ray_nodeless.core.catalog.model import CAPACITY_TYPES, TYPE_COLUMNS, InstanceType
+from ray_nodeless.core.documents import Document, DocumentView
 
 FORMAT_VERSION = 1
 LAYOUT_INDEX = "index"
@@ -28,7 +29,7 @@ ENTRY_KEYS = ("zones", "type", "zone", "capacity", "price")
 
 
 def region_entry(types: Sequence[InstanceType],
-                 rows: Sequence[tuple[str, str, str, float | None]]) -> dict:
+                 rows: Sequence[tuple[str, str, str, float | None]]) -> Document:
     """Encode (instance type name, zone, capacity, price|None) rows as a region entry of a catalog file.
 
     The one place the base order is defined: unknown prices last, then price, instance type name, zone, capacity.
@@ -52,7 +53,7 @@ def region_entry(types: Sequence[InstanceType],
     }
 
 
-def type_row(t: InstanceType) -> list:
+def type_row(t: InstanceType) -> list[object]:
     return [getattr(t, c) for c in TYPE_COLUMNS]
 
 
@@ -60,12 +61,12 @@ def _compact(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
 
-def dump_bytes(doc: dict) -> bytes:
+def dump_bytes(doc: Document) -> bytes:
     """A catalog document as the bytes of a single catalog file (gzip, mtime 0: same data, same sha256)."""
     return gzip.compress(_compact(doc).encode(), compresslevel=9, mtime=0)
 
 
-def region_file_bytes(cloud: str, region: str, entry: Mapping) -> bytes:
+def region_file_bytes(cloud: str, region: str, entry: DocumentView) -> bytes:
     """The bytes of one region file of an index-layout catalog (gzip, mtime 0)."""
     doc = {"format": FORMAT_VERSION, "cloud": cloud, "region": region, **{k: entry[k] for k in ENTRY_KEYS}}
     return dump_bytes(doc)
@@ -79,7 +80,7 @@ def sha256_hex(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def index_bytes(doc: dict) -> bytes:
+def index_bytes(doc: Document) -> bytes:
     """The bytes of an index: JSON, sorted keys, one instance type or region per line (so that a rebuild reads as
     a readable diff: which types changed, which region files changed)."""
     return (_pretty(doc, 0) + "\n").encode()
@@ -99,7 +100,7 @@ def _pretty(obj: Any, depth: int) -> str:
     return _compact(obj)
 
 
-def decode(raw: bytes, source: str) -> dict:
+def decode(raw: bytes, source: str) -> Document:
     """A catalog document (any layout) or region file from its bytes, gzip or not. Raises ValueError."""
     try:
         doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)

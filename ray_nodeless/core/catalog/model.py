@@ -1,10 +1,11 @@
 """What the catalog holds: instance types, offerings, and one region's offerings as arrays. No I/O here."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from ray_nodeless.core.documents import Document, DocumentView
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,7 +46,7 @@ class InstanceType:
     machine_type: str = ""
     attached_gpu: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Document:
         return {
             "cloud": self.cloud, "instance_type": self.name, "family": self.family, "vcpus": self.vcpus,
             "memory_gib": self.memory_gib, "gpu_model": self.gpu_model or None, "gpu_count": self.gpu_count,
@@ -79,7 +80,7 @@ class Offering:
         """What the capacity-error memory is keyed on."""
         return (self.instance_type.name, self.zone, self.capacity)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Document:
         d = self.instance_type.to_dict()
         d.update(region=self.region, zone=self.zone, capacity=self.capacity, hourly_price=self.hourly_price)
         return d
@@ -98,7 +99,7 @@ class RegionCatalog:
     fresh process (`ray-nodeless plan`) never imports numpy (issue 10).
     """
 
-    def __init__(self, cloud: str, region: str, types: Sequence[InstanceType], entry: Mapping):
+    def __init__(self, cloud: str, region: str, types: Sequence[InstanceType], entry: DocumentView):
         self.cloud = cloud
         self.region = region
         self.types: tuple[InstanceType, ...] = tuple(types)
@@ -115,7 +116,7 @@ class RegionCatalog:
         self.cap_ids: list[int] = cols[2]
         self.prices: list[float | None] = cols[3]
 
-    def _to_arrays(self, entry: Mapping) -> None:
+    def _to_arrays(self, entry: DocumentView) -> None:
         import numpy as np
 
         cloud, region = self.cloud, self.region
@@ -134,12 +135,13 @@ class RegionCatalog:
             arr.flags.writeable = False
         self.__dict__.update(o_type=o_type, o_zone=o_zone, o_cap=o_cap, o_price=o_price)
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> np.ndarray:
         # o_type / o_zone / o_cap / o_price: the numpy arrays, built on first use.
         if name in ("o_type", "o_zone", "o_cap", "o_price"):
             self._to_arrays({"type": self.type_ids, "zone": self.zone_ids, "capacity": self.cap_ids,
                              "price": self.prices})
-            return self.__dict__[name]
+            column: np.ndarray = self.__dict__[name]
+            return column
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __len__(self) -> int:
@@ -174,7 +176,8 @@ class RegionCatalog:
         return None
 
 
-def _plain_columns(entry: Mapping, n_types: int, n_zones: int) -> tuple[list, list, list, list] | None:
+def _plain_columns(entry: DocumentView, n_types: int, n_zones: int,
+                   ) -> tuple[list[int], list[int], list[int], list[float | None]] | None:
     """The region columns as lists when they are plain: equal lengths, in-range ints, float/int/None prices (what
     every catalog file holds). None for anything else, which the numpy conversion then judges."""
     cols = []

@@ -28,13 +28,14 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from ray_nodeless.core.catalog.encoding import dump_bytes, sha256_hex
 from ray_nodeless.core.catalog.model import CAPACITY_TYPES
 from ray_nodeless.core.catalog.store import Catalog, embedded, load_file
 from ray_nodeless.core.files import write_atomic
 from ray_nodeless.errors import CatalogError
+from ray_nodeless.core.documents import Document
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +69,11 @@ class LiveFetch:
     """What one read of the cloud produced: a single-file catalog document covering `LiveCatalog.region`, and what
     was degraded on the way (e.g. "on-demand prices from the embedded catalog")."""
 
-    doc: dict
+    doc: Document
     warnings: tuple[str, ...] = ()
 
 
-def _no_quality(doc: dict) -> int:
+def _no_quality(doc: Document) -> int:
     return 0
 
 
@@ -87,7 +88,7 @@ class LiveCatalog:
     fetch: Callable[[], LiveFetch]      # the cloud I/O; raises on failure
     # How good a document's data is (e.g. how many price sources came from the cloud itself): a degraded fetch
     # does not replace a better copy on disk.
-    quality: Callable[[dict], int] = _no_quality
+    quality: Callable[[Document], int] = _no_quality
     describe: str = ""                  # for messages, e.g. "EC2 + Pricing APIs at http://127.0.0.1:5000"
 
 
@@ -261,9 +262,9 @@ def _stale_or_fallback(err: str, path: Path, key: str, clock: Callable[[], float
     return CatalogResult(cat, SOURCE_EMBEDDED, None, why, path, (err,))
 
 
-def summarize(result: CatalogResult, cloud: str, region: str) -> dict[str, Any]:
+def summarize(result: CatalogResult, cloud: str, region: str) -> Document:
     """What `ray-nodeless catalog refresh` prints: provenance and the region's counts."""
-    out: dict[str, Any] = {
+    out: Document = {
         "cloud": cloud, "region": region, "source": result.source, "catalog_id": result.catalog.catalog_id,
         "age_s": None if result.age_s is None else round(result.age_s, 1), "reason": result.reason,
         "warnings": list(result.warnings), "cache_path": None if result.path is None else str(result.path),

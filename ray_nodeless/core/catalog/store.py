@@ -24,6 +24,7 @@ from ray_nodeless.core.catalog.encoding import (
 )
 from ray_nodeless.core.catalog.model import TYPE_COLUMNS, InstanceType, RegionCatalog
 from ray_nodeless.errors import CatalogError
+from ray_nodeless.core.documents import Document
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class Catalog:
     index layout, of the index, which names every region file's sha256).
     """
 
-    def __init__(self, doc: dict, sha256: str, source: str, *, read_region: RegionReader | None = None):
+    def __init__(self, doc: Document, sha256: str, source: str, *, read_region: RegionReader | None = None):
         if doc.get("format") != FORMAT_VERSION:
             raise CatalogError(f"{source}: catalog format {doc.get('format')!r} is not {FORMAT_VERSION}")
         self.layout: str = doc.get("layout", "single")
@@ -63,7 +64,7 @@ class Catalog:
         self._types: dict[str, tuple[InstanceType, ...]] = {}
         self._by_name: dict[str, dict[str, InstanceType]] = {}
         self._regions: dict[tuple[str, str], RegionCatalog] = {}
-        self._full_doc: dict | None = None
+        self._full_doc: Document | None = None
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------------------- coverage
@@ -75,9 +76,10 @@ class Catalog:
     def regions(self, cloud: str) -> list[str]:
         return sorted(self._cloud_doc(cloud)["regions"])
 
-    def _cloud_doc(self, cloud: str) -> dict:
+    def _cloud_doc(self, cloud: str) -> Document:
         try:
-            return self._doc["clouds"][cloud]
+            doc: Document = self._doc["clouds"][cloud]
+            return doc
         except KeyError:
             raise CatalogError(f"catalog {self.catalog_id} has no cloud {cloud!r}; it has {self.clouds}") from None
 
@@ -140,8 +142,8 @@ class Catalog:
         """The (cloud, region) pairs decoded so far, in load order."""
         return list(self._regions)
 
-    def _region_entry(self, cloud: str, region: str) -> dict:
-        entry = self._cloud_doc(cloud)["regions"][region]
+    def _region_entry(self, cloud: str, region: str) -> Document:
+        entry: Document = self._cloud_doc(cloud)["regions"][region]
         if self.layout != LAYOUT_INDEX:
             return entry
         name, want = entry.get("file"), entry.get("sha256")
@@ -167,12 +169,12 @@ class Catalog:
     # ------------------------------------------------------------------------------------------- documents
 
     @property
-    def index(self) -> dict:
+    def index(self) -> Document:
         """The document as loaded: for the index layout the index (regions are file descriptors)."""
         return self._doc
 
     @property
-    def doc(self) -> dict:
+    def doc(self) -> Document:
         """The whole catalog as one single-file document (what `dump_bytes` writes and `load_file` reads back).
 
         For an index catalog this reads every region file (once): use it to export, not on a hot path.

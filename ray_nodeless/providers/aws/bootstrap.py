@@ -38,7 +38,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from ray_nodeless.core.requirements import REQUIREMENT_KEYS
 from ray_nodeless.errors import ConfigError
@@ -48,6 +48,8 @@ from ray_nodeless.providers.aws.subnets import SUBNET_DISCOVERY_TAG
 from ray_nodeless.ray_compat.aws_bootstrap import RayAwsSteps, aborts, ray_aws_steps
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # The node_config keys Ray's steps fill and that are copied back into ours.
 FILLED_KEYS = ("ImageId", "KeyName", "SubnetIds", "SecurityGroupIds")
@@ -97,7 +99,7 @@ def bootstrap_aws_resources(config: dict[str, Any], settings: AwsSettings, regis
         if "security_group" in steps:
             view = _step("security group", "available_node_types.*.node_config.SecurityGroupIds",
                          rc.security_group, view)
-        _step("AMI", "available_node_types.*.node_config.ImageId", lambda v: rc.check_ami(v) or v, view)
+        _step("AMI", "available_node_types.*.node_config.ImageId", rc.check_ami, view)     # checks, changes nothing
         subnet_zones = _step("subnets", "available_node_types.*.node_config.SubnetIds",
                              lambda v: _subnet_zones(v, rc), view) if "subnet" in steps else {}
 
@@ -163,7 +165,7 @@ def _ray_view(config: Mapping[str, Any], settings: AwsSettings,
             provider[k] = copy.deepcopy(p[k])
     zones = list(allowed_zones.values())
     if zones and all(z is not None for z in zones):
-        provider["availability_zone"] = ",".join(sorted(set().union(*zones)))
+        provider["availability_zone"] = ",".join(sorted({z for zs in zones if zs is not None for z in zs}))
     elif p.get("availability_zone"):
         provider["availability_zone"] = str(p["availability_zone"])
     types_ = {}
@@ -212,7 +214,8 @@ def _narrow_subnets(name: str, ours: dict[str, Any], subnets: list[str], zone_of
     kept = [s for s in subnets if allowed is None or set(zone_of.get(s, ("", ""))) & allowed]
     if not kept:
         raise ConfigError(f"available_node_types.{name}.node_config.SubnetIds",
-                          f"none of the subnets {subnets} is in the zones this node type may use {sorted(allowed or [])}")
+                          f"none of the subnets {subnets} is in the zones this node type may use "
+                          f"{sorted(allowed or [])}")
     zones = sorted({zone_of[s][0] for s in kept if s in zone_of})
     if allowed is not None:
         zones = sorted(z for z in zones if z in allowed) or sorted(
@@ -223,7 +226,7 @@ def _narrow_subnets(name: str, ours: dict[str, Any], subnets: list[str], zone_of
         ours["zones"] = zones
 
 
-def _step(what: str, key: str, fn: Any, view: dict[str, Any]) -> dict[str, Any]:
+def _step(what: str, key: str, fn: Callable[[dict[str, Any]], T], view: dict[str, Any]) -> T:
     """One of Ray's steps, its aborts, assertions and API errors as a ConfigError naming what to set."""
     import botocore.exceptions
 
@@ -233,7 +236,7 @@ def _step(what: str, key: str, fn: Any, view: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError("provider.aws_credentials", f"Ray's AWS bootstrap ({what}) needs AWS credentials: {e} "
                                                       "(set provider.aws_credentials, AWS_PROFILE or AWS_ACCESS_KEY_ID)"
                           ) from None
-    except (*aborts(), ValueError) as e:
+    except aborts() + (ValueError,) as e:
         raise ConfigError(key, f"Ray's AWS bootstrap ({what}) refused the config: {e}") from None
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as e:
         raise ConfigError(key, f"Ray's AWS bootstrap ({what}) failed: {e}; set this key to an existing "

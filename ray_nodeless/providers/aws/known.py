@@ -2,6 +2,8 @@
 instance dicts. The backend's guarantees are in `backend.py`."""
 from __future__ import annotations
 
+import datetime
+
 import threading
 import time
 from dataclasses import dataclass, field
@@ -74,8 +76,8 @@ def tags_of(instance: dict[str, Any]) -> dict[str, str]:
 
 
 def launch_time(instance: dict[str, Any]) -> float:
-    launched = instance.get("LaunchTime")
-    return launched.timestamp() if hasattr(launched, "timestamp") else 0.0
+    launched = instance.get("LaunchTime")      # botocore parses it into a datetime
+    return launched.timestamp() if isinstance(launched, datetime.datetime) else 0.0
 
 
 def chunks(items: list[str], size: int) -> Iterable[list[str]]:

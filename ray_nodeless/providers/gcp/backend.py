@@ -434,9 +434,9 @@ class GcpBackend(GcpConfig, MachineBackend):
                     self._forget(machine_id)
                     return False
                 raise backend_error(c, f"set_tags {machine_id}") from e
-            for name, c in self._wait_all(ops, "set tags on").items():
-                if c is not None:
-                    raise backend_error(c, f"set_tags {name}")
+            for name, failed in self._wait_all(ops, "set tags on").items():
+                if failed is not None:
+                    raise backend_error(failed, f"set_tags {name}")
             return True
         raise TransientBackendError(f"set_tags {machine_id}: labels kept changing underneath",
                                     category="conditionNotMet")

@@ -1,4 +1,5 @@
-"""What Ray's own GCP bootstrap (its `bootstrap_gcp`; the helpers reused: ray_compat/gcp_bootstrap.py) does for a `type: gcp` YAML,
+"""What Ray's own GCP bootstrap (its `bootstrap_gcp`; the helpers reused: ray_compat/gcp_bootstrap.py) does for a `type:
+gcp` YAML,
 done for `cloud: gcp` (registration `vm`: the machines are reached over SSH by Ray's updater):
 
     step              how                                               fills (as Ray does)

@@ -1,4 +1,5 @@
-"""A live GCP catalog for one region (`GcpConfig.live_catalog`'s hook): which machine shapes each zone of a region offers, from the
+"""A live GCP catalog for one region (`GcpConfig.live_catalog`'s hook): which machine shapes each zone of a region
+offers, from the
 Compute API (`zones.list`, `machineTypes.list`, `acceleratorTypes.list`).
 
 What is refreshed and what is not (also written into the catalog document, so a decision can say so):

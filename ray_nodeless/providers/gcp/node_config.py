@@ -24,6 +24,7 @@ from ray_nodeless.core.requirements import REQUIREMENT_KEYS
 from ray_nodeless.core.schema import suggest_key
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.gcp.labels import LABEL_KEY_RE, LABEL_VALUE_RE
+from ray_nodeless.providers.gcp.settings import GcpSettings
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ def _message_ok(schema: dict[str, dict[str, tuple[str, bool, str]]], message: st
     fields = schema.get(message)
     if fields is None:
         return False
-    seen: set[tuple[str, bool, str] | int] = set()
+    seen: set[tuple[tuple[str, bool, str], str] | int] = set()
     for name, v in value.items():
         spec = fields.get(name) if isinstance(name, str) else None
         if spec is None:

@@ -66,7 +66,10 @@ class GcpSwapIn(SwapIn):
                     ) -> catalog_mod.InstanceType | None:
         """From the catalog; a custom machine type from its name; a known host with GPUs the catalog does not
         attach to it, from the host (the GPUs are checked against the region by convert)."""
-        machine, model, count = gcp_nc.pinned_machine(node_config, key)
+        pinned = gcp_nc.pinned_machine(node_config, key)
+        if pinned is None:      # no machineType: nothing pinned
+            return None
+        machine, model, count = pinned
         name = gcp_nc.catalog_type_name(machine, model, count)
         m = gcp_nc.CUSTOM_MACHINE_TYPE.match(machine)
         if m:
@@ -91,7 +94,10 @@ class GcpSwapIn(SwapIn):
     def check_pinned(self, node_config: Mapping[str, Any], catalog: catalog_mod.Catalog, key: str
                      ) -> tuple[str, str] | None:
         gcp_nc.check_machine_type(node_config, key)
-        machine, model, count = gcp_nc.pinned_machine(node_config, key)
+        pinned = gcp_nc.pinned_machine(node_config, key)
+        if pinned is None:
+            return None
+        machine, model, count = pinned
         if count and catalog.instance_type("gcp", machine) is not None:
             return model, f"{key}.guestAccelerators[0].acceleratorType"
         return None

@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import ForeignMachineError
 from ray_nodeless.providers.base import (
     MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update,
@@ -94,9 +93,10 @@ class LocalBackend(LocalConfig, MachineBackend):
         # here (read afresh from the state dir), so an id this object never listed is checked like any other.
         ids = list(dict.fromkeys(machine_ids))
         records = {i: self.nodes.get(i) for i in ids}
-        mine = [i for i in ids if records[i] is not None and self._mine(records[i])]
-        foreign = [i for i in ids if records[i] is not None and not self._mine(records[i])]
-        gone = [i for i in ids if records[i] is None]
+        found = {i: r for i, r in records.items() if r is not None}
+        mine = [i for i in ids if i in found and self._mine(found[i])]
+        foreign = [i for i in ids if i in found and not self._mine(found[i])]
+        gone = [i for i in ids if i not in found]
         if gone:
             logger.debug("local terminate: already gone %s", gone)
         if mine:

@@ -5,7 +5,8 @@ No machine boots when machines are played (local processes, EC2 under moto; `kub
 plays the part of the kubelet that the machine's user data would have started. `PlayedBackend` (played.py) calls
 it after its inner backend launched or terminated a machine; the Kubernetes registration never sees it:
 - `play(machine_id, user_data, ...)` parses the user data (`core.kube_join.parse_user_data`, the formats the
-  registration writes: eks NodeConfig, kubeadm JoinConfiguration, k3s agent flags) and registers the Node with those labels and taints (the API server adds
+  registration writes: eks NodeConfig, kubeadm JoinConfiguration, k3s agent flags) and registers the Node with those
+  labels and taints (the API server adds
   `node.kubernetes.io/not-ready`; the controller-manager's node lifecycle controller lifts it once the Node is
   Ready), capacity and allocatable from the instance type (cpu, memory, `nvidia.com/gpu`, pods), a Lease in
   `kube-node-lease`, and, for eks, the providerID `aws:///<zone>/<id>` (the Node name is then not the machine id).
@@ -293,11 +294,9 @@ class KubeletPlayer:
             resources = {k: float(v) for k, v in json.loads(env.get("RAY_OVERRIDE_RESOURCES", "{}")).items()}
             labels = json.loads(env.get("RAY_OVERRIDE_LABELS", "{}"))
             extra = {k: v for k, v in env.items() if k == "RAY_CLOUD_INSTANCE_TYPE_NAME"}
-            if self.processes.get(mid) is None:
-                rec = self.processes.start(mid, env.get("RAY_NODE_TYPE_NAME", ""), resources, labels,
-                                           extra_env=extra, tags={"pod": name})
-            else:
-                rec = self.processes.get(mid)
+            running = self.processes.get(mid)
+            rec = running if running is not None else self.processes.start(
+                mid, env.get("RAY_NODE_TYPE_NAME", ""), resources, labels, extra_env=extra, tags={"pod": name})
             with self._lock:
                 self.pod_ips[name] = rec.ip
             self._set_pod_status(pod, "Running", rec.ip)

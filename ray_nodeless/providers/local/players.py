@@ -269,6 +269,7 @@ def played_backend(inner: MachineBackend, player_settings: Section, registration
     if isinstance(player_settings, LocalPlayerSettings):
         return PlayedBackend(inner, RayNodePlayer(player_settings, cluster_name))
     if isinstance(player_settings, KubeletPlayerSettings):
-        return PlayedBackend(inner, KubeletPlay(player_settings, getattr(registration_settings, "kubernetes"),
-                                                cluster_name))
+        # The registration's section: providers/ never imports registrations/, so its type is not named here.
+        block = registration_settings.kubernetes  # type: ignore[attr-defined]
+        return PlayedBackend(inner, KubeletPlay(player_settings, block, cluster_name))
     raise TypeError(f"no player has the settings {type(player_settings).__name__}")

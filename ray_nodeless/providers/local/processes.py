@@ -12,6 +12,7 @@ Concurrent `ray start`s on one host race on raylet socket and log names, so star
 """
 from __future__ import annotations
 
+import builtins
 import json
 
 import logging
@@ -276,7 +277,9 @@ class LocalNodeProcesses:
                     time.time() - rec.started_at)
         return rec
 
-    def _start_cold(self, machine_id: str, cmd: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen:
+    # builtins.list: `list` in this class's body is its method
+    def _start_cold(self, machine_id: str, cmd: builtins.list[str], env: dict[str, str],
+                    log_path: str) -> subprocess.Popen:
         try:
             with open(log_path, "ab") as log:
                 return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -285,7 +288,8 @@ class LocalNodeProcesses:
             raise BackendError(f"cannot run `ray start` for {machine_id}: {e}") from e
 
     def _kill_group_now(self, rec: NodeRecord, proc: subprocess.Popen) -> None:
-        pids.signal_group(rec.pid, signal.SIGKILL)
+        if rec.pid is not None:
+            pids.signal_group(rec.pid, signal.SIGKILL)
         try:
             proc.wait(timeout=KILL_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -299,7 +303,7 @@ class LocalNodeProcesses:
 
     # ---------------------------------------------------------------- stop
 
-    def stop(self, machine_ids: list[str], timeout: float = STOP_TIMEOUT_S) -> None:
+    def stop(self, machine_ids: builtins.list[str], timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop these nodes: SIGTERM every group first (they shut down in parallel), wait for all (bounded), SIGKILL
         leftovers, drop the records. Unknown ids are ignored. Placeholders just lose their record."""
         recs = [r for r in (self.records.get(i) for i in dict.fromkeys(machine_ids)) if r is not None]

@@ -390,9 +390,9 @@ exec "$REAL" "$@"
         if logs.is_dir():    # the pods this kubelet ran (ours: every pod dir; one real kubelet per host)
             for d in logs.iterdir():
                 subprocess.run(["rm", "-rf", str(d)], timeout=30)
-        for d in (*HOST_DIRS, JOIN_ETC):
+        for empty_dir in (*HOST_DIRS, JOIN_ETC):
             try:
-                os.rmdir(d)
+                os.rmdir(empty_dir)
             except OSError:
                 pass
         for h in Path("/sys/fs/cgroup").glob("*/kubepods"):

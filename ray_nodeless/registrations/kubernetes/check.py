@@ -1,6 +1,7 @@
 """Bad input before any launch: every check of `registration: kubernetes`, as ConfigErrors naming the key.
 
-`check_static(settings)` (the section as the loader parsed it) needs no network (`ray-nodeless plan` runs it, through the registration's
+`check_static(settings)` (the section as the loader parsed it) needs no network (`ray-nodeless plan` runs it, through
+the registration's
 `check_config`); `check(settings)` adds the API server's answers and is run by `bootstrap_config`, so
 `ray up` fails before the head is created.
 
@@ -17,7 +18,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.registrations.kubernetes.join import check_join
@@ -25,6 +26,7 @@ from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
 
 if TYPE_CHECKING:
     from kubernetes import client
+    from kubernetes.client.rest import ApiException
 
 KEY = "provider.kubernetes"
 CHECK_TIMEOUT_S = 10
@@ -120,7 +122,7 @@ def check(settings: KubernetesSettings, cluster_name: str = "check",
         raise ConfigError(f"{KEY}.pod_template", f"rejected by the API server (dry run): {msg}") from e
 
 
-def _api_message(e: Exception) -> str:
+def _api_message(e: ApiException) -> str:
     try:
         return json.loads(e.body).get("message") or f"{e.status} {e.reason}"
     except Exception:

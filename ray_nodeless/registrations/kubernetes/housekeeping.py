@@ -7,12 +7,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from kubernetes.client.rest import ApiException
 
 from ray_nodeless.errors import BackendError
 from ray_nodeless.registrations.kubernetes import labels as L
+
+if TYPE_CHECKING:
+    from kubernetes import client
+
+    from ray_nodeless.core.settings import CoreSettings
+    from ray_nodeless.registrations.kubernetes.settings import KubernetesBlock, KubernetesSettings
 
 logger = logging.getLogger("ray_nodeless.registrations.kubernetes.registration")
 
@@ -23,11 +29,38 @@ WAIT_READY_S = 15.0           # a sweep waits this long for the first Node / pod
 
 
 class Housekeeping:
+    # What the mixin reads of KubernetesRegistration (registration.py sets them in its __init__). `machines` holds
+    # registration.Tracked records: Any, since naming that class here would import the module that imports this one.
+    cluster_name: str
+    k: KubernetesBlock
+    namespace: str
+    core: client.CoreV1Api
+    machines: dict[str, Any]
+    nodes: dict[str, Any]            # Node name -> V1Node
+    pods: dict[str, Any]             # pod name -> V1Pod
+    terminated: dict[str, float]
+    synced: dict[str, threading.Event]
+    _listing: tuple[float, set[str]] | None
+    _last_describe: float
+    _lock: threading.RLock
+    _stop: threading.Event
+    _threads: list[threading.Thread]
+
+    if TYPE_CHECKING:       # KubernetesRegistration's, declared for the type checker only
+        def __init__(self, settings: KubernetesSettings, cluster_name: str, core: CoreSettings, *,
+                     start: bool = True, api: client.ApiClient | None = None) -> None: ...
+        def _begin_end(self, mid: str) -> tuple[list[str], list[str]] | None: ...
+        def _ensure_pod(self, mid: str) -> None: ...
+        def _list_nodes(self, **kw: Any) -> Any: ...
+        def _list_pods(self, **kw: Any) -> Any: ...
+        def _on_pod(self, kind: str, pod: Any) -> None: ...
+        def _watch_loop(self, kind: str, list_fn: Callable[..., Any], handler: Callable[[str, Any], None]) -> None: ...
+
     def overdue_machines(self, now: float | None = None) -> dict[str, str]:
         """Machines whose Node is not Ready `join_timeout_s` after launch: machine id -> reason (names the join
         method). Logged once per machine; the caller terminates them."""
         now = now or time.time()
-        out = {}
+        out: dict[str, str] = {}
         if not self.synced["nodes"].is_set():
             return out      # the Node cache is not filled yet (a restart): cannot tell who joined
         with self._lock:

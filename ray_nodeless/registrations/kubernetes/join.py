@@ -101,7 +101,7 @@ def _kubeadm(join: JoinSettings, labels: dict[str, str], taints: list[dict[str, 
     for f in join.kubelet_flags:
         k, _, v = f.lstrip("-").partition("=")
         extra[k] = v
-    endpoint = join.endpoint.split("://", 1)[-1].rstrip("/")
+    endpoint = (join.endpoint or "").split("://", 1)[-1].rstrip("/")     # set: check_join refuses a join without
     # v1beta4 made kubeletExtraArgs a list of {name, value}
     extra_args: Any = [{"name": k, "value": v} for k, v in extra.items()] if api == "v1beta4" else extra
     cfg = {
@@ -137,7 +137,7 @@ def _k3s(join: JoinSettings, labels: dict[str, str], taints: list[dict[str, str]
         args += ["--node-taint", q(L.taint_flag(t))]
     for f in join.kubelet_flags:
         args += ["--kubelet-arg", q(f.lstrip("-"))]
-    env = [f"K3S_URL={shlex.quote(join.endpoint)}", f"K3S_TOKEN={shlex.quote(join.token)}"]
+    env = [f"K3S_URL={shlex.quote(join.endpoint or '')}", f"K3S_TOKEN={shlex.quote(join.token or '')}"]  # check_join
     if join.k3s_version:
         env.append(f"INSTALL_K3S_VERSION={shlex.quote(join.k3s_version)}")
     return "\n".join([

@@ -46,7 +46,8 @@ def size_resources(allocatable: Mapping[str, str], reserve_cpu: str, reserve_mem
     mem = parse_quantity(allocatable.get("memory", "0"))
     req_cpu = max(MIN_CPU, cpu - parse_quantity(reserve_cpu)) if cpu else MIN_CPU
     req_mem = max(MIN_MEMORY, mem - parse_quantity(reserve_memory)) if mem else MIN_MEMORY
-    requests = {"cpu": _cpu(min(req_cpu, cpu) if cpu else req_cpu), "memory": str(int(min(req_mem, mem) if mem else req_mem))}
+    requests = {"cpu": _cpu(min(req_cpu, cpu) if cpu else req_cpu),
+                "memory": str(int(min(req_mem, mem) if mem else req_mem))}
     limits = {}
     if cpu:
         limits["cpu"] = _cpu(cpu)

@@ -90,8 +90,8 @@ class KubernetesRegistration(Housekeeping, Registration):
 
     def __init__(self, settings: KubernetesSettings, cluster_name: str, core: CoreSettings, *, start: bool = True,
                  api: client.ApiClient | None = None):
-        self.cluster_name = cluster_name
-        self.settings = settings
+        super().__init__(settings, cluster_name, core)
+        self.settings: KubernetesSettings = settings
         self.k = self.settings.kubernetes
         check_join(self.k.join)
         self.cloud = core.cloud
@@ -328,13 +328,14 @@ class KubernetesRegistration(Housekeeping, Registration):
             t = self.machines.get(mid)
             if t is None and mid not in self.terminated:
                 # Seen before the listing names it (a restart): track it; the listing decides if it is an orphan.
-                t = self.machines[mid] = Tracked(mid, node_type=labels.get(L.NODE_TYPE, ""),
-                                                 launched_at=_created(node), instance_type=labels.get(L.INSTANCE_TYPE, ""))
+                t = self.machines[mid] = Tracked(mid, node_type=labels.get(L.NODE_TYPE, ""), launched_at=_created(node),
+                                                 instance_type=labels.get(L.INSTANCE_TYPE, ""))
             if t is None:
                 return
             ready = _node_ready(node)
             first_ready = ready and t.ready_at is None
-            t.node, t.node_ready, t.allocatable = name, ready, dict(node.status.allocatable or {}) if node.status else {}
+            t.node, t.node_ready = name, ready
+            t.allocatable = dict(node.status.allocatable or {}) if node.status else {}
             if first_ready:
                 t.ready_at = time.time()
                 logger.info("kubernetes: machine %s joined as Node %s, Ready %.1f s after launch", mid, name,

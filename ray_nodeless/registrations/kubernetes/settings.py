@@ -14,11 +14,13 @@
           cidr: 10.100.0.0/16          # eks: the service CIDR
           token: abcdef.0123456789abcdef   # kubeadm bootstrap token / k3s node token
           ca_cert_hash: sha256:...     # kubeadm discovery-token-ca-cert-hash
-          kubeadm_api: auto            # kubeadm: the JoinConfiguration version, auto (from the API server's version:
-                                       #   v1beta2 for 1.15-1.21, v1beta3 for 1.22-1.30, v1beta4 from 1.31) or one of them
+          kubeadm_api: auto            # kubeadm: the JoinConfiguration version, auto (from the API server's
+                                       #   version: v1beta2 for 1.15-1.21, v1beta3 for 1.22-1.30, v1beta4 from
+                                       #   1.31) or one of them
           cri_socket: /run/containerd/containerd.sock   # kubeadm: nodeRegistration.criSocket (default: containerd's)
         pod_template: {...}            # the Ray pod, like a KubeRay group's `template` (metadata + spec)
-        pod_templates: {gpu: {...}}    # per node type, instead of pod_template (the KubeRay bridge writes one per group)
+        pod_templates: {gpu: {...}}    # per node type, instead of pod_template (the KubeRay bridge writes one
+                                       #   per group)
         join_timeout_s: 600            # a machine whose Node is not Ready by then is reported overdue
         pod_grace_s: 30                # terminationGracePeriod of the Ray pod on terminate
         pod_reserve: {cpu: 250m, memory: 256Mi}   # left to DaemonSets when sizing the Ray pod's requests

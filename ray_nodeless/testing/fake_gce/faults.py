@@ -1,5 +1,6 @@
 """Fault injection: capacity errors in the insert operation, quota 403, throttling (429, or 403 with reason
-rateLimitExceeded), "ambiguous" 5xx answered after the work was done, any method failing with any status, a list answered empty."""
+rateLimitExceeded), "ambiguous" 5xx answered after the work was done, any method failing with any status, a list
+answered empty."""
 from __future__ import annotations
 
 import threading

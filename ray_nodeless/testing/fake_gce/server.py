@@ -244,6 +244,7 @@ class FakeGce(FaultInjection, ComputeHandlers):
             fault = self._take_fault(method, zone, machine_type, kind="http")
             if fault is not None and not fault.after:
                 raise ApiError(fault.status, fault.message, reason=fault.reason, domain=fault.domain)
+            payload: Any      # the JSON answer
             if self._take_fault(method, zone, None, kind="empty") is not None:
                 status, payload = 200, {"items": {} if method.endswith("aggregatedList") else []}
             else:

@@ -45,7 +45,7 @@ from ray_nodeless.testing.fault_matrix.world import CLUSTER, World
 # moto launches any image id; a fixed one skips the slow first describe_images.
 AMI = "ami-12c6146b"
 LIVE = ("pending", "running")
-SHAPES = {"gpu": {"CPU": 4, "GPU": 1}, "cpu": {"CPU": 8}}
+SHAPES: dict[str, dict[str, float]] = {"gpu": {"CPU": 4, "GPU": 1}, "cpu": {"CPU": 8}}
 
 
 def provider_config(moto: MotoServer) -> dict[str, Any]:
@@ -85,7 +85,8 @@ class Wire:
         self.replayed = 0
 
     def install(self, provider: NodelessProvider) -> NodelessProvider:
-        for client in provider.backend.clients:
+        clients = provider.backend.clients  # type: ignore[attr-defined]  # this world's backend is an AwsBackend
+        for client in clients:
             client.meta.events.register("before-send.ec2", self)
         return provider
 

@@ -3,7 +3,7 @@ cost, with many more requests per second than a wire-level fake allows."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Callable
 
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import BackendError, TransientBackendError
@@ -22,7 +22,7 @@ PROVIDER = {
         {"name": "cpu", "match": {}, "capacity": ["on-demand"]},
     ],
 }
-SHAPES = {"gpu": {"CPU": 4, "GPU": 1}, "cpu": {"CPU": 8}, "big_gpu": {"CPU": 16, "GPU": 1}}
+SHAPES: dict[str, dict[str, float]] = {"gpu": {"CPU": 4, "GPU": 1}, "cpu": {"CPU": 8}, "big_gpu": {"CPU": 16, "GPU": 1}}
 
 
 class FakeWorld(World):
@@ -70,7 +70,7 @@ class FakeWorld(World):
             return len(c.launches) > mark and m.tags.get(TAG_REQUEST) == c.launches[mark].request_token
         c.lost_responses = 1
         c.hooks["launch"] = hook
-        self._lagging = lagging
+        self._lagging: Callable[[Any], bool] | None = lagging
         c.hide = lagging
         return True
 

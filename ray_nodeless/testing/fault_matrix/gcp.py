@@ -25,7 +25,7 @@ PROJECT = "matrix-project"
 REGION = "us-central1"
 LIVE = ("PROVISIONING", "STAGING", "RUNNING")
 MAX_ATTEMPTS = 3
-SHAPES = {"gpu": {"CPU": 4, "GPU": 1}, "cpu": {"CPU": 4}}
+SHAPES: dict[str, dict[str, float]] = {"gpu": {"CPU": 4, "GPU": 1}, "cpu": {"CPU": 4}}
 GPU_TYPES = ["n1-standard-4+1xT4", "n1-standard-8+1xT4", "n1-standard-4+1xV100", "g2-standard-8", "a2-highgpu-1g"]
 CPU_TYPES = ["e2-standard-4", "n1-standard-8", "n2-standard-8"]
 

@@ -103,7 +103,8 @@ class Clock:
 def tiny_catalog() -> Catalog:
     t = InstanceType(cloud="aws", name="m5.large", family="m5", vcpus=2, memory_gib=8, machine_type="m5.large")
     doc = {"format": 1, "name": "tiny", "clouds": {"aws": {
-        "types": [type_row(t)], "regions": {REGION: region_entry([t], [("m5.large", "us-east-1a", "on-demand", 1.0)])}}}}
+        "types": [type_row(t)],
+        "regions": {REGION: region_entry([t], [("m5.large", "us-east-1a", "on-demand", 1.0)])}}}}
     return Catalog(doc, "0" * 64, "tiny")
 
 

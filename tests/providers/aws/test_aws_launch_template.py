@@ -19,7 +19,7 @@ from ray_nodeless.providers.aws.backend import AwsBackend
 from ray_nodeless.ray_adapter.bootstrap import bootstrap_config
 from ray_nodeless.testing.moto_server import REGION, MotoServer
 from tests.providers.aws.helpers import all_instances, make_spec
-from tests.providers.aws.test_aws_bootstrap import CLUSTER, aws, nc, ours  # noqa: F401 (fixture)
+from tests.providers.aws.test_aws_bootstrap import CLUSTER, nc, ours
 
 TEMPLATE = "ray-gpu"
 

@@ -12,7 +12,7 @@ import botocore.exceptions
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from ray_nodeless.errors import BackendError, TransientBackendError
+from ray_nodeless.errors import TransientBackendError
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST
 from ray_nodeless.testing.moto_server import (
     MotoServer, _Raw, ec2_describe_without, ec2_error, forward, install, query_params,

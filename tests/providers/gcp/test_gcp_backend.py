@@ -584,8 +584,8 @@ def test_validate_node_config_rejects_unknown_and_bad_fields(backend: GcpBackend
 
 def test_requirement_overrides(backend: GcpBackend) -> None:
     assert backend.requirement_overrides(backend.settings, {}) == {}
-    assert backend.requirement_overrides(backend.settings, {"machineType": "zones/us-central1-a/machineTypes/n2-standard-8"}) == {
-        "instance_types": ["n2-standard-8"]}
+    machine_type = {"machineType": "zones/us-central1-a/machineTypes/n2-standard-8"}
+    assert backend.requirement_overrides(backend.settings, machine_type) == {"instance_types": ["n2-standard-8"]}
     assert backend.requirement_overrides(backend.settings, {"machineType": "n1-standard-8", "guestAccelerators": [
         {"acceleratorType": "projects/p/zones/z/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 2}]}) == {
         "instance_types": ["n1-standard-8+2xT4"]}

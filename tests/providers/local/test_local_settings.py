@@ -21,7 +21,8 @@ def parse(**provider) -> LocalSettings:
 
 def test_defaults() -> None:
     s = parse()
-    assert s.gcs_address is None and s.local_gcs_address() == DEFAULT_GCS_ADDRESS and s.local_object_store_memory == DEFAULT_OBJECT_STORE_MEMORY
+    assert s.gcs_address is None and s.local_gcs_address() == DEFAULT_GCS_ADDRESS
+    assert s.local_object_store_memory == DEFAULT_OBJECT_STORE_MEMORY
     assert s.state_dir is None and s.local_faults == [] and s.local_prewarm is True
 
 
@@ -78,7 +79,8 @@ def test_declared_keys_reach_the_provider_key_check() -> None:
 def test_played_kubelets_take_the_node_process_keys_only_when_played() -> None:
     join = {"method": "kubeadm", "endpoint": "https://127.0.0.1:6443", "token": "abcdef.0123456789abcdef",
             "ca_cert_hash": "sha256:" + "0" * 64}
-    base = {"cloud": "aws", "region": "us-west-2", "registration": "kubernetes"}   # cloud: local has local_* keys itself
+    # cloud: local has local_* keys itself
+    base = {"cloud": "aws", "region": "us-west-2", "registration": "kubernetes"}
     load_provider({**base, "kubernetes": {"join": join, "played": True}, "local_port_base": 30000})
     with pytest.raises(ConfigError) as ei:      # real machines: no local Ray process to size
         load_provider({**base, "kubernetes": {"join": join}, "local_port_base": 30000})

@@ -124,7 +124,8 @@ def test_ray_pod_binds_to_the_machine_and_sizes_from_allocatable():
     assert pod["metadata"]["labels"] == {"team": "ml", L.CLUSTER: "c1", L.MACHINE_ID: "i-01",
                                          L.NODE_TYPE: "gpu_worker", L.ROLE: "worker"}
     assert pod["spec"]["nodeSelector"] == {L.MACHINE_ID: "i-01"}
-    assert {"key": L.TAINT_KEY, "operator": "Equal", "value": "c1", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    taint = {"key": L.TAINT_KEY, "operator": "Equal", "value": "c1", "effect": "NoSchedule"}
+    assert taint in pod["spec"]["tolerations"]
     c = pod["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["RAY_CLOUD_INSTANCE_ID"] == "i-01" and env["FOO"] == "1" and env["RAY_GCS_ADDRESS"] == "10.0.0.5:6379"

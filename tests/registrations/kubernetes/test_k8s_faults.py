@@ -46,7 +46,8 @@ class Cluster:
         p = cfg["provider"]
         p.update(state_dir=str(tmp_path / "state"), gcs_address="127.0.0.1:6399")
         k = p["kubernetes"]
-        k.update(kubeconfig=str(cp.sa_kubeconfig), played=False, pod_grace_s=2, join=dict(k["join"], endpoint=cp.server))
+        k.update(kubeconfig=str(cp.sa_kubeconfig), played=False, pod_grace_s=2,
+                 join=dict(k["join"], endpoint=cp.server))
         k.update(block)
         self.cfg = cfg
         self.boot = NodelessProvider.bootstrap_config(copy.deepcopy(cfg))   # ray up's checks (dry run, RBAC) pass
