@@ -12,7 +12,9 @@ What the view answers is the truth or an error, never a guess:
   one the cloud shows nothing of at all is kept for `ttls.UNSEEN_GONE_S`. So a page missing some live machines
   neither makes them terminated for Ray nor marks their offering interrupted.
 - A machine a launch just returned is visible at once, and stays visible while the cloud's eventually consistent
-  listing does not show it yet (`ttls.LAUNCH_GRACE_S`).
+  listing does not show it yet (`ttls.LAUNCH_GRACE_S`), unless the cloud, asked by id, says it ended (a spot
+  reclaim, EC2 ending a pending instance, another object's terminate): then it is gone at once, for Ray
+  (`non_terminated_nodes`, `is_terminated`) and for the cost cap alike.
 - A terminate that failed leaves the machines visible; the next refresh retries it. Ids the backend refuses as
   not this cluster's (`ForeignMachineError`) are logged and left alone; the rest of the call stands. Tags whose
   write failed are kept as pending, shown to Ray and written again at the next refresh.
@@ -101,15 +103,21 @@ class MachineView:
             with self._lock:
                 first = not self._listed_ok
                 missing = sorted(mid for mid in self._machines if mid not in listed and mid not in self._expected)
+                # Launched moments ago and not listed yet: the listing's lag, or ended already (a spot reclaim, EC2
+                # ending a pending instance, another object's terminate). Asked by id like the others, so one the
+                # cloud says ended goes at once instead of counting as running for LAUNCH_GRACE_S.
+                young = sorted(mid for mid in self._expected if mid not in listed and mid in self._machines)
             gone: dict[str, str] = {}
             if first:
                 self._add_live(listed, self.backend.recheck(None).live, "the first listing")
-            elif missing:
-                logger.info("listing does not show %d known machine(s) %s; asking again by id", len(missing),
-                            missing[:20])
-                rc = self.backend.recheck(missing)
+                missing = [mid for mid in missing if mid not in listed]
+                young = [mid for mid in young if mid not in listed]
+            ask = sorted(set(missing) | set(young))
+            if ask:
+                logger.info("listing does not show %d known machine(s) %s; asking again by id", len(ask), ask[:20])
+                rc = self.backend.recheck(ask)
                 self._add_live(listed, rc.live, "the listing")
-                gone = {mid: rc.gone[mid] for mid in missing if mid in rc.gone}
+                gone = {mid: rc.gone[mid] for mid in ask if mid in rc.gone}
                 self._keep_unseen(listed, [mid for mid in missing if mid not in listed and mid not in gone])
             return listed, gone
         except Exception as e:
@@ -169,6 +177,10 @@ class MachineView:
             for mid, since in list(self._expected.items()):
                 if mid in listed:
                     del self._expected[mid]
+                elif mid in gone:
+                    del self._expected[mid]     # the cloud says it ended before its listing caught up
+                    logger.warning("machine %s ended %.0f s after its launch, before it was listed (%s)", mid,
+                                   now - since, gone[mid] or "reason not told")
                 elif now - since < ttls.LAUNCH_GRACE_S and mid in self._machines:
                     machines[mid] = self._machines[mid]     # the cloud's listing lags the launch
                 else:
