@@ -15,6 +15,9 @@ What the view answers is the truth or an error, never a guess:
   listing does not show it yet (`ttls.LAUNCH_GRACE_S`), unless the cloud, asked by id, says it ended (a spot
   reclaim, EC2 ending a pending instance, another object's terminate): then it is gone at once, for Ray
   (`non_terminated_nodes`, `is_terminated`) and for the cost cap alike.
+- After this object ended the cluster's head (`ray down`), an empty listing is believed only once one taken
+  `ttls.TEARDOWN_WATCH_S` after that terminate is empty too: a worker launched just before the teardown and not
+  listed yet is listed, so Ray's teardown loop ends it.
 - A terminate that failed leaves the machines visible; the next refresh retries it. Ids the backend refuses as
   not this cluster's (`ForeignMachineError`) are logged and left alone; the rest of the call stands. Tags whose
   write failed are kept as pending, shown to Ray and written again at the next refresh.
@@ -35,7 +38,9 @@ from typing import Callable, Iterable
 
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import BackendError, ForeignMachineError, ListingError
-from ray_nodeless.providers.base import MACHINE_PENDING, TAG_CLUSTER, TAG_TERMINATING, Machine, MachineBackend
+from ray_nodeless.providers.base import (
+    MACHINE_PENDING, TAG_CLUSTER, TAG_RAY_NODE_KIND, TAG_TERMINATING, Machine, MachineBackend,
+)
 from ray_nodeless.registrations.base import Registration
 
 logger = logging.getLogger(__name__)
@@ -62,6 +67,9 @@ class MachineView:
         self._pending_tags: dict[str, dict[str, str]] = {}
         self._failed_terminates: set[str] = set()
         self._unseen: dict[str, float] = {}            # known, shown by neither query: id -> since when
+        # When this object terminated the cluster's head (a teardown: `ray down`), on `clock`; see `_late_launches`.
+        self._teardown_at: float | None = None
+        self.teardown_watch_s = ttls.TEARDOWN_WATCH_S
 
     # ----- reading ---------------------------------------------------------------------------------------------
 
@@ -84,10 +92,35 @@ class MachineView:
                 with self._lock:
                     return dict(self._machines)
             listed, gone = answer
+            if not listed:
+                listed = self._late_launches(listed)
             self._retry_pending(listed)
             return self._apply(listed, gone)
         finally:
             self._refresh_lock.release()
+
+    def _late_launches(self, listed: dict[str, Machine]) -> dict[str, Machine]:
+        """An empty listing after this object ended the head (`ray down`: Ray's teardown stops at the first empty
+        answer) is believed only once a listing `teardown_watch_s` after that terminate is empty too: a worker the
+        monitor launched just before it was stopped may not be listed yet, and would survive the teardown (Ray's
+        own AWS provider leaves it running). Listed again every `ttls.TEARDOWN_WATCH_POLL_S` until then; the first
+        listing that shows machines is the answer (Ray then ends them)."""
+        with self._lock:
+            since = self._teardown_at
+        while since is not None and self.clock() - since < self.teardown_watch_s and not listed:
+            time.sleep(ttls.TEARDOWN_WATCH_POLL_S)
+            try:
+                listed = self._list_once()
+                if not listed:
+                    listed = {m.id: self.registration.describe(m) for m in self.backend.recheck(None).live
+                              if m.tags.get(TAG_CLUSTER) == self.cluster_name}
+            except Exception as e:   # noqa: BLE001 - a failed look is no answer: keep watching
+                logger.warning("teardown: listing for late launches failed: %s", e)
+                listed = {}
+            if listed:
+                logger.warning("teardown: %d machine(s) appeared after the head was ended (launched just before "
+                               "`ray down`): %s", len(listed), ",".join(sorted(listed)[:20]))
+        return listed
 
     def _list(self) -> tuple[dict[str, Machine], dict[str, str]] | None:
         """One listing of this cluster's machines, confirmed where it may be short, and why machines it confirmed
@@ -285,6 +318,8 @@ class MachineView:
         with self._lock:
             self._terminating.update(machine_ids)
             listed = [mid for mid in machine_ids if mid in self._machines]   # never tag a machine not ours
+            if any(self._machines[mid].tags.get(TAG_RAY_NODE_KIND) == "head" for mid in listed):
+                self._teardown_at = self.clock()    # a teardown: watch for late launches (`_late_launches`)
         try:   # best effort: lets every other provider object of the cluster tell this from an interruption
             for mid in listed:
                 self.backend.set_tags(mid, {TAG_TERMINATING: "1"})

@@ -5,6 +5,7 @@ test_outside_ends_aws.py; the fault matrix runs these among its steps."""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -189,3 +190,56 @@ def test_a_gpu_machine_carries_its_own_accelerator_not_the_declared_one(cloud):
     spec = cloud.launches[-1]
     assert spec.offering.instance_type.gpu_model != "H100"
     assert spec.labels[ACCELERATOR_TYPE] == spec.offering.instance_type.gpu_model
+
+
+# ------------------------------------------------------------------- teardown: launched but not listed yet
+
+
+def launched_late(cloud: fake_backend.Cloud, lag_s: float) -> tuple[list[str], list[str]]:
+    """A cluster (a head and 2 workers) whose monitor launched one more worker just before the teardown: the
+    cloud shows nothing of it (listing and lookups alike) for `lag_s`. (all ids, the late one)"""
+    monitor = NodelessProvider(dict(PROVIDER), "c1")
+    head = monitor.create_node_with_resources_and_labels(
+        {}, dict(tags("req-h", "cpu"), **{"ray-node-type": "head"}), 1, CPU, {})
+    workers = monitor.create_node_with_resources_and_labels({}, tags("req-w", "cpu"), 2, CPU, {})
+    late = list(monitor.create_node_with_resources_and_labels({}, tags("req-late", "cpu"), 1, CPU, {}))
+    until = time.monotonic() + lag_s
+    cloud.hide = cloud.hide_from_lookup = lambda m: m.id in late and time.monotonic() < until
+    return sorted([*head, *workers, *late]), late
+
+
+def test_ray_down_ends_a_worker_launched_just_before_and_not_listed_yet(cloud):
+    """Before: Ray's teardown loop stopped at the first empty listing and the late worker kept running (Ray's
+    own AWS provider does the same). Now, once the head is ended, "empty" needs a listing teardown_watch_s later."""
+    every, late = launched_late(cloud, lag_s=1.5)
+    down = NodelessProvider(dict(PROVIDER), "c1")         # `ray down`'s own object
+    down.view.teardown_watch_s = 3.0
+    ids = down.non_terminated_nodes({})
+    assert late[0] not in ids
+    while ids:                                          # Ray's teardown_cluster loop (less its 5 s sleeps)
+        down.terminate_nodes(ids)
+        ids = down.non_terminated_nodes({})
+    assert live(cloud) == {}
+
+
+def test_sweep_ends_a_worker_launched_just_before_and_not_listed_yet(cloud):
+    from ray_nodeless.launch.sweep import Sweep
+
+    every, late = launched_late(cloud, lag_s=1.5)
+    sweep = Sweep({"cluster_name": "c1", "provider": dict(PROVIDER)}, verify_s=3.0)
+    try:
+        result = sweep.run()
+    finally:
+        sweep.close()
+    assert result.ok, result.failures
+    assert sorted(t.id for t in result.targets if t.kind == "machine") == every
+    assert live(cloud) == {}
+
+
+def test_a_monitor_ending_workers_never_waits(cloud):
+    """Only a terminate that includes the head starts the watch: the monitor's scale-downs answer at once."""
+    p = NodelessProvider(dict(PROVIDER), "c1")
+    ids = p.create_node_with_resources_and_labels({}, tags("req-1", "cpu"), 2, CPU, {})
+    p.terminate_nodes(list(ids))
+    t0 = time.monotonic()
+    assert p.non_terminated_nodes({}) == [] and time.monotonic() - t0 < 0.5
