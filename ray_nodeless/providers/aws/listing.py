@@ -10,7 +10,8 @@ a different query from the listing's (which filters by the cluster tag and the l
 - by the cluster tag alone, in every state (a fresh object's first listing has nothing to ask about by id); when
   that answer is empty too (two empty DescribeInstances pages in a row: `ray down` and `sweep` would say "nothing
   to end"), a third query of another API, `DescribeTags` (which instances carry the cluster tag), and a lookup of
-  those by id. Instances it names that DescribeInstances shows nothing of make the look fail
+  those by id. Instances it names that DescribeInstances shows nothing of (other than ones this object launched
+  moments ago: the read lag) make the look fail
   (`TransientBackendError`, category ListingsDisagree): the view then refuses to answer rather than call the
   cluster empty. An empty answer is believed only when DescribeTags agrees.
 
@@ -63,6 +64,7 @@ class AwsListing:
 
     cluster_name: str
     ec2: Any                                                                # the backend's EC2 client
+    _known: Any                                                             # the backend's Known (known.py)
     _describe: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]     # the backend's paginated describe
 
     def _describe_typed(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -100,7 +102,9 @@ class AwsListing:
         if not tagged:
             return []
         seen = self._by_id(tagged)
-        unseen = [i for i in tagged if i not in seen]
+        # An instance this object launched moments ago is not shown by DescribeInstances yet (EC2's reads lag
+        # RunInstances): that is the lag, not a disagreement (the view keeps it for the launch grace).
+        unseen = [i for i in tagged if i not in seen and not self._known.young(i)]
         if unseen:
             raise TransientBackendError(
                 f"DescribeInstances shows nothing of cluster {self.cluster_name!r}, but DescribeTags names "
