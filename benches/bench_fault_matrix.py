@@ -11,7 +11,9 @@ capped tests, default steps CAPPED_STEPS): prints the highest hourly cost the cl
 Per backend (in-memory; the real AWS backend against moto, with EC2's ClientToken semantics emulated on the wire
 and without them, as an endpoint that ignores the token; the real GCP backend against the fake Compute server):
 launch requests and create_node calls, faults injected by kind, duplicates (machines a batch made beyond its
-count), returned-but-terminated ids, offerings misread as interrupted, per-create_node wall time (p50 / p99), wall
+count), returned-but-terminated ids, offerings misread as interrupted, issue 28's figures (young machines ended
+outside, Ray retries after outside terminations and how many failed, machines reported terminated while running,
+cap refusals caused by phantoms), per-create_node wall time (p50 / p99), wall
 time, and backend launch calls (RunInstances / instances.insert) for one create_node when every spot offering
 fails (and when every offering fails). The default steps are the test suite's (tests/launch/test_fault_matrix.py), so
 `--seeds 1` for aws and gcp reproduces its figures.
@@ -125,6 +127,11 @@ def report(name: str, seeds: list[int], steps: int, stats: list[Stats], dry: tup
     print(f"  duplicates {sum(s.duplicates for s in stats)}, returned-but-terminated "
           f"{sum(s.returned_terminated for s in stats)}, offerings misread as interrupted "
           f"{sum(s.misread_interruptions for s in stats)}")
+    print(f"  issue 28: {sum(s.young_ended for s in stats)} young machines ended outside before any listing, "
+          f"{sum(s.outside_retries for s in stats)} Ray retries after outside terminations "
+          f"({sum(s.failed_retries for s in stats)} failed); machines reported terminated while running "
+          f"{sum(s.terminated_while_running for s in stats)}, cap refusals caused by phantoms "
+          f"{sum(s.phantom_refusals for s in stats)}")
     if stats and stats[0].cap is not None:
         print(f"  capped: max hourly cost reached ${max(s.max_cost for s in stats):.4f} vs cap "
               f"${stats[0].cap:.4f}; {sum(s.bursts for s in stats)} bursts, "

@@ -60,6 +60,14 @@ PLAN_CACHE_SIZE = 1024
 # The fraction of an instance's memory Ray offers to tasks (the rest is object store and OS), as Ray's AWS and
 # GCP providers compute it when they fill in a node type's resources.
 TASK_MEMORY_FRACTION = 0.7
+# `ray down` (Ray's teardown loop) ends the head and the workers, sleeps 5 s, lists again and stops at the first
+# empty answer. A worker the monitor launched just before `ray stop` ended it may not be listed yet (EC2's listing
+# lags RunInstances by seconds): after a terminate that included the head, the provider object answers "empty"
+# only once a listing this long after that terminate still shows nothing (it lists again every
+# TEARDOWN_WATCH_POLL_S meanwhile), so the late worker is listed and ended. `sweep` watches as long for machines
+# that appear while it ends the cluster.
+TEARDOWN_WATCH_S = 15.0
+TEARDOWN_WATCH_POLL_S = 1.0
 # `ray-nodeless sweep` lists the cluster again after ending it: a cloud's listing lags a terminate, so a machine
 # still listed is waited for this long (polled at this interval) before it counts as "not ended".
 SWEEP_VERIFY_S = 20.0

@@ -11,7 +11,9 @@ the check and the reservation are one step. A reservation ends three ways:
   are counted as listed machines) or until a listing taken `ttls.LAUNCH_GRACE_S` after the failure (the cloud's
   listing lag) does not show them: then they do not exist.
 Machines are matched to an orphan by their ids when known, else by the launch's request token, which every machine
-carries (`TAG_REQUEST`). The live part is the view's machines, whose price is their decision tag.
+carries (`TAG_REQUEST`). The live part is the view's machines, whose price is their decision tag: what the cloud
+says runs (machine_view.py asks by id about every machine a listing does not show, young ones included, so one
+ended from outside moments after its launch stops counting at once).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from ray_nodeless.core.documents import Document
 from ray_nodeless.core import ttls
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog, Offering
-from ray_nodeless.core.demand import offering_labels
+from ray_nodeless.core.demand import PROMISABLE, offering_labels
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.plan import Plan
 from ray_nodeless.core.planner import Planner
@@ -51,13 +51,16 @@ TAG_FALLBACK = "nodeless-fallback-from"
 
 
 def request_token(cluster: str, launch_request: str, node_type: str, batch: int, offering: Offering,
-                  count: int) -> str:
+                  count: int, generation: int = 0) -> str:
     """A deterministic idempotency key per (launch request, node type, count, batch, offering), `batch` numbering
     the calls of one count within a round of the request (`Launcher._ordinal`): every batch Ray v2 sends under one
     request id gets its own machines; Ray's retry of the request (the same id, the same counts) gets the same keys,
     so the cloud returns the machines the first round made; a fallback to the next offering gets a new one. 32 hex
-    chars fit both EC2's ClientToken (<= 64) and GCE's requestId (a UUID)."""
+    chars fit both EC2's ClientToken (<= 64) and GCE's requestId (a UUID). `generation` moves on when the slot's
+    machines were ended since (`Launcher._generation`): the old key would answer with machines that are gone."""
     text = f"{cluster}|{launch_request}|{node_type}|{batch}|{'|'.join(offering.key)}|{count}"
+    if generation:
+        text += f"|g{generation}"
     return str(uuid.UUID(hashlib.sha256(text.encode()).hexdigest()[:32]))
 
 
@@ -95,6 +98,25 @@ def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) 
     return tags
 
 
+def machine_labels(node_type: str, declared: dict[str, str] | None, offering: Offering) -> dict[str, str]:
+    """The labels a machine of `offering` starts Ray with: the node type's declared ones, except Ray's default
+    `ray.io/` keys we set (market type, zone, region, accelerator type: `core.demand.PROMISABLE`), which are always
+    the machine's facts. A declared value for one of them that is not the fact (a node type declaring
+    `ray.io/accelerator-type: H100` lands on a CPU machine) is overridden, or dropped where the machine has no such
+    fact (no accelerator), with a warning naming the key: a selector on those labels must never be served by a
+    machine that does not match."""
+    facts = offering_labels(offering)
+    declared = {str(k): str(v) for k, v in (declared or {}).items()}
+    lies = {k: v for k, v in declared.items() if k in PROMISABLE and facts.get(k) != v}
+    if lies:
+        logger.warning("%s: declared label(s) %s are not what this %s machine is (%s); its facts are used", node_type,
+                       ", ".join(f"{k}={v}" for k, v in sorted(lies.items())), offering.instance_type.name,
+                       ", ".join(f"{k}={facts.get(k, '(none)')}" for k in sorted(lies)))
+    out = {k: v for k, v in declared.items() if k not in PROMISABLE}
+    out.update(facts)
+    return out
+
+
 @dataclass(frozen=True)
 class Launched:
     offering: Offering
@@ -126,6 +148,9 @@ class Launcher:
         # launch succeeded on, so Ray's retry of it walks straight to the same token.
         self._rounds: TTLCache[tuple[str | None, str], _Round] = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
         self._slot_offerings: TTLCache[_Slot, Offering] = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
+        # slot -> (token generation, the ids its last launch returned); see `_generation`.
+        self._slot_machines: TTLCache[_Slot, tuple[int, list[str]]] = TTLCache(
+            maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
         self._batches_lock = threading.Lock()
         self._catalog = catalog          # loaded at the first plan: listing and terminating never need it
         self.resolver = resolver
@@ -164,6 +189,7 @@ class Launcher:
         if self.budget is not None:
             self._list_first(node_type)
         slot_tag = launch_slot(self.cluster_name, *slot)
+        generation = self._generation(slot) if retriable else 0
         again, shown = self._replay(plan, slot, slot_tag) if retriable else (None, {})
         started = self._clock()
         failures: list[str] = []
@@ -176,7 +202,7 @@ class Launcher:
         for offering in self._walk(plan, again, prefer_od):
             if capacities is not None and offering.capacity not in capacities:
                 continue
-            token = request_token(self.cluster_name, launch_request, node_type, batch, offering, count)
+            token = request_token(self.cluster_name, launch_request, node_type, batch, offering, count, generation)
             if offering is not again:   # a retry of a launch that ran goes to its offering whatever happened since
                 if self.unavailable.reason(offering) is not None:
                     skipped += 1
@@ -204,9 +230,7 @@ class Launcher:
                 cluster_name=self.cluster_name, node_type=node_type, offering=offering, count=count, tags=tags,
                 node_config=copy.deepcopy(backend_config), request_token=token,
                 resources=instance_resources(offering.instance_type, resources),
-                # Ray's default labels say what the machine really is (market type, zone, region, GPU model),
-                # whatever the node type declared: a label we report is true.
-                labels={**dict(labels or {}), **offering_labels(offering)},
+                labels=machine_labels(node_type, labels, offering),
                 is_head=is_head,
             )
             spec = self.registration.prepare(spec)
@@ -257,6 +281,7 @@ class Launcher:
                 self._end_hold(hold, made=False)
                 raise LaunchError(f"{node_type}: {e}", e.category) from e
             self._slot_offerings[slot] = offering
+            self._slot_machines[slot] = (generation, list(ids))
             if hold is not None and self.budget is not None:
                 self.budget.landed(hold, [pending_machine(mid, spec.tags) for mid in ids])
             logger.info(
@@ -340,6 +365,40 @@ class Launcher:
             round_[1][count] = n + 1
             self._rounds[key] = round_
             return n
+
+    def _generation(self, slot: tuple[str, str, int, int]) -> int:
+        """The token generation of this slot's launch. A slot this object launched before keeps its generation
+        (Ray's retry gets the same tokens, so the cloud answers with the same machines) unless those machines were
+        ended since, from outside (a spot reclaim, another object's terminate, the console): then the old tokens
+        can only answer with machines that are gone (EC2's ClientToken replays the first answer; on an endpoint
+        without it the backend's settle step sees "made, now gone" and waits, then fails PartialLookup, on every
+        retry). So the ids of the last launch that the view does not show are asked about by id
+        (`MachineBackend.recheck`); if the cloud says any is gone, the slot moves to the next generation and
+        launches anew. Those the cloud shows nothing of (a lagging listing) keep the generation. Machines of the
+        old generation still running are listed machines of the cluster: Ray adopts or ends them."""
+        with self._batches_lock:
+            gen, ids = self._slot_machines.get(slot, (0, []))
+        if not ids or self._view is None:
+            return gen
+        shown = self._view.cost_view()[1]
+        absent = [i for i in ids if i not in shown]
+        if not absent:
+            return gen
+        try:
+            ended = sorted(set(self.backend.recheck(absent).gone) & set(absent))
+        except Exception as e:  # noqa: BLE001 - cannot tell: the old token, as before (the backend settles it)
+            logger.warning("%s: could not ask about %s before retrying request %s: %s", slot[1], absent, slot[0], e)
+            return gen
+        if not ended:
+            return gen
+        with self._batches_lock:
+            current = self._slot_machines.get(slot, (0, []))[0]
+            new = max(current, gen) + 1
+            self._slot_machines[slot] = (new, [])
+        logger.warning("%s: request %s batch %d: machine(s) %s of its last launch were ended since (the cloud says "
+                       "so); launching anew under token generation %d", slot[1], slot[0], slot[3],
+                       ",".join(ended), new)
+        return new
 
     def _slot_listed(self, slot_tag: str, count: int) -> bool:
         if self._view is None:

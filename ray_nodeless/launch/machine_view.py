@@ -12,7 +12,12 @@ What the view answers is the truth or an error, never a guess:
   one the cloud shows nothing of at all is kept for `ttls.UNSEEN_GONE_S`. So a page missing some live machines
   neither makes them terminated for Ray nor marks their offering interrupted.
 - A machine a launch just returned is visible at once, and stays visible while the cloud's eventually consistent
-  listing does not show it yet (`ttls.LAUNCH_GRACE_S`).
+  listing does not show it yet (`ttls.LAUNCH_GRACE_S`), unless the cloud, asked by id, says it ended (a spot
+  reclaim, EC2 ending a pending instance, another object's terminate): then it is gone at once, for Ray
+  (`non_terminated_nodes`, `is_terminated`) and for the cost cap alike.
+- After this object ended the cluster's head (`ray down`), an empty listing is believed only once one taken
+  `ttls.TEARDOWN_WATCH_S` after that terminate is empty too: a worker launched just before the teardown and not
+  listed yet is listed, so Ray's teardown loop ends it.
 - A terminate that failed leaves the machines visible; the next refresh retries it. Ids the backend refuses as
   not this cluster's (`ForeignMachineError`) are logged and left alone; the rest of the call stands. Tags whose
   write failed are kept as pending, shown to Ray and written again at the next refresh.
@@ -33,7 +38,9 @@ from typing import Callable, Iterable
 
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import BackendError, ForeignMachineError, ListingError
-from ray_nodeless.providers.base import MACHINE_PENDING, TAG_CLUSTER, TAG_TERMINATING, Machine, MachineBackend
+from ray_nodeless.providers.base import (
+    MACHINE_PENDING, TAG_CLUSTER, TAG_RAY_NODE_KIND, TAG_TERMINATING, Machine, MachineBackend,
+)
 from ray_nodeless.registrations.base import Registration
 
 logger = logging.getLogger(__name__)
@@ -60,6 +67,9 @@ class MachineView:
         self._pending_tags: dict[str, dict[str, str]] = {}
         self._failed_terminates: set[str] = set()
         self._unseen: dict[str, float] = {}            # known, shown by neither query: id -> since when
+        # When this object terminated the cluster's head (a teardown: `ray down`), on `clock`; see `_late_launches`.
+        self._teardown_at: float | None = None
+        self.teardown_watch_s = ttls.TEARDOWN_WATCH_S
 
     # ----- reading ---------------------------------------------------------------------------------------------
 
@@ -82,10 +92,35 @@ class MachineView:
                 with self._lock:
                     return dict(self._machines)
             listed, gone = answer
+            if not listed:
+                listed = self._late_launches(listed)
             self._retry_pending(listed)
             return self._apply(listed, gone)
         finally:
             self._refresh_lock.release()
+
+    def _late_launches(self, listed: dict[str, Machine]) -> dict[str, Machine]:
+        """An empty listing after this object ended the head (`ray down`: Ray's teardown stops at the first empty
+        answer) is believed only once a listing `teardown_watch_s` after that terminate is empty too: a worker the
+        monitor launched just before it was stopped may not be listed yet, and would survive the teardown (Ray's
+        own AWS provider leaves it running). Listed again every `ttls.TEARDOWN_WATCH_POLL_S` until then; the first
+        listing that shows machines is the answer (Ray then ends them)."""
+        with self._lock:
+            since = self._teardown_at
+        while since is not None and self.clock() - since < self.teardown_watch_s and not listed:
+            time.sleep(ttls.TEARDOWN_WATCH_POLL_S)
+            try:
+                listed = self._list_once()
+                if not listed:
+                    listed = {m.id: self.registration.describe(m) for m in self.backend.recheck(None).live
+                              if m.tags.get(TAG_CLUSTER) == self.cluster_name}
+            except Exception as e:   # noqa: BLE001 - a failed look is no answer: keep watching
+                logger.warning("teardown: listing for late launches failed: %s", e)
+                listed = {}
+            if listed:
+                logger.warning("teardown: %d machine(s) appeared after the head was ended (launched just before "
+                               "`ray down`): %s", len(listed), ",".join(sorted(listed)[:20]))
+        return listed
 
     def _list(self) -> tuple[dict[str, Machine], dict[str, str]] | None:
         """One listing of this cluster's machines, confirmed where it may be short, and why machines it confirmed
@@ -101,15 +136,21 @@ class MachineView:
             with self._lock:
                 first = not self._listed_ok
                 missing = sorted(mid for mid in self._machines if mid not in listed and mid not in self._expected)
+                # Launched moments ago and not listed yet: the listing's lag, or ended already (a spot reclaim, EC2
+                # ending a pending instance, another object's terminate). Asked by id like the others, so one the
+                # cloud says ended goes at once instead of counting as running for LAUNCH_GRACE_S.
+                young = sorted(mid for mid in self._expected if mid not in listed and mid in self._machines)
             gone: dict[str, str] = {}
             if first:
                 self._add_live(listed, self.backend.recheck(None).live, "the first listing")
-            elif missing:
-                logger.info("listing does not show %d known machine(s) %s; asking again by id", len(missing),
-                            missing[:20])
-                rc = self.backend.recheck(missing)
+                missing = [mid for mid in missing if mid not in listed]
+                young = [mid for mid in young if mid not in listed]
+            ask = sorted(set(missing) | set(young))
+            if ask:
+                logger.info("listing does not show %d known machine(s) %s; asking again by id", len(ask), ask[:20])
+                rc = self.backend.recheck(ask)
                 self._add_live(listed, rc.live, "the listing")
-                gone = {mid: rc.gone[mid] for mid in missing if mid in rc.gone}
+                gone = {mid: rc.gone[mid] for mid in ask if mid in rc.gone}
                 self._keep_unseen(listed, [mid for mid in missing if mid not in listed and mid not in gone])
             return listed, gone
         except Exception as e:
@@ -169,6 +210,10 @@ class MachineView:
             for mid, since in list(self._expected.items()):
                 if mid in listed:
                     del self._expected[mid]
+                elif mid in gone:
+                    del self._expected[mid]     # the cloud says it ended before its listing caught up
+                    logger.warning("machine %s ended %.0f s after its launch, before it was listed (%s)", mid,
+                                   now - since, gone[mid] or "reason not told")
                 elif now - since < ttls.LAUNCH_GRACE_S and mid in self._machines:
                     machines[mid] = self._machines[mid]     # the cloud's listing lags the launch
                 else:
@@ -273,6 +318,8 @@ class MachineView:
         with self._lock:
             self._terminating.update(machine_ids)
             listed = [mid for mid in machine_ids if mid in self._machines]   # never tag a machine not ours
+            if any(self._machines[mid].tags.get(TAG_RAY_NODE_KIND) == "head" for mid in listed):
+                self._teardown_at = self.clock()    # a teardown: watch for late launches (`_late_launches`)
         try:   # best effort: lets every other provider object of the cluster tell this from an interruption
             for mid in listed:
                 self.backend.set_tags(mid, {TAG_TERMINATING: "1"})

@@ -11,6 +11,8 @@ players: `Registration.leftovers` / `sweep`, the registration's own clean-up); w
   machine's tag is checked again here before it is ended.
 - "Nothing left" is confirmed, never a page's silence: the machines to end are the listing's and a second query's
   by the cluster tag (`MachineBackend.recheck`), so an empty or short page cannot make the sweep skip machines.
+- What was launched just before and is not listed yet is ended too: once a head was ended, the cluster is
+  listed again for `ttls.TEARDOWN_WATCH_S` (at most verify_s), and machines that appear are ended.
 - Every step that fails is recorded (what, why) and the rest still runs; then every machine ended is asked about
   again by id, and anything targeted that is not confirmed gone is a failure too. A rerun picks up what is left.
 """
@@ -165,8 +167,33 @@ class Sweep:
                 result.failures += [{"kind": t.kind, "id": t.id, "error": str(e)} for t in backend_leftovers]
         ended_heads = self._terminate(heads, result)
         self._registration_sweep(ended_heads, [], result)    # a head has no Node; its player/records go
-        self._verify(workers + heads, result)
+        late = self._late_launches(set(workers + heads), result) if ended_heads else []
+        self._verify(workers + heads + late, result)
         return result
+
+    def _late_launches(self, targeted: set[str], result: SweepResult) -> list[str]:
+        """A head was ended: its monitor may have launched a worker just before, not listed yet (EC2's listing
+        lags RunInstances). Listed again until `ttls.TEARDOWN_WATCH_S` (at most verify_s) have passed; whatever
+        appears is ended too. The ids ended here."""
+        end = time.monotonic() + min(self.verify_s, ttls.TEARDOWN_WATCH_S)
+        ended: list[str] = []
+        while time.monotonic() < end:
+            time.sleep(min(ttls.TEARDOWN_WATCH_POLL_S, max(0.0, end - time.monotonic())))
+            try:
+                new = [m for m in self._machines() if m.id not in targeted]
+            except Exception as e:  # noqa: BLE001 - a failed look: the next poll (or the verify step) tells
+                logger.warning("sweep: listing for late launches failed: %s", e)
+                continue
+            if not new:
+                continue
+            now = time.time()
+            result.targets += [_machine_target(m, now) for m in new]
+            ids = sorted(m.id for m in new)
+            self.progress(f"{len(ids)} machine(s) appeared after the head was ended (launched just before): "
+                          f"{', '.join(ids)}")
+            targeted |= set(ids)
+            ended += self._terminate(ids, result)
+        return ended
 
     def _terminate(self, ids: list[str], result: SweepResult) -> list[str]:
         """Terminate in one batched call; the TAG_TERMINATING mark first (best effort) tells any provider object

@@ -17,7 +17,9 @@ reclaimed) or never did.
 - **Tagged at birth.** Every tag of `spec.tags` (with `ray-cluster-name == cluster_name`) is set at creation time,
   so no machine ever exists untagged; the next `list_machines` shows those tags.
 - **Idempotent per request token.** A retried `launch` with the same `spec.request_token` never creates a second
-  set of machines; it returns the ids the first call created (if they still live).
+  set of machines; it returns the ids the first call created (if they still live). A token whose machines were
+  ended since is spent: the launcher moves such a slot to a new token generation (it asks by id first,
+  `launch/launcher.py` `_generation`), so a backend never has to make machines anew under an old token.
 - **No leak on failure.** When `launch` raises, no machine of that call is left running.
 - **Typed errors with a category.** `CapacityError` (category = the cloud's code, `scope` zone or region) for a
   capacity or quota shortage of that offering; `TransientBackendError` when throttling outlasts its retries;
@@ -30,11 +32,19 @@ reclaimed) or never did.
   STOPPING/TERMINATED/SUSPENDED) reports those tagged ours through `leftovers()`, so `ray-nodeless sweep` ends them.
 - **Eventual consistency is allowed** (a machine just launched may be missing for a while; the launch layer's view
   covers that). A failure raises `BackendError`, never an empty or partial answer.
-- **A second look: `recheck(ids)`.** What a listing did not show is asked again before the launch layer believes
-  it gone (a short or empty page happens): given ids, each is `live` (the listing missed it), `gone` (with the
-  reason where the cloud tells, see `vanished_reasons`) or left out (the cloud shows nothing of it); given None
-  (a fresh object's first listing, `sweep`), every live machine a second query finds. The default lists again;
-  a cloud with a different query answers through it (EC2: by instance id, or by the cluster tag in every state).
+- **A second look: `recheck(ids)`, the lookup by id.** What a listing did not show is asked again before the
+  launch layer believes it gone (a short or empty page happens, several in a row too), and so is every machine
+  launched moments ago that the listing does not show yet (it may have ended already: a spot reclaim, EC2 ending
+  a pending instance, another object's terminate). Given ids, each is `live` (the listing missed it), `gone` (with
+  the reason where the cloud tells, see `vanished_reasons`) or left out (the cloud shows nothing of it). Given
+  None (a fresh object's first listing: `ray down`, `sweep`, a restarted monitor), every live machine a second
+  method of listing finds. The query must not be the listing's own (a glitch of that query must not answer it
+  twice): EC2 DescribeInstances by instance id, or by the cluster tag in every state and then DescribeTags;
+  GCE instances.get by name in its zone, or the zonal lists; the local backend its node records; the in-memory
+  cloud its records. Edge cases: a foreign id (another cluster's, untagged) is never live and never gone, left
+  out; an id the cloud shows nothing of may be gone (consistent reads: GCE, local) or left out (EC2, whose reads
+  lag); an id never launched at all is the same; a failure raises `BackendError` (the view then answers from its
+  last listing), never a partial answer. The default (for third-party backends) lists again.
 
 `terminate(ids)`
 - **One batched call** for the ids given; duplicates count once; `[]` calls nothing.

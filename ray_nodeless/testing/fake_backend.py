@@ -7,6 +7,8 @@ provider instances (ray up's and the monitor's) share one "cloud". Knobs:
 - `capacity_faults` a capacity error for every launch of matching offerings; `list_failures` failed listings;
 - `next_errors[method]` exceptions raised by the next calls of `launch` / `list` / `terminate` / `set_tags`;
 - `hooks[method]` a callable run at the start of each call, outside the lock (to force an interleaving);
+- `recheck` answers by id from the records, past `hide` (the second query a listing is checked with), except
+  for what `hide_from_lookup` hides;
 - `calls` a count per method and `call_log` every call in order, `launches` every LaunchSpec.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Callable
 
 from ray_nodeless.errors import CapacityError, ForeignMachineError, TransientBackendError
 from ray_nodeless.providers import register_backend
-from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update
+from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, Recheck, tag_update
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,9 @@ class Cloud:
     hooks: dict[str, Callable[[], None]] = field(default_factory=dict)
     # Machines a listing leaves out while this says so (an eventually consistent listing, an empty glitch page).
     hide: Callable[[Machine], bool] | None = None
+    # Machines the lookups by id (`recheck`) show nothing of while this says so (neither live nor gone: a cloud
+    # whose reads lag everywhere, as EC2's right after RunInstances).
+    hide_from_lookup: Callable[[Machine], bool] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def enter(self, name: str, arg: Any = None) -> None:
@@ -122,6 +127,25 @@ class FakeBackend(MachineBackend):
         if foreign:
             raise ForeignMachineError(f"terminate: {foreign} are not machines of cluster {self.cluster_name!r}; "
                                       f"not touched", foreign)
+
+    def recheck(self, machine_ids: list[str] | None) -> Recheck:
+        """The cloud's records by id (or all of this cluster's), a query the listing's knobs (`hide`, an empty
+        page) do not reach: what a lookup by id answers on EC2 (DescribeInstances by instance id) or GCE
+        (instances.get). Raises the next queued `recheck` error, if any."""
+        c = CLOUD
+        c.enter("recheck", None if machine_ids is None else tuple(machine_ids))
+        with c.lock:
+            unseen = {mid for mid, m in c.machines.items()
+                      if c.hide_from_lookup is not None and c.hide_from_lookup(m)}
+            mine = {mid: m for mid, m in c.machines.items()
+                    if m.tags.get(TAG_CLUSTER) == self.cluster_name and mid not in unseen}
+            copy = {mid: Machine(m.id, dict(m.tags), m.state, m.internal_ip, m.external_ip, m.launched_at)
+                    for mid, m in mine.items()}
+            if machine_ids is None:
+                return Recheck(live=[copy[i] for i in sorted(copy)])
+            return Recheck(live=[copy[i] for i in machine_ids if i in copy],
+                           gone={i: c.gone.get(i, "") for i in machine_ids if i not in copy and i not in unseen
+                                 and (i in c.gone or i not in c.machines)})
 
     def vanished_reasons(self, machine_ids: list[str]) -> dict[str, str]:
         c = CLOUD

@@ -5,8 +5,9 @@ teardown, no foreign machine touched, no query exception, no forbidden offering.
 Split of the launch requests (seeds fixed, so the figures are stable): in-memory 3 x 600 steps (about 1,060
 requests, a few seconds), AWS backend against moto 150 steps (about 90), twice: with EC2's ClientToken semantics
 emulated and without them, GCP backend against the fake Compute server 200 steps (about 115). Every run also
-counts duplicates, returned-but-terminated ids and offerings misread as interrupted (core.py), asserted 0 on every
-backend (GCP tells another object's deletion from a preemption by the zone's operations). Together about 1,300
+counts duplicates, returned-but-terminated ids, offerings misread as interrupted, and (issue 28) machines reported
+terminated while running, cap refusals caused by phantoms and failed Ray retries after outside terminations
+(core.py), asserted 0 on every backend (GCP tells another object's deletion from a preemption by the zone's operations). Together about 1,300
 requests; the wire-level backends get fewer because every step
 costs several HTTP round trips (benches/bench_fault_matrix.py prints the figures per backend).
 """
@@ -25,6 +26,9 @@ def test_fault_matrix_in_memory(seed: int) -> None:
     assert stats.faults.get("lost_response", 0) > 0 and stats.faults.get("restart", 0) > 0
     assert stats.faults.get("overlapping_provider_terminate", 0) > 0 and stats.faults.get("empty_first_listing", 0) > 0
     assert (stats.duplicates, stats.returned_terminated, stats.misread_interruptions) == (0, 0, 0)
+    # issue 28: machines ended outside before any listing, Ray retries after outside terminations, empty runs
+    assert stats.young_ended > 0 and stats.outside_retries > 0 and stats.faults.get("list_empty_x2", 0) > 0
+    assert (stats.terminated_while_running, stats.phantom_refusals, stats.failed_retries) == (0, 0, 0)
 
 
 AWS_KINDS = ("capacity", "lost_response", "lost_response_lookup_failed", "lost_response_partial_lookup",
@@ -42,8 +46,9 @@ def test_fault_matrix_aws_backend_against_moto(moto: MotoServer, honour_token: b
     world = AwsWorld(moto, honour_token=honour_token)
     stats = Matrix(world, 1).run(steps=150)
     assert stats.requests >= 75 and stats.launched > 0
-    for kind in AWS_KINDS:
+    for kind in AWS_KINDS + ("young_ended_outside", "retry_after_outside_end", "list_empty_thrice"):
         assert stats.faults.get(kind, 0) > 0, kind
+    assert (stats.terminated_while_running, stats.phantom_refusals, stats.failed_retries) == (0, 0, 0)
     assert (stats.duplicates, stats.returned_terminated, stats.misread_interruptions) == (0, 0, 0)
     # Without the token a re-sent RunInstances would make a second set (checked per batch by the matrix); with
     # it the wire replays the first answer: counted, so the run shows which world it was.
@@ -61,7 +66,7 @@ def test_fault_matrix_gcp_backend_against_fake_gce() -> None:
     assert (stats.duplicates, stats.returned_terminated, stats.misread_interruptions) == (0, 0, 0)
     for kind in ("overlapping_provider_terminate", "zone_resource_pool_exhausted", "quota", "lost_response",
                  "lost_response_then_throttled", "http_503", "throttling_storm", "restart", "reclaimed",
-                 "terminate_failed", "list_empty"):
+                 "terminate_failed", "list_empty", "list_empty_x2", "young_ended_outside", "retry_after_outside_end"):
         assert stats.faults.get(kind, 0) > 0, kind
 
 

@@ -196,6 +196,7 @@ def test_a_launched_machine_the_listing_lags_on_stays_visible_for_the_launch_gra
     p = NodelessProvider(dict(PROVIDER), "c1")
     p.view.clock = clock = FakeClock()
     cloud.hide = lambda m: True
+    cloud.hide_from_lookup = cloud.hide              # nor do its lookups by id
     p.create_node_with_resources_and_labels({}, tags(), 1, GPU, {})
     [mid] = p.non_terminated_nodes({})
     clock.advance(ttls.LAUNCH_GRACE_S - 1)
@@ -203,4 +204,5 @@ def test_a_launched_machine_the_listing_lags_on_stays_visible_for_the_launch_gra
     clock.advance(2)
     assert p.non_terminated_nodes({}) == []
     cloud.hide = None
+    cloud.hide_from_lookup = cloud.hide              # nor do its lookups by id
     assert p.non_terminated_nodes({}) == [mid]          # listed again once the cloud shows it

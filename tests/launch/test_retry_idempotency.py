@@ -54,6 +54,7 @@ def test_ray_v2_retry_of_a_request_whose_machines_were_never_listed_gets_the_sam
     clock = on_one_clock(p)
     adapter = adapter_for(p, tmp_path)
     cloud.hide = lambda m: True                               # launched, but the listing never shows them
+    cloud.hide_from_lookup = cloud.hide              # nor do its lookups by id
     adapter.launch({"gpu_worker": 12}, request_id="req-1")
     wait_for(lambda: len(cloud.launches) == 3, 30, "the first round's 3 batches")
     first = sorted(s.request_token for s in cloud.launches)
@@ -65,6 +66,7 @@ def test_ray_v2_retry_of_a_request_whose_machines_were_never_listed_gets_the_sam
     assert sorted(s.request_token for s in cloud.launches[3:]) == first
     assert len([m for m in cloud.machines.values() if m.tags.get(TAG_CLUSTER) == "c1"]) == 12
     cloud.hide = None
+    cloud.hide_from_lookup = cloud.hide              # nor do its lookups by id
     assert len(p.non_terminated_nodes({})) == 12
 
 
@@ -76,6 +78,7 @@ def test_a_retry_of_part_of_a_request_gets_the_batch_ray_has_not_seen(cloud):
     clock = on_one_clock(p)
     unseen = launch_slot("c1", "req-1", "gpu_worker", 5, 1)
     cloud.hide = lambda m: m.tags.get(TAG_LAUNCH_SLOT) == unseen
+    cloud.hide_from_lookup = cloud.hide              # nor do its lookups by id
     batches = [sorted(p.create_node_with_resources_and_labels({}, tags("req-1"), n, GPU, {})) for n in (5, 5, 2)]
     clock.advance(retry_round_s() + 1)                     # past the launch grace too: the view drops the unseen
     assert len(p.non_terminated_nodes({})) == 7
@@ -113,6 +116,7 @@ def test_a_retry_goes_to_the_offering_its_first_round_launched_on(cloud):
     clock = on_one_clock(p)
     cloud.capacity_faults[("g6.xlarge", "us-west-2a", "spot")] = "InsufficientInstanceCapacity"
     cloud.hide = lambda m: True
+    cloud.hide_from_lookup = cloud.hide              # nor do its lookups by id
     first = p.create_node_with_resources_and_labels({}, tags("req-1"), 5, GPU, {})
     assert {v["zone"] for v in first.values()} == {"us-west-2b"}
     del cloud.capacity_faults[("g6.xlarge", "us-west-2a", "spot")]

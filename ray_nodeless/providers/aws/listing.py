@@ -7,7 +7,13 @@ a different query from the listing's (which filters by the cluster tag and the l
 
 - by id (`instance-id` filter, every state): each id is live, gone (terminated, shutting down, stopped) or not
   shown at all; EC2 keeps a terminated instance listed for about an hour, so "not shown" is no proof of "gone";
-- by the cluster tag alone, in every state (a fresh object's first listing has nothing to ask about by id).
+- by the cluster tag alone, in every state (a fresh object's first listing has nothing to ask about by id); when
+  that answer is empty too (two empty DescribeInstances pages in a row: `ray down` and `sweep` would say "nothing
+  to end"), a third query of another API, `DescribeTags` (which instances carry the cluster tag), and a lookup of
+  those by id. Instances it names that DescribeInstances shows nothing of (other than ones this object launched
+  moments ago: the read lag) make the look fail
+  (`TransientBackendError`, category ListingsDisagree): the view then refuses to answer rather than call the
+  cluster empty. An empty answer is believed only when DescribeTags agrees.
 
 Why a machine went is EC2's `StateReason` and the machine's own tags, never one object's memory: a
 `nodeless-terminating` tag (set by any provider object or sweep of the cluster before it terminates) or a
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ray_nodeless.errors import TransientBackendError
 from ray_nodeless.providers.aws.errors import CALL_ERRORS, api_error
 from ray_nodeless.providers.aws.known import chunks, launch_time, tags_of
 from ray_nodeless.providers.base import (
@@ -56,6 +63,8 @@ class AwsListing:
     """The second look and the reasons; mixed into AwsBackend (uses its `_describe` and `cluster_name`)."""
 
     cluster_name: str
+    ec2: Any                                                                # the backend's EC2 client
+    _known: Any                                                             # the backend's Known (known.py)
     _describe: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]     # the backend's paginated describe
 
     def _describe_typed(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,10 +82,42 @@ class AwsListing:
                     out[inst["InstanceId"]] = inst
         return out
 
+    def _tagged_ids(self) -> list[str]:
+        """Instances EC2's tag store says carry this cluster's tag (DescribeTags: not DescribeInstances)."""
+        ids: set[str] = set()
+        try:
+            pages = self.ec2.get_paginator("describe_tags").paginate(Filters=[
+                {"Name": "resource-type", "Values": ["instance"]}, {"Name": "key", "Values": [TAG_CLUSTER]},
+                {"Name": "value", "Values": [self.cluster_name]}])
+            for page in pages:
+                ids |= {t["ResourceId"] for t in page.get("Tags", []) if t.get("Value") == self.cluster_name}
+        except CALL_ERRORS as e:
+            raise api_error("DescribeTags", e) from e
+        return sorted(ids)
+
+    def _confirm_empty(self) -> list[dict[str, Any]]:
+        """Two DescribeInstances answers showed nothing of the cluster: what DescribeTags names, by id (see the
+        module docstring). [] only when the tag store names nothing either (or only instances that are gone)."""
+        tagged = self._tagged_ids()
+        if not tagged:
+            return []
+        seen = self._by_id(tagged)
+        # An instance this object launched moments ago is not shown by DescribeInstances yet (EC2's reads lag
+        # RunInstances): that is the lag, not a disagreement (the view keeps it for the launch grace).
+        unseen = [i for i in tagged if i not in seen and not self._known.young(i)]
+        if unseen:
+            raise TransientBackendError(
+                f"DescribeInstances shows nothing of cluster {self.cluster_name!r}, but DescribeTags names "
+                f"{len(unseen)} instance(s) carrying its tag ({', '.join(unseen[:10])}): not believed empty",
+                category="ListingsDisagree")
+        return list(seen.values())
+
     def recheck(self, machine_ids: list[str] | None) -> Recheck:
         if machine_ids is None:
             found = [i for i in self._describe_typed([{"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster_name]}])
                      if tags_of(i).get(TAG_CLUSTER) == self.cluster_name]
+            if not found:
+                found = self._confirm_empty()
             live = {i["InstanceId"]: i for i in found if i.get("State", {}).get("Name", "") in LIVE_STATES}
             return Recheck(live=[machine_of(live[i]) for i in sorted(live)])
         seen = self._by_id(machine_ids)

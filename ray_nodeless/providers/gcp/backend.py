@@ -4,7 +4,8 @@ The parts, one module each: `settings.py` (the provider-block keys), `node_confi
 node_config), `clients.py` (the google-cloud-compute clients), `retries.py` (google.api_core Retry for every call),
 `errors.py` (GCE errors -> our typed exceptions), `instance_body.py` (the insert body, names, requestIds),
 `operations.py` (waiting for zone operations), `labels.py` (Ray tags as GCE labels + a metadata manifest).
-This class only orders the calls: insert, list, delete, setLabels/setMetadata.
+This class only orders the calls: insert, list, delete, setLabels/setMetadata; `listing.py` answers the second look
+at what a listing did not show (instances.get by id, zonal lists).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ray_nodeless.providers.base import (
 from ray_nodeless.providers.gcp.clients import ComputeClients
 from ray_nodeless.providers.gcp.errors import Classified, backend_error, classify_http_error
 from ray_nodeless.providers.gcp.instance_body import instance_body, instance_name, request_id_for, resource_name
+from ray_nodeless.providers.gcp.listing import GcpListing
 from ray_nodeless.providers.gcp.labels import (
     METADATA_TAGS_KEY, cluster_label_value, encode_label_text, manifest_from_items, tags_from_storage,
     tags_to_storage,
@@ -92,7 +94,7 @@ class _Known:
             self.seen.popitem(last=False)
 
 
-class GcpBackend(GcpConfig, MachineBackend):
+class GcpBackend(GcpConfig, GcpListing, MachineBackend):
     """Compute Engine instances. Instance names are the machine ids (unique per project). Provider keys and
     node_config checks: `GcpConfig`."""
 

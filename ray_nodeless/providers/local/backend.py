@@ -14,7 +14,8 @@ from typing import Any
 
 from ray_nodeless.errors import ForeignMachineError
 from ray_nodeless.providers.base import (
-    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, tag_update,
+    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec, Machine, MachineBackend, Recheck,
+    tag_update,
 )
 from ray_nodeless.providers.local.faults import FaultInjector
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
@@ -86,6 +87,23 @@ class LocalBackend(LocalConfig, MachineBackend):
                     internal_ip=r.ip, external_ip=r.ip, launched_at=r.started_at)
             for r in self.nodes.list() if self._mine(r)
         ]
+
+    def recheck(self, machine_ids: list[str] | None) -> Recheck:
+        """By id, each node's own record (read afresh from the state dir): live while its record is this
+        cluster's, gone once the record was removed (the node was ended; the records tell no reason)."""
+        if machine_ids is None:
+            return Recheck(live=self.list_machines())
+        live = {m.id: m for m in self.list_machines()}
+        out = Recheck()
+        for mid in machine_ids:
+            rec = self.nodes.get(mid)
+            if rec is None:
+                out.gone[mid] = ""
+            elif self._mine(rec):
+                out.live.append(live.get(mid) or Machine(id=mid, tags=dict(rec.tags), state=MACHINE_PENDING,
+                                                         internal_ip=rec.ip, external_ip=rec.ip,
+                                                         launched_at=rec.started_at))
+        return out
 
     def terminate(self, machine_ids: list[str]) -> None:
         # `ray down` runs `ray stop` on the head through the command runner before this, so dropping the head's

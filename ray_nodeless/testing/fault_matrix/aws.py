@@ -309,11 +309,12 @@ class AwsWorld(World):
         self.wire.next_describe.append("throttle")
 
     def glitch_next_listing(self, rng: random.Random) -> str:
-        kind = rng.choice(["throttle", "auth", "empty", "empty_twice", "partial"])
-        if kind == "empty_twice":
-            # The listing and the next DescribeInstances (the second look) both come back empty.
-            self.wire.next_describe += ["empty", "empty"]
-            return "list_empty_twice"
+        kind = rng.choice(["throttle", "auth", "empty", "empty_twice", "empty_thrice", "partial"])
+        if kind in ("empty_twice", "empty_thrice"):
+            # The listing and the next DescribeInstances (the second look by id), and the one after, come back
+            # empty: nothing the cloud shows nothing of is believed gone (kept for ttls.UNSEEN_GONE_S).
+            self.wire.next_describe += ["empty"] * (2 if kind == "empty_twice" else 3)
+            return f"list_{kind}"
         if kind == "partial":
             ours = sorted(self.ours())
             hide = set(rng.sample(ours, len(ours) // 2)) if len(ours) >= 2 else set(ours)
@@ -323,5 +324,7 @@ class AwsWorld(World):
         return {"throttle": "list_failure", "auth": "list_exception", "empty": "list_empty"}[kind]
 
     def empty_first_listing(self) -> bool:
-        self.wire.next_describe.append("empty")
+        # One empty page, or two in a row (the listing and the second look by the cluster tag): DescribeTags
+        # and a lookup by id then confirm what runs (providers/aws/listing.py).
+        self.wire.next_describe += ["empty"] * (1 + int(len(self.wire.created) % 2))
         return True

@@ -14,8 +14,16 @@ Invariants (the cloud's own state, read out of band by the world, against what t
   object of the cluster (an overlapping monitor, a laptop's `ray down --workers-only`) and pages that miss live
   machines never read as spot interruptions (where the world's cloud tells why a machine went: `judges_reasons`;
   elsewhere such marks are counted, not asserted).
-Counted too, and asserted 0: machines a batch made beyond its count (duplicates) and ids a create_node call
-returned that were not running afterwards (returned-but-terminated).
+Counted too, and asserted 0: machines a batch made beyond its count (duplicates), ids a create_node call
+returned that were not running afterwards (returned-but-terminated), machines the provider reported terminated
+while the cloud ran them, launches refused for the cap while what the provider counted exceeded what the cloud
+runs (refusals caused by phantoms: machines ended outside still counted), and Ray retries that failed.
+
+Issue 28's cases are steps of their own: machines ended from outside moments after their launch, before any
+listing showed them (a spot reclaim, another object's terminate: gone at once, for Ray and for the cap); runs
+of 2-3 empty pages in a row (`glitch_listing`, per world); and Ray's retry of a request whose machines were
+listed and then ended from outside (`retry_after_outside_end`: the launcher's clock is moved past Ray's retry
+round, and the retry must launch anew, not fail nor answer with the ended ids).
 At the end, teardown leaves nothing and a restarted provider sees nothing.
 
 Capped (`cap`: the provider block gets `max_hourly_cost`), the matrix also runs bursts of concurrent create_node
@@ -65,6 +73,11 @@ class Stats:
     cost_refused: int = 0                # create_node calls refused as MaxHourlyCostExceeded
     bursts: int = 0
     orphans: int = 0                     # machines of calls that raised, running
+    terminated_while_running: int = 0    # ids the provider called terminated while the cloud ran them
+    phantom_refusals: int = 0            # cap refusals while the provider counted more than the cloud runs
+    young_ended: int = 0                 # machines ended outside before any listing showed them
+    outside_retries: int = 0             # Ray retries of a request whose machines were ended outside
+    failed_retries: int = 0              # ... of them that raised
 
     def fault(self, name: str | None) -> None:
         if name:
@@ -79,13 +92,21 @@ class Matrix:
         if cap is not None:
             world.provider_config = dict(world.provider_config, max_hourly_cost=cap)
         world.start()
-        self.provider = world.new_provider()
+        self.offset = 0.0                        # the launchers' clock runs ahead by this (Ray's retry rounds)
+        self.last_refusal = ""                   # the category of the last create_node call refused
+        self.provider = self.new_provider()
         self.expected: set[str] = set()          # machines the provider returned and has not ended
         self.reclaimed: set[tuple[str, str, str]] = set()    # offerings of machines the cloud took back
         self.misread: set[tuple[str, str, str]] = set()      # offerings counted as misread already
         self.stats = Stats(backend=world.name, cap=cap)
         self.over_cap: list[float] = []          # samples above the cap (from any thread)
         self._sample_lock = threading.Lock()
+
+    def new_provider(self):
+        """A new provider object of the world whose launcher reads the matrix's clock (real time + `offset`)."""
+        p = self.world.new_provider()
+        p.launcher._clock = lambda: time.monotonic() + self.offset
+        return p
 
     # ----- actions ---------------------------------------------------------------------------------------------
 
@@ -105,39 +126,116 @@ class Matrix:
                 self.stats.fault("orphan")
             else:
                 self.stats.fault(w.inject_launch_fault(self.rng))
-            tags = dict(WORKER_TAGS, **{"ray-user-node-type": node_type, "ray-launch-request": request})
-            before = set(w.ours())
-            mark = w.batch_mark()
-            self.stats.calls += 1
-            t0 = time.perf_counter()
-            try:
-                out = self.provider.create_node_with_resources_and_labels({}, tags, n, w.shapes[node_type], {})
-            except NodeLaunchException as e:
-                self.stats.refused += 1
-                self.stats.cost_refused += int(e.category == "MaxHourlyCostExceeded")
-                out = None
-            finally:
-                w.clear_launch_faults()
-            self.stats.launch_wall_s.append(time.perf_counter() - t0)
-            self.sample_cost()
-            made_per_batch = w.batch_made(mark)
-            self.stats.duplicates += sum(max(0, made - n) for made in made_per_batch.values())
-            for key, made in made_per_batch.items():
-                assert made <= n, f"{w.name}: batch {key} made {made} machines > {n}"
-            after = set(w.ours())
-            self.stats.returned_terminated += len(set(out or ()) - after)
-            assert before <= after, f"{w.name}: a launch ended machines {sorted(before - after)}"
-            orphans = after - before - set(out or ())
-            if orphans and orphan and out is None and len(orphans) <= n:
-                self.expected |= orphans        # ours, running: the provider lists them (Ray adopts or ends them)
-                self.stats.orphans += len(orphans)
-                after -= orphans
-            assert after - before == set(out or ()), \
-                f"{w.name}: the cloud gained {sorted(after - before)}, the call returned {sorted(out or ())}"
-            if out:
-                assert len(out) == n
-                self.expected |= set(out)
-                self.stats.launched += n
+            self.call(node_type, request, n, orphan)
+
+    def call(self, node_type: str, request: str, n: int, orphan: bool = False) -> list[str] | None:
+        """One create_node call of `n` machines under `request`, with the per-call invariants."""
+        w = self.world
+        tags = dict(WORKER_TAGS, **{"ray-user-node-type": node_type, "ray-launch-request": request})
+        before = set(w.ours())
+        mark = w.batch_mark()
+        self.stats.calls += 1
+        t0 = time.perf_counter()
+        try:
+            out = self.provider.create_node_with_resources_and_labels({}, tags, n, w.shapes[node_type], {})
+        except NodeLaunchException as e:
+            self.stats.refused += 1
+            self.stats.cost_refused += int(e.category == "MaxHourlyCostExceeded")
+            self.last_refusal = e.category
+            b = self.provider.launcher.budget
+            if e.category == "MaxHourlyCostExceeded" and b is not None:
+                # The machines the provider counts as running (reservations aside: an unknown outcome is counted
+                # by design), against what the cloud runs: more means a phantom kept the launch out.
+                shown = sum(b.price_of(m) for m in b.view.cost_view()[1].values())
+                self.stats.phantom_refusals += int(shown > w.cost() + 1e-6)
+            out = None
+        finally:
+            w.clear_launch_faults()
+        self.stats.launch_wall_s.append(time.perf_counter() - t0)
+        self.sample_cost()
+        made_per_batch = w.batch_made(mark)
+        self.stats.duplicates += sum(max(0, made - n) for made in made_per_batch.values())
+        for key, made in made_per_batch.items():
+            assert made <= n, f"{w.name}: batch {key} made {made} machines > {n}"
+        after = set(w.ours())
+        self.stats.returned_terminated += len(set(out or ()) - after)
+        assert before <= after, f"{w.name}: a launch ended machines {sorted(before - after)}"
+        orphans = after - before - set(out or ())
+        if orphans and orphan and out is None and len(orphans) <= n:
+            self.expected |= orphans        # ours, running: the provider lists them (Ray adopts or ends them)
+            self.stats.orphans += len(orphans)
+            after -= orphans
+        assert after - before == set(out or ()), \
+            f"{w.name}: the cloud gained {sorted(after - before)}, the call returned {sorted(out or ())}"
+        if out:
+            assert len(out) == n
+            self.expected |= set(out)
+            self.stats.launched += n
+        return list(out) if out else None
+
+    def young_ended_outside(self) -> None:
+        """A launch, then its machines ended from outside before any listing showed them (a spot reclaim, EC2
+        ending a pending instance, another object's terminate): gone for Ray at once, and not counted by the cap
+        (a replacement launched right after must not be refused for them)."""
+        w = self.world
+        if len(self.expected) >= w.max_live:
+            self.scale_down()
+        node_type = self.rng.choice(sorted(w.shapes))
+        request = f"req-{self.stats.requests}"
+        self.stats.requests += 1
+        out = self.call(node_type, request, self.rng.randint(1, 3))
+        if not out:
+            return
+        self.end_outside(out)
+        self.stats.young_ended += len(out)
+        self.stats.fault("young_ended_outside")
+        ids = set(self.query())
+        assert not ids & set(out), f"{w.name}: young machines ended outside still listed: {sorted(ids & set(out))}"
+        assert all(self.provider.is_terminated(i) for i in out)
+        self.call(node_type, f"req-{self.stats.requests}", len(out))       # the replacement
+        self.stats.requests += 1
+
+    def end_outside(self, ids: list[str]) -> None:
+        """End these machines from outside: a reclaim, or another object's terminate."""
+        if self.rng.random() < 0.5:
+            for mid in ids:
+                m = self.provider.view.known(mid)
+                if m is not None:
+                    self.reclaimed.add((m.tags.get(TAG_INSTANCE_TYPE, ""), m.tags.get(TAG_ZONE, ""),
+                                        m.tags.get(TAG_CAPACITY, "")))
+                self.world.reclaim(mid)
+        else:
+            self.world.new_provider().terminate_nodes(list(ids))
+        self.expected -= set(ids)
+
+    def retry_after_outside_end(self) -> None:
+        """Ray's retry of a request whose machines were listed, then ended from outside before Ray saw them: the
+        same request id and count after request_status_timeout_s. It must launch anew (a new token generation),
+        never fail nor return the ended ids."""
+        from ray_nodeless.launch.launcher import retry_round_s
+
+        w = self.world
+        if len(self.expected) >= w.max_live:
+            self.scale_down()
+        node_type = self.rng.choice(sorted(w.shapes))
+        request = f"req-{self.stats.requests}"
+        self.stats.requests += 1
+        n = self.rng.randint(1, BATCH)
+        out = self.call(node_type, request, n)
+        if not out:
+            return
+        self.query()                            # listed
+        self.end_outside(out)
+        self.query()
+        self.offset += retry_round_s() + 1      # Ray's request_status_timeout_s passes
+        self.stats.outside_retries += 1
+        self.stats.fault("retry_after_outside_end")
+        self.last_refusal = ""
+        again = self.call(node_type, request, n)
+        if again is None and self.last_refusal not in ("MaxHourlyCostExceeded", ""):
+            self.stats.failed_retries += 1      # before: PartialLookup after aws_settle_wait_s, every time
+            self.stats.fault(f"retry_failed_{self.last_refusal}")
+        assert again is None or not set(again) & set(out), f"{w.name}: a retry returned ended ids"
 
     def sample_cost(self) -> None:
         """The cloud's hourly cost now, against the cap (callable from a burst's threads)."""
@@ -155,7 +253,7 @@ class Matrix:
         if len(self.expected) >= w.max_live:
             self.scale_down()
         if rng.random() < 0.3:
-            self.provider = w.new_provider()        # no listing before the burst: the capped launch lists first
+            self.provider = self.new_provider()     # no listing before the burst: the capped launch lists first
             self.reclaimed.clear()
             self.stats.fault("fresh_provider_burst")
         calls: list[tuple[str, str, int]] = []      # (node type, request id, count)
@@ -266,7 +364,7 @@ class Matrix:
             self.stats.fault("reclaimed")
 
     def restart(self) -> None:
-        self.provider = self.world.new_provider()
+        self.provider = self.new_provider()
         self.reclaimed.clear()              # the new object's capacity memory starts empty
         self.stats.fault("restart")
         r = self.rng.random()
@@ -315,6 +413,8 @@ class Matrix:
         assert not self.over_cap, f"{w.name}: hourly cost {max(self.over_cap):.4f} over the cap {self.cap}"
         ids = set(self.query())
         ours = w.ours()
+        self.stats.terminated_while_running += sum(1 for i in ours if i in self.expected
+                                                   and self.provider.is_terminated(i))
         assert set(ours) == self.expected, \
             f"{w.name}: cloud {sorted(set(ours) ^ self.expected)} differ from what the provider returned"
         assert ids == self.expected, f"{w.name}: provider lists {sorted(ids ^ self.expected)} wrongly"
@@ -332,10 +432,11 @@ class Matrix:
         t0 = time.perf_counter()
         try:
             self.query()
-            actions = [(0.57, self.launch_request), (0.18, self.terminate_some), (0.07, self.reclaim),
-                       (0.06, self.restart), (0.08, self.glitch_listing), (0.04, self.overlap)]
+            actions = [(0.51, self.launch_request), (0.17, self.terminate_some), (0.07, self.reclaim),
+                       (0.06, self.restart), (0.08, self.glitch_listing), (0.04, self.overlap),
+                       (0.04, self.young_ended_outside), (0.03, self.retry_after_outside_end)]
             if self.cap is not None:        # a quarter of the launch steps are bursts
-                actions[0:1] = [(0.43, self.launch_request), (0.14, self.burst)]
+                actions[0:1] = [(0.38, self.launch_request), (0.13, self.burst)]
             for _ in range(steps):
                 r, acc = self.rng.random(), 0.0
                 for weight, action in actions:
@@ -347,10 +448,12 @@ class Matrix:
                 self.world.tidy()
             self.stats.steps = steps
             assert self.stats.duplicates == 0 and self.stats.returned_terminated == 0, self.stats
+            assert (self.stats.terminated_while_running, self.stats.phantom_refusals,
+                    self.stats.failed_retries) == (0, 0, 0), self.stats
             self.provider.terminate_nodes(self.query())
             self.expected.clear()
             self.check()
-            assert self.world.new_provider().non_terminated_nodes({}) == []
+            assert self.new_provider().non_terminated_nodes({}) == []
         finally:
             self.world.close()
         self.stats.wall_s = time.perf_counter() - t0

@@ -140,14 +140,19 @@ class FakeWorld(World):
         if r < 0.8:
             self.cloud.next_errors["list"] = [RuntimeError("NoCredentialsError: unable to locate credentials")]
             return "list_exception"
-        self.empty_first_listing()
-        return "list_empty"
+        times = rng.choice([1, 2, 3])
+        self._empty_pages(times)
+        return "list_empty" if times == 1 else f"list_empty_x{times}"
 
     def empty_first_listing(self) -> bool:
+        return self._empty_pages(1 + len(self.cloud.launches) % 2)
+
+    def _empty_pages(self, times: int) -> bool:
+        """The next `times` listings come back empty (the lookups by id still answer)."""
         calls = {"n": 0}
 
         def count() -> None:
             calls["n"] += 1
         self.cloud.hooks["list"] = count
-        self.cloud.hide = lambda m: calls["n"] == 1       # the next listing comes back empty, once
+        self.cloud.hide = lambda m: calls["n"] <= times
         return True

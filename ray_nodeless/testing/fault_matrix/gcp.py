@@ -202,9 +202,12 @@ class GcpWorld(World):
             self.fake.fail_method("instances.aggregatedList", status=401, times=1, reason="required",
                                   message="Request is missing required authentication credential.")
             return "list_exception"
-        self.fake.empty_list(times=1)
-        return "list_empty"
+        # One empty aggregated page, or a run of 2-3 in a row: the second look is instances.get by name (a
+        # known machine) or the zonal lists (a fresh object), never that method again (providers/gcp/listing.py).
+        times = rng.choice([1, 2, 3])
+        self.fake.empty_list(times=times)
+        return "list_empty" if times == 1 else f"list_empty_x{times}"
 
     def empty_first_listing(self) -> bool:
-        self.fake.empty_list(times=1)
+        self.fake.empty_list(times=1 + len(self.fake.created) % 3)
         return True
