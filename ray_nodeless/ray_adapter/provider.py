@@ -190,18 +190,20 @@ class NodelessProvider(NodeProvider):
     def _listing_pass(self) -> dict[str, Machine]:
         """List (within list_cache_s), then everything that acts on a listing; the machines that remain."""
         machines = self.view.refresh()
-        self._first_listing.set()
-        if self.interruptions is not None:
-            self.interruptions.poll(machines)      # bounded, never raises: see interruptions/queue.py
-        if self.open is not None:
-            self.open.tick(machines)               # at most once a second, never raises: see open_driver.py
-        self.registration.observe_listing(set(machines))
-        doomed = {mid: why for mid, why in self.registration.machines_to_end().items() if mid in machines}
-        if doomed:   # e.g. never joined Kubernetes within join_timeout_s, or its Ray pod failed for good
-            for mid, why in sorted(doomed.items()):
-                logger.error("terminating %s: %s", mid, why)
-            self.terminate_nodes(sorted(doomed))
-            machines = {mid: m for mid, m in machines.items() if mid not in doomed}
+        try:
+            if self.interruptions is not None:
+                self.interruptions.poll(machines)      # bounded, never raises: see interruptions/queue.py
+            if self.open is not None:
+                self.open.tick(machines)               # at most once a second, never raises: see open_driver.py
+            self.registration.observe_listing(set(machines))
+            doomed = {mid: why for mid, why in self.registration.machines_to_end().items() if mid in machines}
+            if doomed:   # e.g. never joined Kubernetes within join_timeout_s, or its Ray pod failed for good
+                for mid, why in sorted(doomed.items()):
+                    logger.error("terminating %s: %s", mid, why)
+                self.terminate_nodes(sorted(doomed))
+                machines = {mid: m for mid, m in machines.items() if mid not in doomed}
+        finally:
+            self._first_listing.set()      # a listing exists: Ray's listing call may answer from the snapshot
         return machines
 
     def _reversion_pass(self) -> None:
