@@ -118,7 +118,7 @@ class Launcher:
         # launch succeeded on, so Ray's retry of it walks straight to the same token.
         self._rounds: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
         self._slot_offerings: TTLCache = TTLCache(maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
-        self._batches_lock = threading.Lock()
+        self._batches_lock = threading.Lock()     # guards _rounds and _slot_offerings (concurrent launches)
         self._catalog = catalog          # loaded at the first plan: listing and terminating never need it
         self.resolver = resolver
         self.backend = backend
@@ -248,7 +248,8 @@ class Launcher:
                     raise
                 self._end_hold(hold, made=False)
                 raise LaunchError(f"{node_type}: {e}", e.category) from e
-            self._slot_offerings[slot] = offering
+            with self._batches_lock:     # TTLCache is not thread-safe: Ray's threads and the reversion lane launch
+                self._slot_offerings[slot] = offering
             if hold is not None and self.budget is not None:
                 self.budget.landed(hold, [pending_machine(mid, spec.tags) for mid in ids])
             logger.info(
@@ -349,7 +350,8 @@ class Launcher:
         shown: dict[str, list[str]] = {}
         for mid, m in mine:
             shown.setdefault(m.tags.get(TAG_REQUEST, ""), []).append(mid)
-        remembered = self._slot_offerings.get(slot)
+        with self._batches_lock:
+            remembered = self._slot_offerings.get(slot)
         if remembered is not None:
             key = remembered.key
         elif mine:
