@@ -14,7 +14,9 @@ from ray_nodeless.cli.errors import user_errors
               help="The RayCluster's name (KubeRay sets RAY_CLUSTER_NAME in the autoscaler container).")
 @click.option("--cluster-namespace", default=lambda: os.environ.get("RAY_CLUSTER_NAMESPACE"),
               show_default="$RAY_CLUSTER_NAMESPACE", help="The RayCluster's namespace.")
-@click.option("--gcs-address", default=None, help="The head's GCS (default: this pod's address, port 6379, as Ray's).")
+@click.option("--gcs-address", default=None, help="The head's GCS (default: this pod's address on the head's `port` "
+                                                  "rayStartParam, else 6379, as Ray's own KubeRay autoscaler). Not "
+                                                  "needed in the head pod: `convert` writes no flags.")
 @click.option("--kubeconfig", default=None, help="Reach the API server with this kubeconfig instead of the pod's "
                                                  "ServiceAccount (out-of-cluster runs and tests).")
 def kuberay_autoscaler_command(cluster_name: str | None, cluster_namespace: str | None, gcs_address: str | None,

@@ -39,6 +39,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from ray_nodeless.errors import CatalogError, ConfigError
 from ray_nodeless.kuberay import annotation, scheduling
 from ray_nodeless.kuberay.scheduling import CatalogFacts
+from ray_nodeless.launch.open_types import is_open_type
+from ray_nodeless.ray_adapter.context import MonitorContext
+from ray_nodeless.ray_adapter.open_driver import YamlFileStore
 
 if TYPE_CHECKING:
     from ray_nodeless.core.catalog import Catalog
@@ -56,6 +59,10 @@ GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 PROVIDER_MODULE = "ray_nodeless.kuberay.provider.KubeRayNodelessProvider"
 RESTART_EXIT = 3          # provider keys changed: Kubernetes restarts the container with them
 DEFAULT_GCS_PORT = 6379
+MONITOR_KEY = "monitor"   # provider.kuberay.monitor: the bridge's MonitorContext (kuberay/provider.py)
+# The cluster config the bridge hands Ray's monitor, also kept as a file in the session dir: the provider's shape-open
+# driver writes its generated node types there (open_driver.py), and the bridge hands them to Ray with the rest.
+CONFIG_FILE = "ray_nodeless_autoscaling_config.yaml"
 # rayStartParams the pod's `ray start` must not repeat: the machine's resources and labels come from ray_nodeless
 # (RAY_OVERRIDE_RESOURCES / _LABELS), the address and --block from the pod's command.
 _OWN_START_PARAMS = frozenset({"num-cpus", "num-gpus", "memory", "resources", "labels", "address", "block"})
@@ -182,11 +189,12 @@ def head_gcs_address(ray_cr: Mapping[str, Any]) -> str:
 
 
 def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip: str = "",
-                  facts: CatalogFacts | None = None) -> dict[str, Any]:
+                  facts: CatalogFacts | None = None, context: MonitorContext | None = None) -> dict[str, Any]:
     """Ray's autoscaling config of the RayCluster (`derived`, Ray's own derivation) with the provider swapped for
     ray_nodeless: the annotation's provider keys, `registration: kubernetes` in the cluster's namespace, one pod
     template per worker group, each group's node_config (its scheduling resolved against `facts`:
-    catalog_and_facts) and minimum from the annotation. Pure."""
+    catalog_and_facts) and minimum from the annotation; `context`, the bridge's MonitorContext, in the provider
+    block's `kuberay.monitor` (kuberay/provider.py hands it to NodelessProvider). Pure."""
     settings = annotation_settings(ray_cr)
     groups_cfg = settings.pop("groups", {}) or {}
     meta = ray_cr.get("metadata") or {}
@@ -235,6 +243,8 @@ def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip
     # KubeRay's head pod, listed as the head node (kuberay_provider.py): its IP is the one the monitor serves
     provider["kuberay"] = {"head_id": f"kuberay-head-{meta.get('name')}", "head_ip": head_ip,
                            "head_node_type": config["head_node_type"]}
+    if context is not None:
+        provider["kuberay"][MONITOR_KEY] = context.to_mapping()
     config["provider"] = provider
     return config
 
@@ -322,9 +332,33 @@ class KubeRayBridge:
     last: dict[str, Any] | None = None                          # the last full config handed to Ray
     _warned: str = ""
     _facts: tuple[str, CatalogFacts] | None = None              # (the annotation they were loaded for, the facts)
+    context: MonitorContext | None = None                       # set by `run` once the head answers
 
     def config(self, ray_cr: dict[str, Any]) -> dict[str, Any]:
-        return bridge_config(ray_cr, self.derive(ray_cr), self.head_ip, self.catalog_facts(ray_cr))
+        return bridge_config(ray_cr, self.derive(ray_cr), self.head_ip, self.catalog_facts(ray_cr), self.context)
+
+    def with_open_types(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """`cfg` with the shape-open node types the provider keeps in the context's config file, written back to
+        that file (atomically: the provider reads it at any moment). The provider's driver and this method both
+        rewrite the file; should one overwrite the other's change, the driver writes its types again at its next
+        pass (a second later), which is why the file, not a copy in memory, is the one place they live."""
+        path = self.context.config_path if self.context is not None else None
+        if not path:
+            return cfg
+        store = YamlFileStore(path)
+        try:
+            kept = store.read().get("available_node_types") or {} if store.path.exists() else {}
+        except Exception as e:          # a torn or unreadable file: the driver writes its types again
+            logger.warning("kuberay-autoscaler: cannot read %s (%s); generated node types are written again",
+                           path, e)
+            kept = {}
+        types = dict(cfg.get("available_node_types") or {})
+        for name, t in kept.items():
+            if is_open_type(t) and name not in types:
+                types[name] = t
+        cfg = {**cfg, "available_node_types": types}
+        store.write(cfg)
+        return cfg
 
     def catalog_facts(self, ray_cr: Mapping[str, Any]) -> CatalogFacts:
         """catalog_and_facts of the annotation, loaded again only when it changes (the loop runs every few
@@ -356,6 +390,7 @@ class KubeRayBridge:
             if registration is not None and hasattr(registration, "set_pod_templates"):
                 registration.set_pod_templates(provider["kubernetes"].get("pod_templates") or {})
         cfg["provider"] = copy.deepcopy(self.first)   # Ray keeps one provider per block: hand it the same one
+        cfg = self.with_open_types(cfg)
         self.last = cfg
         return cfg
 
@@ -423,18 +458,39 @@ def api_client(kubeconfig: str | None) -> Any:
     return client.ApiClient(cfg)
 
 
+def gcs_address_of(ray_cr: Mapping[str, Any], node_ip: str) -> str:
+    """The head's GCS as this container reaches it, as Ray's `ray kuberay-autoscaler` derives it: the autoscaler runs
+    in the head pod (its network namespace), so the GCS is this pod's IP on the head's `port` rayStartParam (Ray
+    assumes 6379, KubeRay's default; the RayCluster says when it is another)."""
+    port = ((ray_cr.get("spec") or {}).get("headGroupSpec") or {}).get("rayStartParams", {}).get("port")
+    return f"{node_ip}:{port or DEFAULT_GCS_PORT}"
+
+
+def monitor_context(gcs_address: str, logs_dir: str) -> MonitorContext:
+    """The bridge's MonitorContext: it is the cluster's autoscaler; the config file is CONFIG_FILE in the session
+    dir (the parent of the logs dir Ray's head reports, shared with the head container as /tmp/ray is)."""
+    return MonitorContext(gcs_address=gcs_address, logs_dir=logs_dir, acts_on_cluster=True,
+                          config_path=os.path.join(os.path.dirname(os.path.normpath(logs_dir)), CONFIG_FILE))
+
+
 def run(cluster_name: str, namespace: str, *, gcs_address: str | None = None, kubeconfig: str | None = None) -> None:
-    """The command: check the RayCluster once (bad settings exit before Ray's monitor starts), then run Ray's
-    monitor with the bridge as its config reader."""
+    """The command: check the RayCluster once (bad settings exit before Ray's monitor starts), wait for the head,
+    build the provider's MonitorContext from what the bridge knows (the GCS address, the session's logs dir the head
+    reports, the config file it writes), then run Ray's monitor with the bridge as its config reader."""
     from ray_nodeless.ray_compat import kuberay as ray_kuberay
 
     api = api_client(kubeconfig)
-    address = gcs_address or f"{ray_kuberay.node_ip()}:{DEFAULT_GCS_PORT}"
-    bridge = KubeRayBridge(RayClusterApi(api, cluster_name, namespace), address.rsplit(":", 1)[0],
-                           ray_kuberay.derive_config, ray_kuberay.node_provider, sweep_cluster)
+    rayclusters = RayClusterApi(api, cluster_name, namespace)
     check_access(api, namespace)
-    ray_cr = bridge.rayclusters.get()
+    ray_cr = rayclusters.get()
     if ray_cr is None:
         raise ConfigError("--cluster-name", f"RayCluster {namespace}/{cluster_name} does not exist")
+    address = gcs_address or gcs_address_of(ray_cr, ray_kuberay.node_ip())
+    bridge = KubeRayBridge(rayclusters, address.rsplit(":", 1)[0], ray_kuberay.derive_config,
+                           ray_kuberay.node_provider, sweep_cluster)
     bridge.config(ray_cr)      # a ConfigError names the key before anything runs
-    ray_kuberay.run_monitor(bridge, address)
+    head = ray_kuberay.connect(address)
+    bridge.context = monitor_context(address, head.logs_dir)
+    logger.info("kuberay-autoscaler: GCS %s, logs %s, config file %s", address, head.logs_dir,
+                bridge.context.config_path)
+    ray_kuberay.run_monitor(bridge, head)

@@ -4,7 +4,8 @@ Under `ray up` the head is a machine ray_nodeless launched, listed like the work
 the head pod; Ray's autoscaler still needs to see a head node of `head_node_type` (v1 launches one when none is
 listed: "Adding 1 node(s) of type headgroup"), as Ray's own KubeRayNodeProvider lists the head pod. So this provider
 lists one more node, the head, with the head's tags and IP (`kuberay.head_ip`: the host of the GCS address the
-autoscaler serves), and never launches or terminates it. Everything else is NodelessProvider's.
+autoscaler serves), and never launches or terminates it. Its MonitorContext is `kuberay.monitor`, built by the
+bridge (GCS address, session logs dir, the config file the bridge writes). Everything else is NodelessProvider's.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from ray.autoscaler.tags import (
 )
 
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.kuberay.bridge import MONITOR_KEY
+from ray_nodeless.ray_adapter.context import OUTSIDE, MonitorContext
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 
 KEY = "kuberay"       # the provider block's key this provider reads (and takes out before NodelessProvider's loader)
@@ -28,7 +31,14 @@ class KubeRayNodelessProvider(NodelessProvider):
         if not isinstance(head, dict) or not {"head_id", "head_ip", "head_node_type"} <= set(head):
             raise ConfigError(f"provider.{KEY}", "the KubeRay head ({head_id, head_ip, head_node_type}): written by "
                                                  "`ray-nodeless kuberay-autoscaler`, not by hand")
-        super().__init__(block, cluster_name)
+        monitor = head.get(MONITOR_KEY)
+        if monitor is not None and not isinstance(monitor, dict):
+            raise ConfigError(f"provider.{KEY}.{MONITOR_KEY}", "must be the bridge's monitor context (a mapping)")
+        # The bridge's context, passed through the provider block: Ray builds the provider from the block's module
+        # path with (provider_config, cluster_name) only, and the block is what the bridge hands Ray. Without one
+        # (the provider built outside the bridge's monitor) it acts on nothing: never a guess from argv.
+        context = MonitorContext.from_mapping(monitor, f"provider.{KEY}.{MONITOR_KEY}") if monitor else OUTSIDE
+        super().__init__(block, cluster_name, context=context)
         self.provider_config = provider_config      # what Ray compares; the loader read the block without KEY
         self.head_id = str(head["head_id"])
         self.head_ip = str(head["head_ip"])

@@ -151,7 +151,7 @@ class Launcher:
         # slot -> (token generation, the ids its last launch returned); see `_generation`.
         self._slot_machines: TTLCache[_Slot, tuple[int, list[str]]] = TTLCache(
             maxsize=100_000, ttl=ttls.REQUEST_MEMORY_S)
-        self._batches_lock = threading.Lock()
+        self._batches_lock = threading.Lock()     # guards the caches above (concurrent launches)
         self._catalog = catalog          # loaded at the first plan: listing and terminating never need it
         self.resolver = resolver
         self.backend = backend
@@ -280,8 +280,9 @@ class Launcher:
                     raise
                 self._end_hold(hold, made=False)
                 raise LaunchError(f"{node_type}: {e}", e.category) from e
-            self._slot_offerings[slot] = offering
-            self._slot_machines[slot] = (generation, list(ids))
+            with self._batches_lock:     # TTLCache is not thread-safe: Ray's threads and the reversion lane launch
+                self._slot_offerings[slot] = offering
+                self._slot_machines[slot] = (generation, list(ids))
             if hold is not None and self.budget is not None:
                 self.budget.landed(hold, [pending_machine(mid, spec.tags) for mid in ids])
             logger.info(
@@ -418,7 +419,8 @@ class Launcher:
         shown: dict[str, list[str]] = {}
         for mid, m in mine:
             shown.setdefault(m.tags.get(TAG_REQUEST, ""), []).append(mid)
-        remembered = self._slot_offerings.get(slot)
+        with self._batches_lock:
+            remembered = self._slot_offerings.get(slot)
         if remembered is not None:
             key = remembered.key
         elif mine:

@@ -1,8 +1,13 @@
 """On-demand -> spot reversion, safe for Ray work (settings: `provider.reversion`, core/reversion.py).
 
 A worker launched on demand only because spot had no capacity carries `TAG_FALLBACK` (launch/launcher.py). Once a
-spot offering of its node type is out of the capacity memory and cheaper, the provider's listing path (`tick`,
-from `non_terminated_nodes` in Ray's monitor) replaces it, at most `max_in_flight` at once:
+spot offering of its node type is out of the capacity memory and cheaper, `tick` replaces it, at most
+`max_in_flight` at once. In the monitor `tick` runs on the provider's own loop, in a lane of its own
+(ray_adapter/loop.py): its launch, which may walk the candidates for up to `launch_timeout_s`, runs neither in
+Ray's listing call nor beside Ray's launches' locks (Ray's `create_node` goes to the launcher on Ray's thread; the
+launcher's shared state, the cost reservation and the view, are each under their own short lock). Thread-safety:
+`tick` runs on one thread at a time (the lane); what Ray's threads call (`prefers_on_demand` from the launcher,
+`on_interrupted` from a listing) reads or writes the interruption history only, under its lock.
 1. a spot machine of the same node type is launched first, through the launcher (so `max_hourly_cost` counts the
    on-demand machine and the new one together: a replacement the cap has no room for waits), tagged
    `TAG_REPLACES` = the on-demand machine's id, which is how a restarted provider finds the replacements under way
@@ -93,11 +98,11 @@ class Reverter:
                                "for %.0f s", node_type, self.settings.interruption_limit,
                                self.settings.interruption_window_s, self.settings.prefer_on_demand_s)
 
-    # ----- the listing path -------------------------------------------------------------------------------------
+    # ----- the loop's reversion lane ----------------------------------------------------------------------------
 
     def tick(self, machines: Mapping[str, Machine]) -> None:
-        """Advance the replacements and start new ones; at most every `interval_s`; never raises (the listing
-        path must answer Ray)."""
+        """Advance the replacements and start new ones; at most every `interval_s`; never raises (outside the
+        monitor a test's listing call runs it inline)."""
         if not self.settings.enabled:
             return
         now = self.clock()

@@ -1,6 +1,7 @@
 """One provider object's instruments: the process's metrics, this cluster's event log, and the wrappers
 (`instrument.py`) the provider builds its parts with. The endpoint and the event log exist only in the monitor
-(`in_monitor`): `ray up` and `ray down` build provider objects too, on machines that are not the head."""
+(`in_monitor`, the provider's MonitorContext.acts_on_cluster: ray_adapter/context.py): `ray up` and `ray down` build
+provider objects too, on machines that are not the head."""
 from __future__ import annotations
 
 import ipaddress
@@ -42,9 +43,10 @@ class ProviderInstruments:
 
     def __init__(self, cluster_name: str, settings: CoreSettings, *, gcs_address: str | None,
                  event_sink: Callable[[str], None] | None = None, status_slot: StatusSlot | None = None,
-                 events_dir: str | None = None):
+                 events_dir: str | None = None, in_monitor: bool | None = None):
+        """`in_monitor`: told by the provider's context; None: whether a GCS address is given."""
         self.metrics = process_metrics()
-        in_monitor = gcs_address is not None
+        in_monitor = gcs_address is not None if in_monitor is None else in_monitor
         where = events_dir or settings.events_dir
         events = EventLog(events_path(cluster_name, where)) if in_monitor else None
         block = None

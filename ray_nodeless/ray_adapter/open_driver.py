@@ -1,9 +1,12 @@
-"""Shape-open provisioning in the monitor: each listing, read Ray's pending demands from the GCS, let
-`launch/open_types.py` pack them into generated node types, and keep those in the config file the monitor re-reads.
+"""Shape-open provisioning in the monitor: at each pass of the provider's listing lane (ray_adapter/loop.py), read
+Ray's pending demands from the GCS, let `launch/open_types.py` pack them into generated node types, and keep those
+in the config file the monitor re-reads.
 
-Runs only in the Ray monitor of a shape-open cluster (it has the GCS address and `--autoscaling-config`); `ray up`
-and `ray down` build provider objects too and must neither read a GCS nor write a config. Never raises into Ray's
-loop: a GCS that does not answer, or a config file that cannot be written, is logged and tried again next loop.
+Runs only where the provider's MonitorContext (ray_adapter/context.py) acts on the cluster and names a config file:
+Ray's monitor of a `ray up` cluster (`--autoscaling-config`, ~/ray_bootstrap_config.yaml) and the KubeRay bridge
+(the config file it writes in the session dir and hands Ray each loop, kuberay/bridge.py). `ray up` and `ray down`
+build provider objects too and must neither read a GCS nor write a config. Never raises into the loop: a GCS that
+does not answer, or a config file that cannot be written, is logged and tried again at the next pass.
 """
 from __future__ import annotations
 

@@ -8,12 +8,27 @@ the shared listing and interruption detection `launch/machine_view.py`, the mach
 - `create_node_with_resources_and_labels` / `create_node`: launch; a failure reaches Ray as NodeLaunchException
   with the cloud's category, so v2 demotes the node type.
 - `non_terminated_nodes` and the per-node queries read one shared listing; none raises on a transient backend
-  error or a vanished node. With `interruption_queue_url` (AWS), each listing is followed by one bounded poll of
-  the spot interruption queue, which drains the warned machines' Ray nodes (`interruptions/queue.py`).
+  error or a vanished node.
+
+Where the work runs depends on the process (`MonitorContext`, ray_adapter/context.py):
+- In the cluster's monitor (`acts_on_cluster`: Ray's monitor of a `ray up` cluster, or the KubeRay bridge's) the
+  provider's periodic work runs on its own loop (ray_adapter/loop.py), started at Ray's first listing call: the
+  *listing* lane refreshes the view every `list_cache_s`, then polls the spot interruption queue
+  (`interruption_queue_url`, AWS; it drains the warned machines' Ray nodes: interruptions/queue.py), packs
+  shape-open demands (open_driver.py), lets the registration observe the listing and ends the machines it gave up
+  on; the *reversion* lane runs the reverter (launch/reversion.py), whose launches may walk the cloud for minutes.
+  `non_terminated_nodes` reads the latest snapshot (plus what this object just launched or terminated, which the
+  view shows at once) and returns: its first call waits up to FIRST_SNAPSHOT_TIMEOUT_S for the first listing.
+  Ray's own launches (`create_node*`) go to the launcher on Ray's threads, as before, never through the loop.
+- Everywhere else (`ray up`, `ray down`, `sweep`, `plan`) there is no loop and no thread: each listing call asks
+  the cloud (within `list_cache_s`), so `ray down` terminates what really runs.
 """
 from __future__ import annotations
 
 import logging
+import threading
+import time
+import weakref
 from typing import Any, Iterable
 
 from ray.autoscaler.node_launch_exception import NodeLaunchException
@@ -24,7 +39,7 @@ from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
-from ray_nodeless.errors import LaunchError
+from ray_nodeless.errors import LaunchError, ListingError
 from ray_nodeless.interruptions.drain import RayDrainer
 from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
@@ -37,12 +52,20 @@ from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED
 from ray_nodeless.ray_adapter import bootstrap
 from ray_nodeless.core.open_plan import OpenFitter, Packer
 from ray_nodeless.launch.open_types import OpenTypes
-from ray_nodeless.ray_compat import monitor_config_path, monitor_gcs_address, monitor_logs_dir
 from ray_nodeless.ray_compat.demand import autoscaler_event_sink
 from ray_nodeless.ray_compat.ray_status import StatusSlot
+from ray_nodeless.ray_adapter.context import MonitorContext
+from ray_nodeless.ray_adapter.loop import Clock, Lane, ProviderLoop
 from ray_nodeless.ray_adapter.open_driver import OpenDriver, YamlFileStore
 
 logger = logging.getLogger(__name__)
+
+FIRST_SNAPSHOT_TIMEOUT_S = 120.0     # the first listing call in the monitor waits this long for the loop's listing
+MIN_LANE_INTERVAL_S = 1.0
+# The loop acting for each cluster in this process: a provider object Ray builds anew for the same cluster (a
+# changed provider block) takes over, and the older one's loop stops (two reverters must not act at once).
+_LOOPS: "weakref.WeakValueDictionary[str, ProviderLoop]" = weakref.WeakValueDictionary()
+_LOOPS_LOCK = threading.Lock()
 
 
 def machine_price(m: Machine) -> float:
@@ -56,16 +79,22 @@ def machine_price(m: Machine) -> float:
 class NodelessProvider(NodeProvider):
     """Ray NodeProvider: cheapest-fit instances under ordered rules, on a pluggable machine backend."""
 
-    def __init__(self, provider_config: dict[str, Any], cluster_name: str):
+    def __init__(self, provider_config: dict[str, Any], cluster_name: str, *,
+                 context: MonitorContext | None = None, clock: Clock = time.monotonic):
+        """Ray builds the provider with (provider_config, cluster_name) only: `context` is then Ray's monitor's
+        command line, read once here (MonitorContext.of_this_process); the KubeRay bridge's subclass passes the one
+        the bridge built. `clock` drives the loop's lanes (a test passes a fake one)."""
         super().__init__(provider_config, cluster_name)
         # The provider block is read here once; every part below gets its parsed piece of the bundle.
         self.bundle = load_provider(provider_config)
         self.settings = self.bundle.core
-        gcs = monitor_gcs_address()
+        self.context = context if context is not None else MonitorContext.of_this_process()
+        acts = self.context.acts_on_cluster
+        gcs = self.context.gcs_address if acts else None
         # Metrics and decision events wrap the parts below (ray_nodeless/metrics/); exported only in the monitor.
         self.instruments = ProviderInstruments(
-            cluster_name, self.settings, gcs_address=gcs,
-            event_sink=autoscaler_event_sink(monitor_logs_dir()) if gcs else None,
+            cluster_name, self.settings, gcs_address=gcs, in_monitor=acts,
+            event_sink=autoscaler_event_sink(self.context.logs_dir) if gcs else None,
             status_slot=StatusSlot(gcs) if gcs else None)
         inst = self.instruments
         # Loaded at the first launch: `ray down` and `sweep` list and terminate without it (a gone catalog file,
@@ -94,10 +123,10 @@ class NodelessProvider(NodeProvider):
                                      resources_of=lambda t: self._node_type_resources.get(t) or {},
                                      node_config_of=self._node_configs.get)
         self.open: OpenDriver | None = None
-        config_path = monitor_config_path()
+        config_path = self.context.config_path
         if gcs and config_path and self.settings.open_shapes is not False:
             # Only in the monitor: shape-open node types live in the config file it re-reads (open_driver.py).
-            self.open = OpenDriver(self._open_types(config_path), gcs, monitor_logs_dir(),
+            self.open = OpenDriver(self._open_types(config_path), gcs, self.context.logs_dir,
                                    on_unserved=inst.on_unserved(self._record_unserved))
         if self.settings.interruption_queue_url and gcs:
             # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
@@ -105,6 +134,13 @@ class NodelessProvider(NodeProvider):
             url = self.settings.interruption_queue_url
             sqs = self.backend.interruption_queue_client(url, self.bundle.backend_settings)   # AWS: SQS
             self.interruptions = inst.interruptions(InterruptionQueue(sqs, url, RayDrainer(gcs)))
+        self._first_listing = threading.Event()
+        self.loop: ProviderLoop | None = None
+        if acts:
+            lanes = [Lane("listing", self._listing_pass, max(MIN_LANE_INTERVAL_S, self.settings.list_cache_s)),
+                     Lane("reversion", self._reversion_pass,
+                          max(MIN_LANE_INTERVAL_S, self.settings.reversion.interval_s))]
+            self.loop = ProviderLoop(cluster_name, lanes, clock)
 
     def _open_types(self, config_path: str) -> OpenTypes:
         fitter = OpenFitter(self.resolver, lambda: self.planner, self.unavailable, self.settings.open_node_config)
@@ -139,22 +175,66 @@ class NodelessProvider(NodeProvider):
     # ----- queries ---------------------------------------------------------------------------------------------
 
     def non_terminated_nodes(self, tag_filters: dict[str, str]) -> list[str]:
-        machines = self.view.refresh()
-        if self.interruptions is not None:
-            self.interruptions.poll(machines)      # bounded, never raises: see interruptions/queue.py
-        if self.open is not None:
-            self.open.tick(machines)               # at most once a second, never raises: see open_driver.py
-        self.registration.observe_listing(set(machines))
-        if self.reverter is not None:
-            self.reverter.tick(machines)           # at most every reversion.interval_s, never raises
-        doomed = {mid: why for mid, why in self.registration.machines_to_end().items() if mid in machines}
-        if doomed:   # e.g. never joined Kubernetes within join_timeout_s, or its Ray pod failed for good
-            for mid, why in sorted(doomed.items()):
-                logger.error("terminating %s: %s", mid, why)
-            self.terminate_nodes(sorted(doomed))
-            machines = {mid: m for mid, m in machines.items() if mid not in doomed}
+        if self.loop is None:
+            # Outside the monitor (ray up / ray down / sweep): the cloud's listing now, and the work inline.
+            machines = self._listing_pass()
+            if self.reverter is not None:
+                self.reverter.tick(machines)
+        else:
+            machines = self._snapshot()
         return sorted(mid for mid, m in machines.items()
                       if all(m.tags.get(k) == v for k, v in tag_filters.items()))
+
+    # ----- the provider's work: the loop's lanes in the monitor, the listing call elsewhere --------------------------
+
+    def _listing_pass(self) -> dict[str, Machine]:
+        """List (within list_cache_s), then everything that acts on a listing; the machines that remain."""
+        machines = self.view.refresh()
+        try:
+            if self.interruptions is not None:
+                self.interruptions.poll(machines)      # bounded, never raises: see interruptions/queue.py
+            if self.open is not None:
+                self.open.tick(machines)               # at most once a second, never raises: see open_driver.py
+            self.registration.observe_listing(set(machines))
+            doomed = {mid: why for mid, why in self.registration.machines_to_end().items() if mid in machines}
+            if doomed:   # e.g. never joined Kubernetes within join_timeout_s, or its Ray pod failed for good
+                for mid, why in sorted(doomed.items()):
+                    logger.error("terminating %s: %s", mid, why)
+                self.terminate_nodes(sorted(doomed))
+                machines = {mid: m for mid, m in machines.items() if mid not in doomed}
+        finally:
+            self._first_listing.set()      # a listing exists: Ray's listing call may answer from the snapshot
+        return machines
+
+    def _reversion_pass(self) -> None:
+        if self.reverter is not None and self._first_listing.is_set():
+            self.reverter.tick(self.view.cost_view()[1])    # at most every reversion.interval_s, never raises
+
+    def _snapshot(self) -> dict[str, Machine]:
+        """The view's latest machines (the loop's last listing, with this object's own launches and terminations),
+        starting the loop at the first call and waiting (bounded) for its first listing."""
+        if not self.loop.running:
+            self._start_loop()
+        if not self._first_listing.wait(FIRST_SNAPSHOT_TIMEOUT_S):
+            lane = self.loop.lanes["listing"]
+            raise ListingError(f"no listing of cluster {self.cluster_name!r} within {FIRST_SNAPSHOT_TIMEOUT_S:.0f} s "
+                               f"({lane.errors} failed: {lane.last_error or 'still listing'})", "ListingTimeout")
+        # cost_view: the machines shown now, read under the view's lock (no cloud call).
+        return self.view.cost_view()[1]
+
+    def _start_loop(self) -> None:
+        with _LOOPS_LOCK:
+            older = _LOOPS.get(self.cluster_name)
+            if older is not None and older is not self.loop:
+                logger.info("provider loop of %s: a new provider object takes over", self.cluster_name)
+                older.stop(timeout_s=0.0)
+            _LOOPS[self.cluster_name] = self.loop
+        self.loop.start()
+
+    def stop(self) -> None:
+        """Stop the provider's loop (Ray never calls this; its threads are daemon threads)."""
+        if self.loop is not None:
+            self.loop.stop()
 
     def is_running(self, node_id: str) -> bool:
         m = self.view.current(node_id)

@@ -10,7 +10,7 @@ adapter, providers, registrations, interruptions, simulate, swapin) may use it w
 is imported lazily (inside functions) except in `command_runner`, whose callers subclass Ray's classes anyway:
 `ray-nodeless plan` must not pay for importing Ray.
 
-    process          is this `ray down`? which GCS does this monitor serve? (call stack, argv)
+    process          is this Ray's monitor (its command line: GCS, config file, logs dir)? is this `ray down`?
     node_ip          this host's address as Ray's raylet reports it
     gcs              Ray's GCS client: the node table, draining a node
     defaults         Ray's per-cloud defaults.yaml and its own config preparation and checks
@@ -25,12 +25,10 @@ is imported lazily (inside functions) except in `command_runner`, whose callers 
 """
 from __future__ import annotations
 
-from ray_nodeless.ray_compat.process import (
-    in_teardown, monitor_config_path, monitor_gcs_address, monitor_logs_dir,
-)
+from ray_nodeless.ray_compat.process import MonitorArgs, in_teardown, monitor_args
 
 # The modules that list the Ray names they rely on (tests/ray_compat/test_compat.py imports each).
 MODULES = ("process", "node_ip", "gcs", "defaults", "aws_amis", "aws_bootstrap", "gcp_bootstrap", "command_runner",
            "scheduler", "demand", "kuberay", "ray_status")
 
-__all__ = ["MODULES", "in_teardown", "monitor_config_path", "monitor_gcs_address", "monitor_logs_dir"]
+__all__ = ["MODULES", "MonitorArgs", "in_teardown", "monitor_args"]

@@ -5,8 +5,10 @@
   from `resources` / rayStartParams / container limits, min/max from minReplicas/maxReplicas x numOfHosts, labels,
   idleTimeoutSeconds, priority; idle timeout and upscaling speed from autoscalerOptions), so a RayCluster means to
   ray_nodeless what it means to Ray.
-- `run_monitor(config_reader, gcs_address, monitor_ip)`: waits for the head's GCS as Ray does, sets up Ray's
-  monitor logging, then runs Ray's monitor: v2 (`AutoscalerMonitor` with a config reader that calls ours every
+- `connect(gcs_address)`: waits for the head's GCS as Ray does and reads the session's logs dir from the head's node
+  record (Ray's `_get_log_dir`: `<temp_dir>/session_latest/logs`), as a `Head`; the bridge builds its provider's
+  MonitorContext from it.
+- `run_monitor(config_reader, head, monitor_ip)`: sets up Ray's monitor logging, then runs Ray's monitor: v2 (`AutoscalerMonitor` with a config reader that calls ours every
   loop) when the cluster runs autoscaler v2 (asked of the GCS, as Ray does), else v1 (`Monitor` with the callable,
   which v1 calls every loop, `retry_on_failure=False` as in Ray: the container restarts after repeated failures).
 - `node_provider(provider_config, cluster_name)`: the provider object Ray's monitor uses for that block (Ray keeps
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
@@ -81,16 +84,33 @@ def wait_for_head(gcs_address: str, stop: Callable[[], bool] = lambda: False) ->
             time.sleep(HEAD_WAIT_S)
 
 
-def run_monitor(config_reader: Callable[[], dict[str, Any]], gcs_address: str, monitor_ip: str | None = None,
+@dataclass(frozen=True)
+class Head:
+    """The head's GCS, answering: its client, its address and the session's logs dir."""
+
+    gcs_client: Any
+    gcs_address: str
+    logs_dir: str
+
+
+def connect(gcs_address: str) -> Head:
+    """The head once its GCS answers, with the session's logs dir (where Ray's monitor logs and v2 writes its
+    autoscaler events). Blocks until then, as Ray's KubeRay autoscaler does."""
+    from ray.autoscaler._private.kuberay.run_autoscaler import _get_log_dir
+
+    gcs_client = wait_for_head(gcs_address)
+    return Head(gcs_client, gcs_client.address, _get_log_dir(gcs_client))
+
+
+def run_monitor(config_reader: Callable[[], dict[str, Any]], head: Head, monitor_ip: str | None = None,
                 log_to_session: bool = True) -> None:
     """Ray's monitor, v1 or v2 as the cluster runs, reading its config from `config_reader` every loop. Blocks."""
-    from ray.autoscaler._private.kuberay.run_autoscaler import _get_log_dir, _setup_logging
+    from ray.autoscaler._private.kuberay.run_autoscaler import _setup_logging
     from ray.autoscaler._private.monitor import Monitor
     from ray.autoscaler.v2.instance_manager.config import KubeRayConfigReader
     from ray.autoscaler.v2.utils import is_autoscaler_v2
 
-    gcs_client = wait_for_head(gcs_address)
-    log_dir = _get_log_dir(gcs_client)
+    gcs_client, log_dir = head.gcs_client, head.logs_dir
     if log_to_session:
         _setup_logging(log_dir)
     monitor_ip = monitor_ip or node_ip()

@@ -9,6 +9,10 @@ provider instances (ray up's and the monitor's) share one "cloud". Knobs:
 - `hooks[method]` a callable run at the start of each call, outside the lock (to force an interleaving);
 - `recheck` answers by id from the records, past `hide` (the second query a listing is checked with), except
   for what `hide_from_lookup` hides;
+- `gates[method]` a callable run with the call's argument (the LaunchSpec of a launch) before the call, outside the
+  lock: it may block on an event, to hold one particular call in the cloud;
+- `delay_s[method]` seconds each call takes (a slow cloud: `delay_s["list"] = 30`), waited on `wake`, so that
+  `wake.set()` lets every waiting call finish at once (a test or bench that ends);
 - `calls` a count per method and `call_log` every call in order, `launches` every LaunchSpec.
 """
 from __future__ import annotations
@@ -42,6 +46,9 @@ class Cloud:
     launches: list[LaunchSpec] = field(default_factory=list)
     next_errors: dict[str, list[Exception]] = field(default_factory=dict)
     hooks: dict[str, Callable[[], None]] = field(default_factory=dict)
+    gates: dict[str, Callable[[Any], None]] = field(default_factory=dict)
+    delay_s: dict[str, float] = field(default_factory=dict)
+    wake: threading.Event = field(default_factory=threading.Event)
     # Machines a listing leaves out while this says so (an eventually consistent listing, an empty glitch page).
     hide: Callable[[Machine], bool] | None = None
     # Machines the lookups by id (`recheck`) show nothing of while this says so (neither live nor gone: a cloud
@@ -49,11 +56,18 @@ class Cloud:
     hide_from_lookup: Callable[[Machine], bool] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def enter(self, name: str, arg: Any = None) -> None:
-        """Run the method's hook (outside the lock), log the call, raise its next queued error if any."""
+    def enter(self, name: str, arg: Any = None, gate_arg: Any = None) -> None:
+        """Run the method's hook and gate, take its delay (outside the lock), log the call, raise its next queued
+        error if any."""
         hook = self.hooks.get(name)
         if hook is not None:
             hook()
+        gate = self.gates.get(name)
+        if gate is not None:
+            gate(arg if gate_arg is None else gate_arg)
+        delay = self.delay_s.get(name, 0.0)
+        if delay > 0:
+            self.wake.wait(delay)
         with self.lock:
             self.calls[name] = self.calls.get(name, 0) + 1
             self.call_log.append((name, arg))
@@ -76,7 +90,7 @@ class FakeBackend(MachineBackend):
 
     def launch(self, spec: LaunchSpec) -> list[str]:
         c = CLOUD
-        c.enter("launch", spec.request_token)
+        c.enter("launch", spec.request_token, gate_arg=spec)
         with c.lock:
             c.launches.append(spec)
             o = spec.offering

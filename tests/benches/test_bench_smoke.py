@@ -50,3 +50,13 @@ def test_bench_plan_reports_both_paths():
         for where in ("every_region", "first_six_regions"):
             t = out[f"throughput_{where}_{label}"]
             assert t["path"] == path and t["distinct_shapes_per_s_uncached"] > 0
+
+
+def test_bench_listing_small():
+    out = _run("bench_listing.py", "--machines", "20", "--cloud-s", "10", "--calls", "20", "--sync-cloud-s", "0.05",
+               "--sync-calls", "3", "--json")
+    [run] = out["runs"]
+    assert run["machines"] == 20 and run["loop"]["lane_held_in_cloud"] is True
+    assert run["loop"]["listing"]["calls"] == 20 and run["sync"]["listing"]["calls"] == 3
+    assert run["sync"]["listing"]["p50_ms"] >= 50          # each synchronous call waits for the cloud
+    assert run["loop"]["listing"]["p99_ms"] < 10_000       # the loop's calls never wait for the held one

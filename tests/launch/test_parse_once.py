@@ -32,6 +32,7 @@ from ray_nodeless.launch import config as launch_config
 from ray_nodeless.launch.config import ProviderBundle, load_provider
 from ray_nodeless.providers.aws.config import AwsConfig
 from ray_nodeless.providers.aws.settings import AwsSettings
+from ray_nodeless.ray_adapter.context import MonitorContext
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.registrations.vm import VmSettings
 from ray_nodeless.testing import fake_backend
@@ -127,6 +128,7 @@ def test_aws_provider_and_launches_on_moto_parse_once(moto: MotoServer, validati
         assert provider.backend.settings is provider.bundle.backend_settings
     finally:
         provider.terminate_nodes(provider.non_terminated_nodes({}))
+        provider.stop()
         provider.backend.close()
 
 
@@ -292,7 +294,7 @@ def test_a_live_catalog_is_read_with_the_bundles_backend_section(live_registered
 def test_the_interruption_queue_client_gets_the_parsed_aws_section(moto: MotoServer, loader_calls: Counter[str],
                                                                    validations: Validations,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """In the monitor (`--gcs-address` on its command line) the AWS provider builds its SQS client through the
+    """In the monitor (a context that acts on the cluster) the AWS provider builds its SQS client through the
     backend's hook from the bundle's AwsSettings; polling the queue at each listing re-reads nothing."""
     import boto3
 
@@ -306,9 +308,8 @@ def test_the_interruption_queue_client_gets_the_parsed_aws_section(moto: MotoSer
         return hook(cls, queue_url, aws_settings)
 
     monkeypatch.setattr(AwsConfig, "interruption_queue_client", classmethod(recording))
-    monkeypatch.setattr(sys, "argv", [sys.argv[0], "--gcs-address=127.0.0.1:1"])     # as Ray's monitor runs
     raw = dict(aws_provider(moto), interruption_queue_url=url)
-    provider = NodelessProvider(raw, "c1")
+    provider = NodelessProvider(raw, "c1", context=MonitorContext(gcs_address="127.0.0.1:1", acts_on_cluster=True))
     try:
         assert provider.interruptions is not None
         assert handed == [provider.bundle.backend_settings] and handed[0] is provider.bundle.backend_settings
@@ -318,11 +319,12 @@ def test_the_interruption_queue_client_gets_the_parsed_aws_section(moto: MotoSer
         raw.clear()
         provider.create_node_with_resources_and_labels({}, dict(WORKER_TAGS, **{"ray-launch-request": "q1"}), 1,
                                                        {"CPU": 4}, {})
-        assert len(provider.non_terminated_nodes({})) == 1      # the listing polls the queue (empty)
+        assert len(provider.non_terminated_nodes({})) == 1      # the loop's first listing polls the queue (empty)
         assert provider.interruptions.last_report is not None and not provider.interruptions.last_report.error
         assert loader_calls == Counter() and validations.counts == Counter()
     finally:
         provider.terminate_nodes(provider.non_terminated_nodes({}))
+        provider.stop()
         provider.backend.close()
 
 

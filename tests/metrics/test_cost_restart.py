@@ -1,15 +1,16 @@
 """`ray_nodeless_cost_dollars_total` continues across a monitor restart (ray_nodeless/metrics/cost_store.py): two
-NodelessProvider objects built as the monitor (its `--gcs-address` on the command line, as Ray runs it) on the
-in-memory backend, the second after the first is gone, with one clock moved by hand."""
+NodelessProvider objects built as the monitor (a MonitorContext that acts on the cluster) on the in-memory backend,
+the second after the first is gone, with one clock moved by hand. The cost is integrated at each listing of the
+provider's loop: `listing` runs one pass of it, then asks as Ray does."""
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
 
 from ray_nodeless.metrics.events import EVENTS_DIR_ENV, cost_path
 from ray_nodeless.providers.base import TAG_PRICE
+from ray_nodeless.ray_adapter.context import MonitorContext
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
 from ray_nodeless.testing.clock import FakeClock
@@ -22,40 +23,52 @@ MONITOR = dict(PROVIDER, metrics_port=None, ray_status_events=0)
 
 @pytest.fixture
 def monitor(monkeypatch, tmp_path):
-    monkeypatch.setattr(sys, "argv", [sys.argv[0], "--gcs-address=127.0.0.1:1"])
     monkeypatch.setenv(EVENTS_DIR_ENV, str(tmp_path / "events"))
     clock = FakeClock(time.time())
 
+    started: list[NodelessProvider] = []
+
     def start() -> NodelessProvider:
-        p = NodelessProvider(dict(MONITOR), "c1")
+        p = NodelessProvider(dict(MONITOR), "c1", context=MonitorContext(gcs_address="127.0.0.1:1",
+                                                                         acts_on_cluster=True), clock=clock)
         p.instruments.recorder.clock = clock
+        started.append(p)
         return p
 
     fake_backend.reset()
-    return start, clock
+    yield start, clock
+    for p in started:
+        p.stop()
+
+
+def listing(p: NodelessProvider) -> list[str]:
+    """One pass of the provider's listing lane (it integrates the cost), then Ray's listing call."""
+    p.loop.run_once("listing")
+    return p.non_terminated_nodes({})
 
 
 def test_a_restarted_monitor_continues_the_cost(monitor, tmp_path):
     start, clock = monitor
     first = start()
     first.create_node_with_resources_and_labels({}, dict(WORKER_TAGS), 1, GPU, {})
-    [mid] = first.non_terminated_nodes({})
+    [mid] = listing(first)
     price = float(fake_backend.CLOUD.machines[mid].tags[TAG_PRICE])
     clock.advance(1800)
-    first.non_terminated_nodes({})
+    listing(first)
     before = first.instruments.recorder.cost_total()
     assert before == pytest.approx(price / 2, rel=1e-6)
     assert cost_path("c1").is_file() and str(tmp_path) in str(cost_path("c1"))
 
     # The monitor dies; 10 minutes pass with the machine running (billed); a new monitor starts.
+    first.stop()
     del first
     clock.advance(600)
     second = start()
     assert second.instruments.recorder.cost_total() == pytest.approx(before)     # before its first listing
-    second.non_terminated_nodes({})
+    listing(second)
     assert second.instruments.recorder.cost_total() == pytest.approx(before + price * 600 / 3600, rel=1e-6)
     clock.advance(1200)
-    second.non_terminated_nodes({})
+    listing(second)
     assert second.instruments.recorder.cost_total() == pytest.approx(price, rel=1e-6)    # one hour in all
 
 
@@ -63,14 +76,14 @@ def test_a_machine_gone_while_no_monitor_ran_is_not_counted_for_the_gap(monitor)
     start, clock = monitor
     first = start()
     first.create_node_with_resources_and_labels({}, dict(WORKER_TAGS), 1, GPU, {})
-    [mid] = first.non_terminated_nodes({})
+    [mid] = listing(first)
     price = float(fake_backend.CLOUD.machines[mid].tags[TAG_PRICE])
     clock.advance(3600)
-    first.non_terminated_nodes({})
+    listing(first)
     del fake_backend.CLOUD.machines[mid]      # ended while no monitor ran: its end time is unknown
     clock.advance(600)
     second = start()
-    assert second.non_terminated_nodes({}) == []
+    assert listing(second) == []
     assert second.instruments.recorder.cost_total() == pytest.approx(price, rel=1e-6)    # short, never over
 
 

@@ -4,6 +4,7 @@ These fail on a Ray that renamed or moved one of them: the signal to update comp
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import sys
@@ -49,17 +50,68 @@ def test_teardown_is_found_on_the_stack_of_rays_teardown_cluster():
     assert namespace["teardown_cluster"](process.in_teardown) is True
 
 
-def test_monitor_gcs_address_from_argv(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(sys, "argv", ["monitor.py", "--gcs-address", "10.0.0.1:6379"])
-    assert process.monitor_gcs_address() == "10.0.0.1:6379"
-    monkeypatch.setattr(sys, "argv", ["monitor.py", "--gcs-address=10.0.0.2:6379"])
-    assert process.monitor_gcs_address() == "10.0.0.2:6379"
-    monkeypatch.setattr(sys, "argv", ["ray", "up"])
-    assert process.monitor_gcs_address() is None
-    monkeypatch.setattr(sys, "argv", ["monitor.py", "--autoscaling-config=/h/ray_bootstrap_config.yaml",
-                                      "--logs-dir", "/tmp/ray/session_x/logs"])
-    assert process.monitor_config_path() == "/h/ray_bootstrap_config.yaml"
-    assert process.monitor_logs_dir() == "/tmp/ray/session_x/logs"
+def _argparse_flags(module: str) -> set[str]:
+    """The flags the installed Ray's monitor script declares (`parser.add_argument("--x", ...)`, read with ast:
+    the parser is built under `if __name__ == "__main__"`)."""
+    source = Path(importlib.import_module(module).__file__).read_text()
+    flags = set()
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+                and node.args and isinstance(node.args[0], ast.Constant)):
+            flags.add(node.args[0].value)
+    return flags
+
+
+@pytest.mark.parametrize("module", process.MONITOR_MODULES)
+def test_the_monitor_flags_read_are_the_installed_rays(module: str):
+    assert set(process.MONITOR_FLAGS) <= _argparse_flags(module), module
+
+
+def _rays_monitor_command(monkeypatch: pytest.MonkeyPatch, **kwargs) -> list[str]:
+    """The command line the installed Ray starts its monitor with (services.start_monitor, the process not
+    started)."""
+    from ray._private import services
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(services, "start_ray_process", lambda command, *a, **k: seen.append(list(command)))
+    services.start_monitor(**kwargs)
+    [command] = seen
+    return command
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_rays_own_monitor_command_line_is_detected(monkeypatch: pytest.MonkeyPatch, v2: bool):
+    command = _rays_monitor_command(monkeypatch, gcs_address="10.0.0.1:6379", logs_dir="/tmp/ray/session_x/logs",
+                                    autoscaling_config="/home/ray/ray_bootstrap_config.yaml",
+                                    stdout_filepath="/tmp/o", stderr_filepath="/tmp/e", autoscaler_v2=v2)
+    assert command[1] == "-u"
+    argv = command[2:]          # what sys.argv is in the monitor: python -u <script> <flags>
+    assert process.monitor_args(argv) == process.MonitorArgs(
+        gcs_address="10.0.0.1:6379", config_path="/home/ray/ray_bootstrap_config.yaml",
+        logs_dir="/tmp/ray/session_x/logs")
+    # Without --autoscaling-config (a cluster started by `ray start --head` with autoscaling): still the monitor.
+    bare = _rays_monitor_command(monkeypatch, gcs_address="10.0.0.1:6379", logs_dir="/l", autoscaler_v2=v2)
+    assert process.monitor_args(bare[2:]) == process.MonitorArgs("10.0.0.1:6379", None, "/l")
+
+
+def test_other_processes_are_not_the_monitor(monkeypatch: pytest.MonkeyPatch):
+    # The flag alone is not the monitor: `ray-nodeless kuberay-autoscaler --gcs-address ...` builds its own context.
+    assert process.monitor_args(["/usr/bin/ray-nodeless", "kuberay-autoscaler", "--gcs-address", "h:1"]) is None
+    assert process.monitor_args(["/usr/bin/ray", "up", "c.yaml"]) is None
+    assert process.monitor_args(["/x/ray/autoscaler/_private/monitor.py"]) is None        # no GCS: not serving one
+    assert process.monitor_args(["/x/ray/autoscaler/v2/monitor.py", "--gcs-address", "h:2"]).gcs_address == "h:2"
+    monkeypatch.setattr(sys, "argv", ["/x/pytest", "--gcs-address=h:1"])
+    assert process.monitor_args() is None
+
+
+def test_teardown_cluster_of_the_installed_ray_bootstraps_then_builds_the_provider():
+    # What in_teardown relies on: teardown_cluster is the function on the stack when Ray calls our bootstrap_config
+    # and then lists through the provider it builds, and no argument of those calls says "teardown".
+    from ray.autoscaler._private import commands
+
+    source = inspect.getsource(getattr(commands, "teardown_cluster"))
+    assert "_bootstrap_config(" in source and "_get_node_provider(" in source
+    assert commands.__name__ == process._TEARDOWN_MODULE
 
 
 def test_rays_aws_resources_take_credentials_and_endpoint_from_the_config():
