@@ -2,11 +2,26 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+import time
+from typing import Any, ClassVar, Protocol
 
 from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.core.settings import CoreSettings, parse_provider
 from ray_nodeless.providers.base import LaunchSpec, Machine
+
+
+class Clock(Protocol):
+    """A registration's time source: seconds since the epoch (a wall clock: registrations compare it with the
+    timestamps of outside systems, a Node's creationTimestamp, a backend's launch time). The default is `time.time`;
+    a test passes a clock it moves by hand (ray_nodeless/testing/clock.py's FakeClock satisfies this) to step past a
+    timeout instead of sleeping through it. Only deadlines and ages are read from it: the waits that pace a
+    background loop stay real (an `Event.wait`, so `close()` cuts them short), since a fake sleep that returns at
+    once would turn them into busy loops."""
+
+    def __call__(self) -> float: ...
+
+
+WALL_CLOCK: Clock = time.time
 
 
 class Registration(abc.ABC):
