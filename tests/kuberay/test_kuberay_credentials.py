@@ -21,7 +21,7 @@ from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.testing.fake_gce.server import FakeGce
 from ray_nodeless.testing.fake_metadata import FakeMetadataServer
-from tests.ray_adapter.test_kuberay_config import sample_cluster
+from tests.kuberay.test_kuberay_config import sample_cluster
 
 GCP_PROJECT = "wi-project"
 GCP_REGION = "us-central1"
