@@ -152,7 +152,7 @@ def unit_costs(units: dict[str, list[str]], durations: dict[str, float]) -> dict
     return {u: sum(durations.get(n, median) for n in nodeids) for u, nodeids in units.items()}
 
 
-def make_scheduler(config: pytest.Config, log: Any) -> Any:
+def make_scheduler(config: pytest.Config, log: Any, durations: dict[str, float] | None = None) -> Any:
     """Under `pytest -n 2` (what `make test` runs): each work unit (unit_of) goes to one worker whole (its module
     fixtures, a moto server or a Kubernetes control plane, start once), "tests/e2e" first, on the first worker, and
     "tests/e2e:tail" (E2E_TAIL) last in the queue, so whichever worker is free first, after every other unit, runs
@@ -162,7 +162,7 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
     group under pytest 9.2, which no longer reads the node id it rewrites.)"""
     from xdist.scheduler import LoadScopeScheduling
 
-    durations = load_durations()
+    durations = load_durations() if durations is None else durations
 
     class RayClustersInTurn(LoadScopeScheduling):
         _ordered = False

@@ -112,6 +112,44 @@ def test_units_and_their_costs() -> None:
     assert suite.unit_costs({"a": ["a::1", "a::2"], "b": ["b::1", "b::2"]}, durations) == {"a": 4.0, "b": 4.0}
 
 
+class Node:
+    """An xdist worker as the scheduler drives it: what it was sent, in order."""
+
+    def __init__(self, name: str):
+        self.name, self.sent, self.collection = name, [], []
+        self.gateway = types.SimpleNamespace(id=name)
+        self.shutting_down = False
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent.append(sorted({suite.unit_of(self.collection[i]) for i in indexes}))
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_the_scheduler_sends_e2e_first_then_longest_first_and_the_tail_last() -> None:
+    collection = ["tests/a.py::t1", "tests/a.py::t2", "tests/a.py::t3", "tests/b.py::t", "tests/c.py::t",
+                  "tests/e2e/test_smoke.py::t", "tests/e2e/test_k8s_e2e.py::t",
+                  "tests/kuberay/test_kuberay_rbac.py::t", "tests/registrations/kubernetes/test_k8s_faults.py::t"]
+    durations = {"tests/a.py::t1": 1.0, "tests/a.py::t2": 1.0, "tests/a.py::t3": 1.0, "tests/b.py::t": 50.0,
+                 "tests/c.py::t": 20.0, "tests/e2e/test_smoke.py::t": 99.0, "tests/e2e/test_k8s_e2e.py::t": 9.0,
+                 "tests/kuberay/test_kuberay_rbac.py::t": 5.0,
+                 "tests/registrations/kubernetes/test_k8s_faults.py::t": 30.0}
+    config = types.SimpleNamespace(getvalue=lambda k: {"tx": ["2*popen"]}[k],
+                                   option=types.SimpleNamespace(loadscopereorder=True))
+    sched = suite.make_scheduler(config, None, durations)
+    one, two = Node("gw0"), Node("gw1")
+    for n in (one, two):
+        n.collection = collection
+        sched.add_node(n)
+        sched.add_node_collection(n, collection)
+    sched.schedule()
+    # each worker holds two units; then each finished unit makes room for the next in the queue
+    order = [one.sent[0], two.sent[0], one.sent[1], two.sent[1]]
+    assert order == [["tests/e2e"], ["tests/b.py"], ["tests:k8s"], ["tests/c.py"]]
+    assert list(sched.workqueue) == ["tests/a.py", "tests/e2e:tail"]
+
+
 def test_a_plane_view_adds_a_modules_own_attributes_and_shares_the_rest() -> None:
     plane = types.SimpleNamespace(server="https://127.0.0.1:6443", restarts=[])
     plane.restart = lambda: plane.restarts.append(1)
