@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install bench catalog clean k8s wheel prometheus
+.PHONY: demo test test-fast lint install bench catalog clean k8s wheel prometheus
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,9 +45,16 @@ prometheus:
 	bash scripts/prometheus/install.sh
 
 # Two pytest workers (the machine's 2 cores): tests/e2e (whole Ray clusters) runs on one worker in turn, the other
-# modules whole on either (see pytest_xdist_make_scheduler in tests/conftest.py).
+# modules whole on either, longest first (see make_scheduler in tests/suite.py). Every test's duration goes to
+# tests/durations.json (committed: the `slow` marker and the scheduler's order read it).
 test: $(STAMP) k8s prometheus
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 --record-durations tests/durations.json
+
+# The inner loop: no Ray cluster, no Kubernetes (no `make k8s` build needed), no config corpora, nothing recorded
+# over 10 s (the markers of tests/suite.py).
+FAST := not e2e and not k8s and not corpus and not slow
+test-fast: $(STAMP) prometheus
+	$(BIN)/python -m pytest -q -n 2 -m "$(FAST)"
 
 # ruff (the rules in pyproject.toml; lint only, the code is not reformatted) and mypy (strict on core/, launch/ and
 # providers/base.py, a baseline on the rest of the package). Both must pass; .ci/run runs this before the tests.

@@ -1,4 +1,7 @@
-"""Hypothesis profiles: CI replays a fixed set of examples (a red CI must mean a change broke something, not that
+"""The suite's shared set-up: Hypothesis profiles, the markers and the xdist scheduler (tests/suite.py), the per-test
+durations file, and the servers tests share (moto, the Kubernetes control plane, the wheel).
+
+Hypothesis profiles: CI replays a fixed set of examples (a red CI must mean a change broke something, not that
 a new random example was drawn); developers explore with fresh random examples. HYPOTHESIS_PROFILE overrides."""
 import os
 from pathlib import Path
@@ -8,6 +11,7 @@ import pytest
 from hypothesis import settings
 
 from ray_nodeless.testing.moto_server import REGION, MotoServer, start_moto_server
+from tests import suite
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("dev", print_blob=True)
@@ -15,49 +19,39 @@ settings.register_profile("explore", max_examples=2000, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
-# The Ray-cluster modules the second worker takes once it has run every other module: a moto or fake-GCE cluster
-# each, no Kubernetes control plane, about 6 of the e2e's 22 minutes. Without them the e2e worker alone set the
-# suite's wall time (about 22 minutes) while the other worker sat idle for the last 8 or so; with them the two
-# finish within a minute or two of each other, and two Ray clusters overlap only for those last minutes.
-E2E_TAIL = frozenset(
-    "tests/e2e/" + name
-    for name in (
-        "test_smoke.py",
-        "test_aws_e2e.py",
-        "test_gcp_e2e.py",
-        "test_swapin_request_resources.py",
-        "test_trace_record.py",
-        "test_reversion_drain.py",
-        "test_interruptions_e2e.py",
-    )
-)
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write every test's duration (setup + call + teardown, s) to PATH at the session's end: "
+                          "the whole file on a full run, the tests run merged into it otherwise (`make test` "
+                          f"records {suite.DURATIONS_FILE.relative_to(suite.REPO_ROOT)})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--record-durations")
+    # The controller under xdist (it receives every worker's reports), or the only process without it.
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(suite.DurationsRecorder(config, Path(path)), "ray-nodeless-durations")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    suite.apply_markers(items, suite.load_durations())
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under `pytest -n 2` (what `make test` runs): each test module goes to one worker whole (its module fixtures,
-    a moto server or a Kubernetes control plane, start once), and the modules of tests/e2e go as two units, each
-    run one module after another as without xdist: "tests/e2e" first, on the first worker, and "tests/e2e:tail"
-    (E2E_TAIL) last in the queue, so whichever worker is free first, after every other module, runs it. Two
-    `ray up`s at once on 2 cores only slow each other down, so they overlap only at the end. (xdist's own
-    `--dist loadgroup` does not group under pytest 9.2, which no longer reads the node id it rewrites.)"""
-    from xdist.scheduler import LoadScopeScheduling
+    return suite.make_scheduler(config, log)
 
-    class RayClustersInTurn(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            if module in E2E_TAIL:
-                return "tests/e2e:tail"
-            return "tests/e2e" if module.startswith("tests/e2e/") else module
 
-        def _assign_work_unit(self, node) -> None:
-            # The longest unit first, so the other worker fills in beside it; the tail unit last.
-            if "tests/e2e:tail" in self.workqueue and len(self.workqueue) > 1:
-                self.workqueue.move_to_end("tests/e2e:tail", last=True)
-            if "tests/e2e" in self.workqueue:
-                self.workqueue.move_to_end("tests/e2e", last=False)
-            super()._assign_work_unit(node)
+@pytest.fixture(scope="session")
+def k8s_plane(tmp_path_factory: pytest.TempPathFactory):
+    """The process's one Kubernetes control plane (one per xdist worker; tests/k8s_plane.py): started the first time
+    a test asks, stopped at the session's end. Modules take a view of it (`.nodeless()`, `.kuberay()`)."""
+    from tests.k8s_plane import SharedPlane
 
-    return RayClustersInTurn(config, log)
+    shared = SharedPlane(tmp_path_factory.mktemp("k8s-shared")).start()
+    try:
+        yield shared
+    finally:
+        shared.stop()
 
 
 @pytest.fixture(autouse=True, scope="session")

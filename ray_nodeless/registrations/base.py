@@ -1,8 +1,9 @@
 """How a machine joins the Ray cluster, composed with any machine backend (`provider.registration`)."""
 from __future__ import annotations
 
+import time
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Protocol
 
 from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.core.settings import CoreSettings, parse_provider
@@ -10,6 +11,20 @@ from ray_nodeless.providers.base import LaunchSpec, Machine
 
 if TYPE_CHECKING:
     from ray.autoscaler.command_runner import CommandRunnerInterface   # Ray's public API; for annotations only
+
+
+class Clock(Protocol):
+    """A registration's time source: seconds since the epoch (a wall clock: registrations compare it with the
+    timestamps of outside systems, a Node's creationTimestamp, a backend's launch time). The default is `time.time`;
+    a test passes a clock it moves by hand (ray_nodeless/testing/clock.py's FakeClock satisfies this) to step past a
+    timeout instead of sleeping through it. Only deadlines and ages are read from it: the waits that pace a
+    background loop stay real (an `Event.wait`, so `close()` cuts them short), since a fake sleep that returns at
+    once would turn them into busy loops."""
+
+    def __call__(self) -> float: ...
+
+
+WALL_CLOCK: Clock = time.time
 
 
 # Not an ABC: every hook has a default (a registration overrides what it needs), so there is nothing abstract.

@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import base64
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -68,6 +69,11 @@ POLL_S = 0.2
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SA_ISSUER = "https://kubernetes.default.svc"
 SA_TOKEN_TYPE = "kubernetes.io/service-account-token"
+# When set, every start() appends one line (pid, seconds, workdir) to this file: how a test run counts its control
+# plane starts across xdist workers (tests/k8s_plane.py shares one per worker).
+STARTS_LOG_ENV = "RAY_NODELESS_K8S_STARTS_LOG"
+
+logger = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -129,6 +135,8 @@ class ControlPlane:
     the kubelets' CSRs with the cluster CA (csrsigning, off otherwise; --cluster-signing-cert/key-file).
     """
 
+    starts = 0       # start()s completed in this process (all instances)
+
     def __init__(self, workdir: str | os.PathLike, *, build: bool = True,
                  startup_timeout: float = STARTUP_TIMEOUT_S,
                  extra_args: dict[str, list[str]] | None = None, node_joins: bool = False) -> None:
@@ -188,7 +196,17 @@ class ControlPlane:
                 self.stop()
                 raise
             self.startup_seconds = time.monotonic() - t0
+            self._count_start()
             return self
+
+    def _count_start(self) -> None:
+        ControlPlane.starts += 1
+        logger.info("control plane started in %.1f s (start %d of this process): %s", self.startup_seconds,
+                    ControlPlane.starts, self.workdir)
+        path = os.environ.get(STARTS_LOG_ENV)
+        if path:
+            with open(path, "a") as f:     # one short write: lines of concurrent workers do not interleave
+                f.write(f"{os.getpid()} {self.startup_seconds:.1f} {self.workdir}\n")
 
     def stop(self) -> None:
         """Stop every process this object started (by process group), newest first. Safe to call twice."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.testing.clock import wait_for
@@ -68,7 +69,11 @@ def install_kuberay(plane, work: Path) -> Path:
                              ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []),
                  60, "the CRD established")
         core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": NS}})
+        try:
+            core.create_namespace({"metadata": {"name": NS}})
+        except ApiException as e:
+            if e.status != 409:     # a plane shared with other tests (tests/k8s_plane.py) may have it already
+                raise
         core.create_namespaced_service_account(NS, {"metadata": {"name": SA}})
         rbac = client.RbacAuthorizationV1Api(api)
         rbac.create_namespaced_role(NS, kuberay_role(NS, SA))

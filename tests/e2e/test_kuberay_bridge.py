@@ -39,7 +39,7 @@ from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
-from ray_nodeless.testing.kuberay import NS, RAY_ENV, SA, Bridge, Operator, install_kuberay, raycluster
+from ray_nodeless.testing.kuberay import NS, RAY_ENV, SA, Bridge, Operator, raycluster
 from ray_nodeless.testing.ray_processes import free_port, head_process
 from tests.e2e.clusters import processes_of
 
@@ -47,17 +47,9 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    from ray_nodeless.testing.k8s_control_plane import ControlPlane
-
-    work = tmp_path_factory.mktemp("kuberay")
-    plane = ControlPlane(work / "k8s")
-    plane.start()
-    try:
-        plane.sa_kubeconfig = install_kuberay(plane, work)
-        yield plane
-    finally:
-        plane.stop()
+def world(k8s_plane):
+    """The process's shared control plane with KubeRay's CRD and the head's ServiceAccount (tests/k8s_plane.py)."""
+    return k8s_plane.kuberay()
 
 
 def driver(gcs: str, body: str, timeout: float = 300) -> str:

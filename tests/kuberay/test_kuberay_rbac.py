@@ -13,7 +13,7 @@ ServiceAccount (its token), not a mock:
   the bridge's call that uses it (named below) forbidden (403), and the start's access check fails naming it.
 
 The operator's part is played (ray_nodeless/testing/kuberay.py); a real Ray head runs (the played kubelet runs the Ray
-pod as a local Ray node that joins it). One control plane for the module.
+pod as a local Ray node that joins it). The process's shared control plane (tests/k8s_plane.py).
 """
 from __future__ import annotations
 
@@ -35,13 +35,12 @@ from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.ray_compat.kuberay import derive_config, node_provider
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
-from ray_nodeless.testing.kuberay import NS, RAY_ENV, RBAC, SA, Operator, install_kuberay, kuberay_role, raycluster
+from ray_nodeless.testing.kuberay import NS, RAY_ENV, RBAC, SA, Operator, kuberay_role, raycluster
 from ray_nodeless.testing.ray_processes import free_port, head_process
+from tests.k8s_plane import KUBERAY_USER
 
-USER = f"system:serviceaccount:{NS}:{SA}"
-# The audit policy: every request of the head's ServiceAccount (metadata: who, verb, resource, response code).
-AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-                "rules": [{"level": "Metadata", "users": [USER]}, {"level": "None"}]}
+# The shared plane's API server audits this account's requests (tests/k8s_plane.py: AUDIT_POLICY).
+USER = KUBERAY_USER
 # KubeRay's Role's verbs for Ray's own KubeRay provider (it reads and patches pods); the bridge uses neither.
 KUBERAY_ONLY = {("", "pods", "get"), ("", "pods", "patch")}
 # Resources every authenticated account may use (system:basic-user): the access checks themselves.
@@ -49,21 +48,10 @@ ALWAYS_ALLOWED = {("authorization.k8s.io", "selfsubjectaccessreviews", "create")
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory):
-    from ray_nodeless.testing.k8s_control_plane import ControlPlane
-
-    work = tmp_path_factory.mktemp("kuberay-rbac")
-    policy = work / "audit-policy.yaml"
-    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-    cp = ControlPlane(work / "k8s", extra_args={"kube-apiserver": [
-        f"--audit-policy-file={policy}", f"--audit-log-path={work / 'audit.log'}", "--audit-log-format=json"]})
-    cp.start()
-    try:
-        cp.sa_kubeconfig = install_kuberay(cp, work)
-        cp.audit_log = work / "audit.log"
-        yield cp
-    finally:
-        cp.stop()
+def plane(k8s_plane):
+    """The process's shared control plane with KubeRay's CRD and the head's ServiceAccount (tests/k8s_plane.py);
+    `plane.audit_log` is that account's requests, read from the size it had at a test's start."""
+    return k8s_plane.kuberay()
 
 
 def _granted() -> dict[tuple[str, str, str], tuple[str, str, int]]:

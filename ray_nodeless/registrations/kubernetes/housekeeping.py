@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from kubernetes.client.rest import ApiException
 
 from ray_nodeless.errors import BackendError
+from ray_nodeless.registrations.base import Clock
 from ray_nodeless.registrations.kubernetes import labels as L
 
 if TYPE_CHECKING:
@@ -55,11 +56,12 @@ class Housekeeping:
         def _list_pods(self, **kw: Any) -> Any: ...
         def _on_pod(self, kind: str, pod: Any) -> None: ...
         def _watch_loop(self, kind: str, list_fn: Callable[..., Any], handler: Callable[[str, Any], None]) -> None: ...
+    clock: Clock      # the registration's (registrations/base.py): every age and deadline here is read from it
 
     def overdue_machines(self, now: float | None = None) -> dict[str, str]:
         """Machines whose Node is not Ready `join_timeout_s` after launch: machine id -> reason (names the join
         method). Logged once per machine; the caller terminates them."""
-        now = now or time.time()
+        now = now or self.clock()
         out: dict[str, str] = {}
         if not self.synced["nodes"].is_set():
             return out      # the Node cache is not filled yet (a restart): cannot tell who joined
@@ -169,8 +171,8 @@ class Housekeeping:
     def _reap(self, mid: str, pods: list[str], nodes: list[str]) -> None:
         """After a terminate: wait for the pods to go (their kubelet confirms), then delete the Node(s); a pod still
         there after the grace is force-deleted (its kubelet is gone with the machine)."""
-        deadline = time.time() + self.k.pod_grace_s + REAP_SLACK_S
-        while time.time() < deadline and not self._stop.is_set():
+        deadline = self.clock() + self.k.pod_grace_s + REAP_SLACK_S
+        while self.clock() < deadline and not self._stop.is_set():
             with self._lock:
                 left = [p for p in pods if p in self.pods]
             if not left:
@@ -194,7 +196,7 @@ class Housekeeping:
 
     def housekeeping(self, now: float | None = None) -> None:
         """Collect orphan Nodes, retry pods that could not be created, report overdue joins."""
-        now = now or time.time()
+        now = now or self.clock()
         for name in self.orphan_nodes(now):
             logger.warning("kubernetes: Node %s belongs to no machine of cluster %s any more; deleting it", name,
                            self.cluster_name)
@@ -215,7 +217,7 @@ class Housekeeping:
     def orphan_nodes(self, now: float | None = None) -> list[str]:
         """Nodes of this cluster whose machine is gone: ended by us, or absent from the listing for orphan_grace_s.
         Nothing is judged before this object has seen a listing (describe / observe_listing)."""
-        now = now or time.time()
+        now = now or self.clock()
         grace = self.k.orphan_grace_s
         out = []
         with self._lock:
@@ -228,7 +230,7 @@ class Housekeeping:
                     if now - self.terminated[mid] > self.k.pod_grace_s + REAP_SLACK_S + 5:
                         out.append(name)
                     continue
-                if now - _created(node) < grace:
+                if now - _created(node, now) < grace:
                     continue
                 t = self.machines.get(mid)
                 if t is not None and now - t.launched_at < grace:
@@ -256,9 +258,10 @@ def _node_ready(node) -> bool:
     return False
 
 
-def _created(obj) -> float:
+def _created(obj, now: float) -> float:
+    """The object's creationTimestamp (epoch seconds); `now` for one the API server has not stamped."""
     ts = obj.metadata.creation_timestamp if obj.metadata else None
-    return ts.timestamp() if ts is not None else time.time()
+    return ts.timestamp() if ts is not None else now
 
 
 def _deleted(what: str, delete: Callable[[], object], announce: bool = False) -> bool:

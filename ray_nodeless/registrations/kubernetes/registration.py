@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,7 +32,7 @@ from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.providers.base import (
     MACHINE_PENDING, TAG_INSTANCE_TYPE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, LaunchSpec, Machine,
 )
-from ray_nodeless.registrations.base import Registration
+from ray_nodeless.registrations.base import WALL_CLOCK, Clock, Registration
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.housekeeping import Housekeeping, _created, _label, _node_ready
 from ray_nodeless.registrations.kubernetes.join import check_join, kubeadm_api_version, user_data
@@ -53,7 +52,7 @@ class Tracked:
     machine_id: str
     node_type: str = ""
     is_head: bool = False
-    launched_at: float = field(default_factory=time.time)
+    launched_at: float = 0.0          # epoch seconds, from the registration's clock (or the Node / the listing)
     instance_type: str = ""
     tags: dict[str, str] = field(default_factory=dict)
     resources: dict[str, float] = field(default_factory=dict)
@@ -89,7 +88,7 @@ class KubernetesRegistration(Housekeeping, Registration):
         check(settings, cluster_name)
 
     def __init__(self, settings: KubernetesSettings, cluster_name: str, core: CoreSettings, *, start: bool = True,
-                 api: client.ApiClient | None = None):
+                 api: client.ApiClient | None = None, clock: Clock = WALL_CLOCK):
         super().__init__(settings, cluster_name, core)
         self.settings: KubernetesSettings = settings
         self.k = self.settings.kubernetes
@@ -100,6 +99,9 @@ class KubernetesRegistration(Housekeeping, Registration):
         self.namespace = self.k.namespace
         self.selector = L.cluster_selector(cluster_name)
         self.api = api or self.k.api_client()
+        # Every age and deadline (join_timeout_s, orphan_grace_s, the reaper's grace) is read from this clock, at
+        # each use: a test may swap in a FakeClock after construction (`reg.clock = FakeClock(time.time())`).
+        self.clock = clock
         self.core = client.CoreV1Api(self.api)
         self.machines: dict[str, Tracked] = {}
         # Node type -> pod template; replaced while running by whoever reads them live (the KubeRay bridge)
@@ -166,7 +168,7 @@ class KubernetesRegistration(Housekeeping, Registration):
     def after_launch(self, spec: LaunchSpec, machine_ids: list[str]) -> None:
         if spec.is_head:
             return
-        now = time.time()
+        now = self.clock()
         with self._lock:
             for mid in machine_ids:
                 t = self.machines.setdefault(mid, Tracked(mid))
@@ -179,7 +181,7 @@ class KubernetesRegistration(Housekeeping, Registration):
             self._ensure_pod(mid)
 
     def describe(self, machine: Machine) -> Machine:
-        now = time.time()
+        now = self.clock()
         with self._lock:
             self._last_describe = now
             t = self.machines.get(machine.id)
@@ -202,7 +204,7 @@ class KubernetesRegistration(Housekeeping, Registration):
     def observe_listing(self, machine_ids: set[str] | list[str]) -> None:
         """The full listing of this cluster's machines (what orphan Nodes are judged against)."""
         with self._lock:
-            self._listing = (time.time(), set(machine_ids))
+            self._listing = (self.clock(), set(machine_ids))
 
     def after_terminate(self, machine_ids: list[str]) -> None:
         for mid in machine_ids:
@@ -225,7 +227,7 @@ class KubernetesRegistration(Housekeeping, Registration):
             if t is not None and t.is_head:
                 self.machines.pop(mid, None)
                 return None
-            self.terminated[mid] = time.time()
+            self.terminated[mid] = self.clock()
             if t is not None:
                 t.terminating = True
             pods = [n for n, p in self.pods.items() if _label(p, L.MACHINE_ID) == L.label_value(mid)]
@@ -328,7 +330,8 @@ class KubernetesRegistration(Housekeeping, Registration):
             t = self.machines.get(mid)
             if t is None and mid not in self.terminated:
                 # Seen before the listing names it (a restart): track it; the listing decides if it is an orphan.
-                t = self.machines[mid] = Tracked(mid, node_type=labels.get(L.NODE_TYPE, ""), launched_at=_created(node),
+                t = self.machines[mid] = Tracked(mid, node_type=labels.get(L.NODE_TYPE, ""),
+                                                 launched_at=_created(node, self.clock()),
                                                  instance_type=labels.get(L.INSTANCE_TYPE, ""))
             if t is None:
                 return
@@ -337,7 +340,7 @@ class KubernetesRegistration(Housekeeping, Registration):
             t.node, t.node_ready = name, ready
             t.allocatable = dict(node.status.allocatable or {}) if node.status else {}
             if first_ready:
-                t.ready_at = time.time()
+                t.ready_at = self.clock()
                 logger.info("kubernetes: machine %s joined as Node %s, Ready %.1f s after launch", mid, name,
                             t.ready_at - t.launched_at)
             tags, terminating = dict(t.tags), t.terminating

@@ -1,32 +1,20 @@
-"""A real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) for the module,
-started and stopped around it, with the `ray` namespace and the ServiceAccount / roles of
-cluster-configs/kubernetes-rbac.yaml applied."""
+"""The Kubernetes control plane of these modules (and of tests/e2e/test_k8s*.py, which import `cp`): the process's
+shared plane (tests/k8s_plane.py: one per xdist worker, not one per module) with cluster-configs/kubernetes-rbac.yaml
+applied: the `ray` namespace and the ServiceAccount / roles the provider acts as (`cp.sa_kubeconfig`). Tests isolate
+by their own cluster names."""
 from __future__ import annotations
 
 import types
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from ray_nodeless.testing.clock import wait_for  # noqa: F401 - imported by the tests of this directory
-from tests import REPO_ROOT
-
-RBAC = REPO_ROOT / "cluster-configs" / "kubernetes-rbac.yaml"
-SA = ("ray", "ray-nodeless")
+from tests.k8s_plane import RBAC, SA  # noqa: F401 - imported by the tests of this directory and tests/e2e
 
 
 @pytest.fixture(scope="module")
-def cp(tmp_path_factory) -> Iterator[object]:
-    from ray_nodeless.testing.k8s_control_plane import ControlPlane
-    plane = ControlPlane(tmp_path_factory.mktemp("k8s"))
-    plane.start()
-    try:
-        plane.apply_manifest(RBAC)
-        plane.sa_kubeconfig = plane.service_account_kubeconfig(*SA, Path(plane.workdir) / "sa.kubeconfig")
-        yield plane
-    finally:
-        plane.stop()
+def cp(k8s_plane):
+    return k8s_plane.nodeless()
 
 
 class StubProcesses:

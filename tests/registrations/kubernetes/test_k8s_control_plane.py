@@ -22,6 +22,7 @@ from ray_nodeless.registrations.kubernetes import check as check_settings
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.housekeeping import REAP_SLACK_S
 from ray_nodeless.providers.local.kubelet import KubeletPlayer
+from ray_nodeless.testing.clock import FakeClock
 from tests.registrations.kubernetes.conftest import RBAC, StubProcesses, wait_for
 
 JOINS = {
@@ -169,10 +170,11 @@ def test_an_untolerating_pod_stays_off_the_node(cp, h_factory):
     h.core.create_namespaced_pod("ray", {"metadata": {"name": name}, "spec": {
         "nodeSelector": {L.MACHINE_ID: mid}, "containers": [{"name": "x", "image": "busybox"}]}})
     try:
-        time.sleep(3)
-        p = h.core.read_namespaced_pod(name, "ray")
+        # the scheduler's verdict, once it has tried (PodScheduled=False, Unschedulable), instead of a fixed sleep
+        p = wait_for(lambda: (x := h.core.read_namespaced_pod(name, "ray")) and any(
+            c.type == "PodScheduled" and c.reason == "Unschedulable" for c in x.status.conditions or []) and x, 30,
+            "the scheduler to find the intruder unschedulable")
         assert p.spec.node_name is None
-        assert any(c.reason == "Unschedulable" for c in p.status.conditions or [])
     finally:
         h.core.delete_namespaced_pod(name, "ray", grace_period_seconds=0)
 
@@ -234,10 +236,14 @@ def test_orphan_node_of_a_gone_machine_is_collected(cp, h_factory):
 
 
 def test_join_timeout_is_reported_with_machine_and_method(cp, h_factory, caplog):
-    h = h_factory(method="kubeadm", join_timeout_s=1)
+    h = h_factory(method="kubeadm", join_timeout_s=10)
+    clock = h.reg.clock = FakeClock(time.time())      # wall-clock scale: ages are compared with Node timestamps
+    wait_for(lambda: h.reg.synced["nodes"].is_set(), 10, "first listing")   # before it, nothing is judged
     s, mid = h.launch()            # never played: the machine never joins
     assert h.reg.overdue_machines() == {}
-    time.sleep(1.2)
+    clock.advance(9.9)             # just short of join_timeout_s: not overdue yet
+    assert h.reg.overdue_machines() == {}
+    clock.advance(0.2)
     overdue = h.reg.overdue_machines()
     assert list(overdue) == [mid] and "kubeadm" in overdue[mid] and mid in overdue[mid]
     assert mid in h.reg.machines_to_end()

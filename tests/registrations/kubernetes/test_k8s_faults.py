@@ -26,6 +26,7 @@ from kubernetes import client
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.providers.local.kubelet import KubeletPlayer
+from ray_nodeless.testing.clock import FakeClock
 from tests import REPO_ROOT
 from tests.registrations.kubernetes.conftest import StubProcesses, wait_for
 
@@ -143,11 +144,13 @@ def test_provider_restart_mid_launch_leaks_and_duplicates_nothing(cp, make, when
     if when == "joining":
         c.boot_machine(mid)              # the kubelet joins while no provider runs
     b = c.provider()                     # a fresh NodelessProvider: state from machine tags + Node / pod labels
+    clock = b.registration.clock = FakeClock(time.time())   # wall-clock scale: launch times are epoch seconds
     wait_for(lambda: _running(b, mid), 60, "the machine running under the new provider", interval=0.5)
-    time.sleep(5)                        # past join_timeout_s, with more listings by B
+    clock.advance(5)                     # past join_timeout_s (4 s), then a housekeeping pass and more listings by B
+    b.registration.housekeeping()
     for _ in range(3):
         assert b.non_terminated_nodes({}) == sorted([head, mid])
-        time.sleep(0.5)
+        clock.advance(0.5)
     assert len(c.nodes(mid)) == 1 and len(c.pods(mid)) == 1 and len(c.pods()) == 1
     [pod] = c.pods(mid)
     assert pod.spec.node_name == c.nodes(mid)[0].metadata.name and pod.status.phase == "Running"
@@ -161,16 +164,17 @@ def test_provider_restart_mid_launch_leaks_and_duplicates_nothing(cp, make, when
 
 
 def test_node_never_joins_machine_terminated_after_join_timeout(cp, make, caplog):
-    c = make(join_timeout_s=2)
+    c = make(join_timeout_s=10)
     prov = c.provider()
+    clock = prov.registration.clock = FakeClock(time.time())   # wall-clock scale: launch times are epoch seconds
     wait_for(lambda: prov.registration.synced["nodes"].is_set(), 10, "the Node cache filled")
     mid = _launch_worker(prov)           # never booted: its kubelet never registers
-    t0 = time.time()
     assert mid in prov.non_terminated_nodes({})
+    clock.advance(9.9)                   # just short of join_timeout_s: not overdue yet
+    assert mid in prov.non_terminated_nodes({}) and mid in c.machines()
     caplog.set_level(logging.ERROR)
+    clock.advance(0.2)
     wait_for(lambda: mid not in prov.non_terminated_nodes({}), 20, "the overdue machine terminated", interval=0.5)
-    took = time.time() - t0
-    assert 1.0 <= took <= 10, took
     assert mid not in c.machines()
     msgs = [r.getMessage() for r in caplog.records]
     assert any(mid in m and "kubeadm" in m and "join_timeout_s" in m for m in msgs), msgs
