@@ -21,6 +21,7 @@ from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_type
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.catalog import catalog_for
 from ray_nodeless.launch.open_types import check_open
+from ray_nodeless.launch.ray_prepare import RAY_REQUIRED_KEYS as RAY_REQUIRED_KEYS, check_ray_preparation
 from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,
 )
@@ -114,24 +115,22 @@ def check_node_types(cluster_config: Mapping[str, Any], bundle: ProviderBundle) 
         bundle.check_node_config(name, backend_keys, f"available_node_types.{name}.node_config")
 
 
-# What Ray's `prepare_config` requires of a `type: external` YAML (it fills nothing for external providers) and
-# raises KeyError / AssertionError for, before any provider code runs.
-RAY_REQUIRED_KEYS = ("setup_commands", "head_setup_commands", "worker_setup_commands", "max_workers")
 RAY_EXTERNAL_HEAD_TYPE = "ray.head.default"     # Ray's MINIMAL_EXTERNAL_CONFIG head_node_type
 
 
 def prepare_like_ray_up(cluster_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The node-type view `ray up` plans from, without importing Ray (a cold `plan` stays fast): Ray's
-    `prepare_config` for `type: external` merges nothing but its minimal defaults, requires the setup-command lists
-    and `max_workers`, and fills each node type's `min_workers` (0) and `max_workers` (0 for the head, else the
-    global value). tests/launch/test_prepare.py checks this equals Ray's own preparation on every shipped YAML."""
-    if not isinstance(cluster_config, Mapping):
-        raise ConfigError("cluster", "a cluster YAML must be a mapping")
-    provider = cluster_config.get("provider")
-    if isinstance(provider, Mapping) and provider.get("type", "external") != "external":
+    """The node-type view `ray up` plans from, without importing Ray (a cold `plan` stays fast). First what Ray's
+    own steps before the provider import would crash on (launch/ray_prepare.py: a missing `provider.type`,
+    `cluster_name`, setup-command list or `max_workers`, a docker block without its image, a node type that is not
+    a mapping, a value JSON cannot hold), named by key; then, as Ray's `prepare_config` for `type: external`, each
+    node type's `min_workers` (0) and `max_workers` (0 for the head, else the global value).
+    tests/launch/test_prepare.py checks this equals Ray's own preparation on every shipped YAML."""
+    check_ray_preparation(cluster_config)
+    provider = cluster_config["provider"]
+    if provider.get("type") != "external":
         raise ConfigError("provider.type", f"{provider.get('type')!r}: ray_nodeless runs as `type: external`; "
                                            "`ray-nodeless convert` turns a Ray AWS/GCP YAML into one")
-    for key in RAY_REQUIRED_KEYS:
+    for key in RAY_REQUIRED_KEYS:         # the legacy head_node/worker_nodes shape skips Ray's modelled steps
         if key not in cluster_config:
             raise ConfigError(key, "missing: `ray up` needs this top-level key for `type: external` providers (Ray "
                                    "fills it only for its own clouds); `ray-nodeless convert` writes a complete YAML")
