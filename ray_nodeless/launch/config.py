@@ -21,7 +21,7 @@ from ray_nodeless.core.settings import CoreSettings, ProviderSettings, node_type
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.catalog import catalog_for
 from ray_nodeless.launch.open_types import check_open
-from ray_nodeless.launch.ray_prepare import RAY_REQUIRED_KEYS as RAY_REQUIRED_KEYS, check_ray_preparation
+from ray_nodeless.launch.ray_prepare import RAY_REQUIRED_KEYS, check_ray_preparation
 from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds,
 )

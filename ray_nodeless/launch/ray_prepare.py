@@ -16,7 +16,8 @@ worker_nodes merge), the checks stop and the rest of `plan`'s validation answers
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ray_nodeless.errors import ConfigError
 
@@ -85,7 +86,7 @@ def _check_setup_commands(merged: Mapping[str, Any]) -> None:
             raise ConfigError(k, _MISSING_TOP_KEY)
     for k in SETUP_KEYS[1:]:
         try:
-            merged["setup_commands"] + merged[k]
+            _ = merged["setup_commands"] + merged[k]      # what Ray does: two strings add up too, and pass here
         except TypeError:
             bad = "setup_commands" if not isinstance(merged["setup_commands"], list) else k
             raise ConfigError(bad, f"must be a list of commands, got {_kind(merged[bad])} {merged[bad]!r}"[:300]
@@ -141,8 +142,8 @@ def json_fault(value: Any) -> tuple[str, str] | None:
         v, key = item
         if isinstance(v, (dict, list)):
             if id(v) in on_path:
-                return key or "cluster", "refers to itself (a YAML alias inside its own anchor): Ray's `ray up` " \
-                                         "cannot write it as JSON"
+                return key or "cluster", ("refers to itself (a YAML alias inside its own anchor): Ray's `ray up` "
+                                          "cannot write it as JSON")
             if id(v) in done:
                 continue
             on_path.add(id(v))
@@ -173,7 +174,7 @@ def _key_fault(mapping: dict[Any, Any], key: str) -> tuple[str, str] | None:
                        f"keys of every mapping to hash the config; quote it)")
     bad = [k for k in odd if not isinstance(k, JSON_SCALARS)]
     if bad:
-        return (f"{key}.{bad[0]}" if key else str(bad[0]),
-                f"a key must be a string, got {type(bad[0]).__name__} {bad[0]!r} (Ray's `ray up` writes the config "
-                f"as JSON)")
+        where = f"{key}.{bad[0]}" if key else str(bad[0])
+        return where, (f"a key must be a string, got {type(bad[0]).__name__} {bad[0]!r} (Ray's `ray up` writes the "
+                       f"config as JSON)")
     return None
