@@ -34,14 +34,22 @@ INPUTS = {
 }
 
 
+def stale_start_up_hook() -> str | None:
+    """What to say when this environment was installed before the hook's removal and still has its .pth (a `make
+    install` removes it: pip uninstalls the files the old install recorded), else None."""
+    for d in site.getsitepackages():
+        if Path(d, "ray_nodeless_up_guard.pth").exists():
+            return f"{Path(d, 'ray_nodeless_up_guard.pth')}: the removed start-up hook is still installed here; " \
+                   "run `make install`"
+    return None
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_start_up_hook() -> None:
-    """An environment installed before the hook's removal still has its .pth (a `make install` removes it, pip
-    uninstalls what the old install recorded): say so instead of hanging on the FIFO case."""
-    stale = [str(Path(d, "ray_nodeless_up_guard.pth")) for d in site.getsitepackages()
-             if Path(d, "ray_nodeless_up_guard.pth").exists()]
+    """Say so instead of failing obscurely (or hanging on the FIFO case until TIMEOUT_S)."""
+    stale = stale_start_up_hook()
     if stale:
-        pytest.fail(f"{stale[0]}: the removed start-up hook is still installed here; run `make install`")
+        pytest.fail(stale)
 
 
 def _config(tmp_path: Path) -> tuple[dict, str]:

@@ -200,6 +200,9 @@ def test_the_ray_cli_shows_rays_own_traceback(name, moto, tmp_path: Path, monkey
     RAY_CRASHES shape, pointed at moto: Ray's traceback ending in the documented exception, raised in Ray's code with
     no frame of ours, and no instance afterwards (`plan` names the key: test_ray_preparation.py). One backend: the
     crash comes before Ray imports any provider, so the backend does not change it."""
+    from tests.config.test_ray_up_inputs import stale_start_up_hook
+
+    assert stale_start_up_hook() is None, stale_start_up_hook()
     function, exc_type, _why = RAY_CRASHES[name]
     [mutate] = [m for c, _corpus, n, m, _k in CASES if c == "aws" and n == name]
     point = _aws_target(moto, tmp_path, monkeypatch)
