@@ -22,6 +22,7 @@ from ray_nodeless.core.settings import CoreSettings, ProviderSettings, key_probl
 from ray_nodeless.errors import ConfigError, ConfigErrors
 from ray_nodeless.launch.catalog import catalog_for as catalog_for   # re-exported: bootstrap's and convert's name
 from ray_nodeless.launch.open_types import check_open
+from ray_nodeless.launch.ray_prepare import RAY_REQUIRED_KEYS, check_ray_preparation
 from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds, unlisted_families,
 )
@@ -135,9 +136,6 @@ def check_node_types(cluster_config: DocumentView, bundle: ProviderBundle) -> No
         bundle.check_node_config(name, backend_keys, f"available_node_types.{name}.node_config")
 
 
-# What Ray's `prepare_config` requires of a `type: external` YAML (it fills nothing for external providers) and
-# raises KeyError / AssertionError for, before any provider code runs.
-RAY_REQUIRED_KEYS = ("setup_commands", "head_setup_commands", "worker_setup_commands", "max_workers")
 RAY_EXTERNAL_HEAD_TYPE = "ray.head.default"     # Ray's MINIMAL_EXTERNAL_CONFIG head_node_type
 
 
@@ -173,6 +171,10 @@ def prepare_like_ray_up(cluster_config: DocumentView) -> Document:
         problems += provider_key_problems(cluster_config["provider"])
     if problems:
         raise ConfigErrors.of(problems)
+    # Then what Ray's own steps before the provider import would crash on (launch/ray_prepare.py: a missing
+    # `provider.type`, a docker block without its image, a node type that is not a mapping, a value JSON cannot
+    # hold), named by key: `ray up` shows Ray's traceback for these, `plan` names them.
+    check_ray_preparation(cluster_config)
     config = copy.deepcopy(dict(cluster_config))
     config.setdefault("head_node_type", RAY_EXTERNAL_HEAD_TYPE)
     types = node_types_of(config)     # checks each node type's shape first

@@ -10,11 +10,11 @@ by a stub that records the attempt: a config that gets that far was not refused,
 `bootstrap_config` runs (its JSON-schema check names the key as a path) count when they name the key; a crash in
 Ray's code that names nothing fails the case. `test_rates` prints named/total per corpus.
 
-The `ray` CLI runs ray_nodeless_up_guard first (its .pth start-up hook): for the shapes Ray's own code crashes on
-before any plugin code runs (RAY_CRASHES), it exits 1 naming the key. `ray_up` here does what that CLI process does:
-the guard's `refusal` on the same command line, then Ray's `create_or_update_cluster` when it stands aside.
-`test_the_ray_cli_runs_the_guard` proves the installed CLI does the first step (a real `ray up` subprocess per shape,
-no instance afterwards); `test_ray_crashes_where_documented` that Ray alone still crashes on each.
+The shapes Ray's own code crashes on before any plugin code runs (RAY_CRASHES) stay Ray's traceback under `ray up`:
+no code of ours runs before Ray's `prepare_config` (the package installs no start-up hook), and `ray-nodeless plan`
+names each (tests/config/test_ray_preparation.py). `test_ray_crashes_where_documented` checks each against the
+installed Ray in-process, `test_the_ray_cli_shows_rays_own_traceback` through the real `ray up` CLI; the corpus cases
+of those names are left out of the named/total figures.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-import ray_nodeless_up_guard
 from ray_nodeless.testing.fake_gce import FakeGce
 from ray_nodeless.testing.moto_server import MotoServer
 from tests.config.corpus import COMMON, PER_BACKEND, base
@@ -53,7 +52,7 @@ RESULTS: dict[tuple[str, str], list[bool]] = {}
 # validate_docker_config, fill_node_type_min_max_workers), the config cache's hash of the prepared config, and only
 # then the provider class's import (`_NODE_PROVIDERS["external"]` -> `provider.module`) and its bootstrap_config.
 # name -> (the Ray function whose line raises, the exception, why). test_ray_crashes_where_documented checks each
-# against the installed Ray's traceback; ray_nodeless_up_guard names each before Ray runs.
+# against the installed Ray's traceback; `plan` names each (launch/ray_prepare.py).
 RAY_CRASHES: dict[str, tuple[str, type[BaseException], str]] = {
     "provider-missing": ("create_or_update_cluster", KeyError,
                          "reads config['provider']['type'] to pick the provider, before _bootstrap_config"),
@@ -89,11 +88,9 @@ def _message(e: BaseException) -> str:
     return text
 
 
-UP_ARGV = ["ray", "up", "-y", "--no-config-cache"]
-
-
-def ray_up_without_guard(path: Path, monkeypatch: pytest.MonkeyPatch) -> BaseException | None:
-    """Ray's `ray up -y --no-config-cache path` in-process, its head step stubbed (see the module docstring)."""
+def ray_up(path: Path, monkeypatch: pytest.MonkeyPatch) -> BaseException | None:
+    """Ray's `ray up -y --no-config-cache path` in-process, its head step stubbed (see the module docstring): what
+    the `ray up` process runs, since nothing of ours runs before it."""
     from ray.autoscaler._private import commands
 
     def head_step(*args: Any, **kwargs: Any) -> None:
@@ -108,14 +105,6 @@ def ray_up_without_guard(path: Path, monkeypatch: pytest.MonkeyPatch) -> BaseExc
     except BaseException as e:    # noqa: BLE001 - every outcome is judged, SystemExit included
         return e
     return None
-
-
-def ray_up(path: Path, monkeypatch: pytest.MonkeyPatch) -> BaseException | None:
-    """What the `ray up` process does: the start-up guard on its command line, then Ray's code."""
-    refused = ray_nodeless_up_guard.refusal([*UP_ARGV, str(path)])
-    if refused is not None:
-        return refused
-    return ray_up_without_guard(path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +162,7 @@ def _case_file(b: str, mutate: Callable[[dict], None], tmp_path: Path,
     return path
 
 
-@pytest.mark.parametrize("b,corpus,name,mutate,key", [_param(*c) for c in CASES])
+@pytest.mark.parametrize("b,corpus,name,mutate,key", [_param(*c) for c in CASES if c[2] not in RAY_CRASHES])
 def test_ray_up_names_the_key_and_launches_nothing(b, corpus, name, mutate, key, request, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch):
     point, instances = _target(b, request, tmp_path, monkeypatch)
@@ -195,7 +184,7 @@ def test_ray_crashes_where_documented(b, name, tmp_path: Path, monkeypatch: pyte
 
     function, exc_type, _why = RAY_CRASHES[name]
     [(mutate, key)] = [(m, k) for c, _corpus, n, m, k in CASES if c == b and n == name]
-    e = ray_up_without_guard(_case_file(b, mutate, tmp_path), monkeypatch)
+    e = ray_up(_case_file(b, mutate, tmp_path), monkeypatch)
     assert isinstance(e, exc_type), f"{name}: {e!r}"
     frames = traceback.extract_tb(e.__traceback__)
     assert not [f for f in frames if "/ray_nodeless/" in f.filename], f"{name}: our code ran: {frames}"
@@ -206,38 +195,27 @@ def test_ray_crashes_where_documented(b, name, tmp_path: Path, monkeypatch: pyte
 RAY_BIN = Path(sys.executable).with_name("ray")
 
 
-def _hook_installed() -> bool:
-    import site
-    return any(Path(d, "ray_nodeless_up_guard.pth").is_file() for d in site.getsitepackages())
-
-
-@pytest.mark.parametrize("b", ["aws", "gcp"])
 @pytest.mark.parametrize("name", sorted(RAY_CRASHES))
-def test_the_ray_cli_runs_the_guard(b, name, request, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_the_ray_cli_shows_rays_own_traceback(name, moto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The installed `ray` CLI itself (`.venv/bin/ray up -y --no-config-cache file.yaml`, a subprocess) on each
-    RAY_CRASHES shape, pointed at moto / the fake GCE: exit 1, `ray-nodeless: <file>: <key>: ...`, no traceback,
-    no instance afterwards."""
-    assert _hook_installed(), "ray_nodeless_up_guard.pth is not in site-packages: run `make install`"
-    [(mutate, key)] = [(m, k) for c, _corpus, n, m, k in CASES if c == b and n == name]
-    point, instances = _target(b, request, tmp_path, monkeypatch)
-    path = _case_file(b, mutate, tmp_path, point)
-    env = {**os.environ, "HOME": str(tmp_path)}
-    r = subprocess.run([str(RAY_BIN), "up", "-y", "--no-config-cache", str(path)], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert r.stderr.startswith(f"ray-nodeless: {path}: {key}: "), r.stderr
-    assert "Traceback" not in r.stdout + r.stderr
-    assert instances() == []
+    RAY_CRASHES shape, pointed at moto: Ray's traceback ending in the documented exception, raised in Ray's code with
+    no frame of ours, and no instance afterwards (`plan` names the key: test_ray_preparation.py). One backend: the
+    crash comes before Ray imports any provider, so the backend does not change it."""
+    from tests.config.test_ray_up_inputs import stale_start_up_hook
 
-
-def test_the_ray_cli_runs_ray_when_the_guard_stands_aside(tmp_path: Path):
-    """A config the guard does not model (an unknown provider type) reaches Ray, whose own message answers."""
-    assert _hook_installed(), "ray_nodeless_up_guard.pth is not in site-packages: run `make install`"
-    path = _case_file("aws", lambda c: c["provider"].update(type="nope"), tmp_path)
+    assert stale_start_up_hook() is None, stale_start_up_hook()
+    function, exc_type, _why = RAY_CRASHES[name]
+    [mutate] = [m for c, _corpus, n, m, _k in CASES if c == "aws" and n == name]
+    point = _aws_target(moto, tmp_path, monkeypatch)
+    path = _case_file("aws", mutate, tmp_path, point)
     r = subprocess.run([str(RAY_BIN), "up", "-y", "--no-config-cache", str(path)], capture_output=True, text=True,
                        env={**os.environ, "HOME": str(tmp_path)}, timeout=300)
-    assert r.returncode != 0 and "Unknown provider type" in r.stdout + r.stderr, r.stdout + r.stderr
-    assert "ray-nodeless:" not in r.stderr
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback (most recent call last)" in r.stderr, out
+    assert r.stderr.rstrip().splitlines()[-1].startswith(f"{exc_type.__name__}: "), r.stderr
+    assert f", in {function}\n" in r.stderr, r.stderr
+    assert "/ray_nodeless/" not in r.stderr and "ray-nodeless:" not in out, r.stderr
+    assert all_instances(moto) == []
 
 
 def test_rates(capsys):
