@@ -145,7 +145,7 @@ class CoreSettings(Section):
     # ~/.ray-nodeless/events (of the head's home).
     events_dir: str | None = Field(None, min_length=1)
     # The last N decisions appended to `ray status` (metrics/ray_status.py); 0: not shown.
-    ray_status_events: int = Field(10, ge=0, le=50)
+    ray_status_events: int = Field(0, ge=0, le=50)
     # On-demand -> spot reversion and the on-demand preference after repeated interruptions (core/reversion.py).
     reversion: ReversionSettings = Field(default_factory=ReversionSettings)
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
