@@ -38,6 +38,8 @@ class ProviderInstruments:
         in_monitor = gcs_address is not None
         where = events_dir or settings.events_dir
         events = EventLog(events_path(cluster_name, where)) if in_monitor else None
+        if events is not None:
+            events.check()      # what is in the log's way is set aside now, not in a launch (never raises)
         block = None
         if in_monitor and status_slot is not None and settings.ray_status_events > 0:
             block = RayStatusBlock(status_slot, settings.ray_status_events)
