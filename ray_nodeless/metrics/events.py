@@ -2,7 +2,8 @@
 `ray-nodeless status CLUSTER_YAML --events`.
 
 Kinds (`KINDS`): a launch chosen (and why: rule, price, candidate), a fallback to a later candidate, a capacity error
-remembered, a cost-cap refusal, a machine interrupted, an interruption notice and its drain, unservable demands.
+remembered, a cost-cap refusal, a machine interrupted, an interruption notice and its drain, unservable demands, and
+machines on their way for shape-open demands ("opening").
 Each also goes to Ray's autoscaler event channel (the sink the provider hands in, `compat.demand`).
 
 The log is a JSON-lines file per cluster in the events dir of the machine the monitor runs on (the head):
@@ -39,7 +40,7 @@ from ray_nodeless.metrics.state_files import directory_ready, file_ready, set_as
 logger = logging.getLogger(__name__)
 
 KINDS = ("launch", "fallback", "capacity_error", "cost_cap_refusal", "interruption", "interruption_notice", "drain",
-         "unservable")
+         "unservable", "opening")
 MAX_EVENTS = 1000
 LOCK_WAIT_S = 1.0      # the longest an event waits for the log's lock held by another process
 EVENTS_DIR = "~/.ray-nodeless/events"

@@ -80,6 +80,14 @@ class ProviderInstruments:
             self.recorder.unserved(summary)
         return unserved
 
+    def opened(self, opening: Any) -> None:
+        """Machines on their way for a shape-open demand (launch/open_types.Opening): an "opening" event, so Ray's
+        "No available node types can fulfill" before it reads as transient."""
+        o = opening.offering
+        self.recorder.event("opening", opening.message(), node_type=opening.node_type,
+                            instance_type=o.instance_type.name, zone=o.zone, capacity=o.capacity,
+                            price=o.hourly_price, count=opening.count, demand=opening.demand)
+
     def watch(self, view: Any, unavailable: Any) -> None:
         """The scrape-time gauges read this provider object's view and capacity memory from now on."""
         self.metrics.state.set_source(state_source(view, unavailable, self.recorder))
