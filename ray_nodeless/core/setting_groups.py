@@ -10,7 +10,7 @@ section of CoreSettings, and the flat keys they replace, which are still read.
       metrics:                   # what the monitor tells (ray_nodeless/metrics/)
         port: 44218              # Prometheus endpoint of ray_nodeless_* metrics; null: not exported
         events_dir: null         # the decision log; null: $RAY_NODELESS_EVENTS_DIR, else ~/.ray-nodeless/events
-        ray_status_events: 10    # the last N decisions appended to `ray status`; 0: not shown
+        ray_status_events: 0     # the last N decisions appended to `ray status`; 0 (default): not shown
       idle:                      # cost-aware idle release (core/idle.py)
         cost_aware: true
         expected_launch_s: 180
@@ -73,7 +73,7 @@ class MetricsSettings(Group):
     # ~/.ray-nodeless/events (of the head's home).
     events_dir: str | None = Field(None, min_length=1)
     # The last N decisions appended to `ray status` (metrics/ray_status.py); 0: not shown.
-    ray_status_events: int = Field(10, ge=0, le=50)
+    ray_status_events: int = Field(0, ge=0, le=50)   # off by default: opt in (metrics/ray_status.py)
 
 
 class IdleSettings(Group):

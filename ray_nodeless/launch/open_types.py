@@ -14,6 +14,11 @@ packing chose, and the number of node types Ray scores stays at what the workloa
 
 A type with no machine and no planned one is dropped after `DROP_AFTER_S`, so a demand that comes back soon finds
 it (and the v2 instance manager never sees a type vanish under a launch in flight).
+
+Ray's scheduler sees a demand before the type for it is written, so Ray warns "No available node types can fulfill
+resource request" for every shape-open demand. Each pass that opens machines says so (`StepResult.opened`, one
+`Opening` per generated type given more machines): the event stream then tells that transient warning apart from a
+real refusal (`reports`: "cannot serve ...").
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import Offering
-from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, fits
+from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, canonical_resources, fits
 from ray_nodeless.core.open_plan import Packer, Packing
 from ray_nodeless.core.idle import capped_break_even_s, cluster_idle_s
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY, parse_requirements, split_node_config
@@ -69,12 +74,29 @@ class Snapshot:
     constraints: list[Demand] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Opening:
+    """Machines a pass opened on one generated type: Ray launches them at its next loop."""
+
+    node_type: str
+    offering: Offering
+    count: int
+    demand: str          # the shape the type was opened for (`OpenType.shape`), described
+
+    def message(self) -> str:
+        o = self.offering
+        return (f"shape-open: {self.count} x {self.node_type} on its way ({o.instance_type.name} in {o.zone}, "
+                f"{o.capacity}, ${o.hourly_price or 0.0:.4f}/h) for {self.demand}; Ray's \"No available node types "
+                f"can fulfill\" for it is transient: the type is in the config Ray re-reads at its next loop")
+
+
 @dataclass
 class StepResult:
     packing: Packing
     quotas: dict[str, int]
     written: bool
     reports: list[str] = field(default_factory=list)     # demands reported infeasible for the first time
+    opened: list[Opening] = field(default_factory=list)  # machines this pass added to generated types' quotas
 
 
 def is_open_type(entry: DocumentView) -> bool:
@@ -189,7 +211,15 @@ class OpenTypes:
             if d not in self._reported:
                 self._reported.add(d)
                 reports.append(f"cannot serve {d.describe()}: {why}")
-        return StepResult(packing, quotas, written, reports)
+        opened = []
+        for name in sorted(packing.new) if written else ():
+            # What the quota grew by for the machines this pass planned (not for Ray's own requests' floor).
+            before = int((generated.get(name) or {}).get("max_workers") or 0)
+            more = min(packing.new[name], quotas.get(name, 0) - before)
+            if name in entries and more > 0:
+                t = packing.types[name]
+                opened.append(Opening(name, t.offering, more, Demand(canonical_resources(dict(t.shape))).describe()))
+        return StepResult(packing, quotas, written, reports, opened)
 
     def _idle_s(self, offering: Offering, cluster_s: float | None) -> float | None:
         """A generated type's idle_timeout_s: the break-even of its one offering (core/idle.py), or None (off, no

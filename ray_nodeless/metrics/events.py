@@ -2,12 +2,17 @@
 `ray-nodeless status CLUSTER_YAML --events`.
 
 Kinds (`KINDS`): a launch chosen (and why: rule, price, candidate), a fallback to a later candidate, a capacity error
-remembered, a cost-cap refusal, a machine interrupted, an interruption notice and its drain, unservable demands.
+remembered, a cost-cap refusal, a machine interrupted, an interruption notice and its drain, unservable demands, and
+machines on their way for shape-open demands ("opening").
 Each also goes to Ray's autoscaler event channel (the sink the provider hands in, `compat.demand`).
 
 The log is a JSON-lines file per cluster in the events dir of the machine the monitor runs on (the head):
 `provider.events_dir`, else $RAY_NODELESS_EVENTS_DIR, else `~/.ray-nodeless/events/` (`events_dir`), appended under
-a file lock and cut to its newest `MAX_EVENTS` records, so it outlives a monitor restart. What the machines carry
+a file lock and cut to its newest `MAX_EVENTS` records, so it outlives a monitor restart. The log serves the
+provider, never the other way round (state_files.py): a log that is not UTF-8, a directory where the log or a file
+where the events dir belongs is set aside at the monitor's start (`EventLog.check`) and a fresh log begun; a lock
+another process holds is waited for at most `LOCK_WAIT_S` (an event is recorded after its machine launched), then
+the event is left out of the log (logged; Ray's channel still has it). What the machines carry
 themselves (their decision tags, the head's unserved-demands tag) is read back from any machine that can list the
 cluster (`events_from_machines`); `ray-nodeless status --events` reads the head's log through `ray exec`'s path
 (`head_events_path` names it for a command on the head).
@@ -25,17 +30,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RAY_USER_NODE_TYPE, TAG_RULE, TAG_UNSERVED, TAG_ZONE, Machine,
 )
+from ray_nodeless.metrics.state_files import directory_ready, file_ready, set_aside
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("launch", "fallback", "capacity_error", "cost_cap_refusal", "interruption", "interruption_notice", "drain",
-         "unservable")
+         "unservable", "opening")
 MAX_EVENTS = 1000
+LOCK_WAIT_S = 1.0      # the longest an event waits for the log's lock held by another process
 EVENTS_DIR = "~/.ray-nodeless/events"
 EVENTS_DIR_ENV = "RAY_NODELESS_EVENTS_DIR"
 
@@ -95,23 +102,61 @@ def parse_log(text: str) -> list[Event]:
 
 
 class EventLog:
-    """The bounded event log of one cluster (append, and cut to the newest `max_events` records)."""
+    """The bounded event log of one cluster (append, and cut to the newest `max_events` records). Never raises."""
 
-    def __init__(self, path: Path, max_events: int = MAX_EVENTS, clock: Callable[[], float] = time.time):
+    def __init__(self, path: Path, max_events: int = MAX_EVENTS, clock: Callable[[], float] = time.time,
+                 lock_wait_s: float = LOCK_WAIT_S):
         self.path = path
         self.max_events = max_events
         self.clock = clock
+        self.lock_wait_s = lock_wait_s
         self._lock = threading.Lock()
         self._file_lock = FileLock(str(path) + ".lock")
         self._lines: int | None = None
+        self._checked = False
+        self._lock_failing = False
+
+    def check(self) -> bool:
+        """Make the log usable, setting aside what is in the way: a file where its directory belongs, a directory
+        where the log belongs, a log that is not UTF-8. True when the log can be appended to. Never raises."""
+        with self._lock:
+            return self._check()
+
+    def _check(self) -> bool:
+        if not directory_ready(self.path.parent) or not file_ready(self.path):
+            return False
+        try:
+            with self._file_lock.acquire(timeout=self.lock_wait_s):
+                try:
+                    self.path.read_bytes().decode("utf-8")
+                except FileNotFoundError:
+                    pass
+                except UnicodeDecodeError as e:
+                    if set_aside(self.path, f"holds bytes that are not UTF-8 (at byte {e.start})") is None:
+                        return False
+                    self._lines = None
+        except Timeout:
+            logger.warning("events: %s is locked by another process (waited %.1f s): checked at the next event",
+                           self.path, self.lock_wait_s)
+            return False
+        except OSError as e:
+            logger.warning("events: cannot check %s: %s", self.path, e)
+            return False
+        self._checked = True
+        return True
 
     def append(self, kind: str, message: str, **fields: Any) -> Event:
         event = Event(ts=round(self.clock(), 3), kind=kind, message=message, fields=fields)
         line = json.dumps(event.record(), sort_keys=True) + "\n"
-        try:
-            with self._lock:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with self._file_lock:
+        with self._lock:
+            if not self._checked and not self._check():
+                logger.warning("events: %s not usable: %s event not logged there", self.path, kind)
+                return event
+            try:
+                # After a timeout, later events do not wait again until the lock is had once more: a launch
+                # records its events after its machine launched, and Ray waits for it.
+                with self._file_lock.acquire(timeout=0 if self._lock_failing else self.lock_wait_s):
+                    self._lock_failing = False
                     if self._lines is None:
                         self._lines = _count_lines(self.path)
                     with open(self.path, "a") as f:
@@ -119,8 +164,16 @@ class EventLog:
                     self._lines += 1
                     if self._lines > 2 * self.max_events:   # cut rarely: the log is a ring of max..2*max records
                         self._lines = _keep_newest(self.path, self.max_events)
-        except OSError as e:     # a full disk must not stop a launch
-            logger.warning("events: cannot write %s: %s", self.path, e)
+            except Timeout:
+                if not self._lock_failing:
+                    logger.warning("events: %s is locked by another process (waited %.1f s): %s event not logged "
+                                   "there, nor are the next until the lock is free", self.path, self.lock_wait_s,
+                                   kind)
+                self._lock_failing = True
+            except OSError as e:     # a full disk, or the path changed under us: checked again at the next event
+                logger.warning("events: cannot write %s: %s", self.path, e)
+                self._checked = False
+                self._lines = None
         return event
 
 
@@ -133,18 +186,22 @@ def _count_lines(path: Path) -> int:
 
 
 def _keep_newest(path: Path, n: int) -> int:
-    lines = path.read_text().splitlines(keepends=True)[-n:]
+    lines = path.read_bytes().splitlines(keepends=True)[-n:]
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(lines))
+    tmp.write_bytes(b"".join(lines))
     os.replace(tmp, path)
     return len(lines)
 
 
 def read_log(path: Path) -> list[Event]:
-    """The events of a log file (unreadable lines skipped), oldest first."""
+    """The events of a log file (unreadable lines skipped, bytes that are not UTF-8 replaced), oldest first; none
+    when there is no readable file. Never raises."""
     try:
-        return parse_log(path.read_text())
+        return parse_log(path.read_bytes().decode("utf-8", errors="replace"))
     except FileNotFoundError:
+        return []
+    except OSError as e:       # a directory in its place, or no permission: the caller goes on without it
+        logger.warning("events: cannot read %s: %s", path, e)
         return []
 
 

@@ -49,6 +49,8 @@ class ProviderInstruments:
         in_monitor = gcs_address is not None if in_monitor is None else in_monitor
         where = events_dir or settings.events_dir
         events = EventLog(events_path(cluster_name, where)) if in_monitor else None
+        if events is not None:
+            events.check()      # what is in the log's way is set aside now, not in a launch (never raises)
         block = None
         if in_monitor and status_slot is not None and settings.ray_status_events > 0:
             block = RayStatusBlock(status_slot, settings.ray_status_events)
@@ -91,6 +93,14 @@ class ProviderInstruments:
             callback(summary, machines)      # raises when the tag write failed: tried (and recorded) next loop
             self.recorder.unserved(summary)
         return unserved
+
+    def opened(self, opening: Any) -> None:
+        """Machines on their way for a shape-open demand (launch/open_types.Opening): an "opening" event, so Ray's
+        "No available node types can fulfill" before it reads as transient."""
+        o = opening.offering
+        self.recorder.event("opening", opening.message(), node_type=opening.node_type,
+                            instance_type=o.instance_type.name, zone=o.zone, capacity=o.capacity,
+                            price=o.hourly_price, count=opening.count, demand=opening.demand)
 
     def watch(self, view: MachineView, unavailable: UnavailableOfferings) -> None:
         """The scrape-time gauges read this provider object's view and capacity memory from now on."""

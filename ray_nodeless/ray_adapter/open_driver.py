@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from ray_nodeless.core.demand import Constraint, Demand, Selector, canonical_resources
-from ray_nodeless.launch.open_types import OpenTypes, RayNode, Snapshot, StepResult
+from ray_nodeless.launch.open_types import Opening, OpenTypes, RayNode, Snapshot, StepResult
 from ray_nodeless.providers.base import TAG_UNSERVED_MAX, Machine
 from ray_nodeless.ray_compat import demand as ray_demand
 
@@ -89,8 +89,10 @@ def unserved_summary(result: StepResult) -> str:
 class OpenDriver:
     def __init__(self, open_types: OpenTypes, gcs_address: str, logs_dir: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_unserved: Callable[[str, Mapping[str, Machine]], None] | None = None):
+                 on_unserved: Callable[[str, Mapping[str, Machine]], None] | None = None,
+                 on_opened: Callable[[Opening], None] | None = None):
         self.open_types = open_types
+        self._on_opened = on_opened          # the provider records it as a decision event (metrics/wiring.py)
         self._on_unserved = on_unserved      # the provider records the summary on the head (TAG_UNSERVED)
         self._unserved = ""
         self.gcs_address = gcs_address
@@ -124,6 +126,8 @@ class OpenDriver:
             for line in result.reports:
                 logger.error("%s", line)
                 self._event(line)
+            for opening in result.opened:
+                self._opened(opening)
             self._record_unserved(result, machines)
             self.last = result
             return result
@@ -139,6 +143,17 @@ class OpenDriver:
             self._unserved = summary
         except Exception as e:      # a tag write that failed: tried again next loop
             logger.warning("shape-open: could not record the unserved demands on the head (%s)", e)
+
+    def _opened(self, opening: Opening) -> None:
+        """A machine on its way for a shape-open demand: a decision event, else a line in Ray's event channel."""
+        logger.info("%s", opening.message())
+        try:
+            if self._on_opened is not None:
+                self._on_opened(opening)
+            else:
+                self._event(opening.message())
+        except Exception as e:      # an event must never stop the packing
+            logger.warning("shape-open: could not record %s: %s", opening.node_type, e)
 
     def _gcs(self) -> Any:
         if self._client is None:

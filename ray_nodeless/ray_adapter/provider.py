@@ -127,7 +127,7 @@ class NodelessProvider(NodeProvider):
         if gcs and config_path and self.settings.open_shapes is not False:
             # Only in the monitor: shape-open node types live in the config file it re-reads (open_driver.py).
             self.open = OpenDriver(self._open_types(config_path), gcs, self.context.logs_dir,
-                                   on_unserved=inst.on_unserved(self._record_unserved))
+                                   on_unserved=inst.on_unserved(self._record_unserved), on_opened=inst.opened)
         if self.settings.interruption_queue_url and gcs:
             # Only in the monitor (which has the GCS address): `ray up`/`ray down` must neither consume warnings
             # nor wait on a GCS they may not reach.

@@ -7,6 +7,11 @@ starts (before it builds a provider), set to "The autoscaler failed with ..." wh
 key's text once as a warning when it connects (`_private/worker.py`, the error-listener thread), and the
 dashboard's cluster-status API returns it as `autoscaling_error`. `StatusSlot` reads and writes that key.
 
+The run a block belongs to: the head's `ray start` names the session `session_<local date>_<pid>`
+(`_private/node.py`: `datetime.today().strftime("%Y-%m-%d_%H-%M-%S_%f")`) and keeps the name in the internal KV
+(key "session_name", namespace `KV_NAMESPACE_SESSION`; a head restarted over a fault-tolerant GCS keeps it).
+`StatusSlot.run_started` reads it back as the wall time the cluster's current run began.
+
 `run_on_head` is `ray exec CLUSTER_YAML CMD` in-process (`commands.exec_cluster(with_output=True)`): Ray's config
 bootstrap, its head lookup and its command runner for the head (our provider's `get_command_runner`: the local
 backend's runner for a head on this machine, Ray's SSH runner for a VM).
@@ -14,10 +19,13 @@ backend's runner for a head on this machine, Ray's SSH runner for a VM).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
+import re
 from typing import Any
 
 RAY_NAMES = (("ray._private.ray_constants", "DEBUG_AUTOSCALING_ERROR"), ("ray._raylet", "GcsClient"),
+             ("ray._private.ray_constants", "KV_NAMESPACE_SESSION"),
              ("ray.autoscaler._private.commands", "exec_cluster"),
              ("ray.autoscaler._private.commands", "debug_status"))    # what prints the slot
 
@@ -49,6 +57,27 @@ class StatusSlot:
 
     def write(self, text: str) -> None:
         self._gcs().internal_kv_put(self._key(), text.encode(), True, namespace=None, timeout=self.timeout_s)
+
+    def run_started(self) -> float | None:
+        """When the cluster's current run began (its session's start, `session_started`); None when the name is
+        not Ray's format. Raises when the GCS does not answer (the caller retries)."""
+        from ray._private import ray_constants
+
+        raw = self._gcs().internal_kv_get(b"session_name", namespace=ray_constants.KV_NAMESPACE_SESSION,
+                                          timeout=self.timeout_s)
+        return None if raw is None else session_started(raw.decode("utf-8", errors="replace"))
+
+
+_SESSION = re.compile(r"session_(\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}_\d{6})_\d+")
+
+
+def session_started(session_name: str) -> float | None:
+    """The wall time (time.time) in a Ray session name, else None. Ray writes the head's local time without a
+    zone; the monitor runs on the head, so the naive datetime is read in the same local time."""
+    m = _SESSION.fullmatch(session_name.strip())
+    if not m:
+        return None
+    return datetime.datetime.strptime(m.group(1), "%Y-%m-%d_%H-%M-%S_%f").timestamp()
 
 
 def run_on_head(config_file: str, command: str) -> str:

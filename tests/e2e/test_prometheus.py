@@ -59,7 +59,7 @@ def test_prometheus_sees_what_status_shows_and_each_injected_fault(tmp_path, aut
     metrics_port = free_port()
     head_env, refused_line = AUTOSCALERS[autoscaler]
     cfg = cluster_copy("local-cpu-head.yaml", "prom", state_dir=str(tmp_path / "state"), metrics_port=metrics_port,
-                       head_env=head_env)
+                       head_env=head_env, ray_status_events=10)     # the `ray status` block is opt-in
     cfg["available_node_types"]["head"]["resources"] = {"CPU": 0, "GPU": 0}
     cfg["available_node_types"]["gpu_worker"]["max_workers"] = 2
     plans = plan_cluster(cfg).plans

@@ -4,6 +4,8 @@ in-memory backend. The slot is Ray's internal-KV key; here a dict-backed stand-i
 the GCS is Ray's, not ours: tests/e2e/test_prometheus.py reads the real `ray status`."""
 from __future__ import annotations
 
+import time
+
 import pytest
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 
@@ -21,15 +23,26 @@ GPU = {"CPU": 4, "GPU": 1}
 RAY_ERROR = "The autoscaler failed with the following error:\nTraceback (most recent call last): ..."
 
 
-class KvSlot:
-    """Ray's DEBUG_AUTOSCALING_ERROR key, as a value (what StatusSlot reads and writes over the GCS)."""
+RUN_STARTED = 1796160000.0 - 1      # the run's start (StatusSlot.run_started): just before the events `ev` makes
 
-    def __init__(self, text: str | None = None):
+
+class KvSlot:
+    """Ray's DEBUG_AUTOSCALING_ERROR key, as a value (what StatusSlot reads and writes over the GCS), and the start
+    of the cluster's run (what StatusSlot.run_started reads from the session name)."""
+
+    def __init__(self, text: str | None = None, started: float | None = RUN_STARTED):
         self.text = text
+        self.started = started
         self.writes = 0
+        self.reads = 0
 
     def read(self) -> str | None:
+        self.reads += 1
         return self.text
+
+    def run_started(self) -> float | None:
+        self.reads += 1
+        return self.started
 
     def write(self, text: str) -> None:
         self.text = text
@@ -38,6 +51,9 @@ class KvSlot:
 
 class DownSlot:
     def read(self):
+        raise ConnectionError("GCS unreachable")
+
+    def run_started(self):
         raise ConnectionError("GCS unreachable")
 
     def write(self, text):
@@ -77,8 +93,8 @@ def test_the_last_n_events_and_a_slot_that_is_down():
         block.add(ev(i))
     assert [line.split()[-1] for line in slot.text.splitlines()[1:]] == ["2", "3", "4"]
     down = RayStatusBlock(DownSlot(), max_events=3, background=False)
-    down.add(ev(1))              # logged, not raised: the launch that recorded it goes on
-    assert "decision 1" in down.text()
+    down.add(Event(ts=time.time() + 1, kind="launch", message="decision 1"))   # logged, not raised: the launch
+    assert "decision 1" in down.text()                                          # that recorded it goes on
 
 
 def test_the_writer_thread_writes_a_burst():
@@ -97,7 +113,7 @@ def cloud():
 
 
 def _provider(tmp_path, **extra):
-    p = NodelessProvider(dict(PROVIDER, **extra), "c1")
+    p = NodelessProvider(dict(PROVIDER, ray_status_events=10, **extra), "c1")
     slot = KvSlot()
     p.instruments.recorder.events = EventLog(tmp_path / "events.jsonl")
     p.instruments.recorder.status_block = RayStatusBlock(slot, 10, background=False)
@@ -125,6 +141,40 @@ def test_a_capacity_error_a_fallback_and_a_cost_cap_refusal_show_in_the_block(cl
 
 def _settings(**extra) -> CoreSettings:
     return load_provider(dict(PROVIDER, metrics_port=None, **extra)).core
+
+
+def test_off_by_default_the_slot_is_never_touched(tmp_path):
+    slot = KvSlot()
+    off = ProviderInstruments("c1", _settings(), gcs_address="127.0.0.1:1", status_slot=slot, events_dir=str(tmp_path))
+    assert off.recorder.status_block is None
+    off.recorder.event("launch", "a decision")
+    assert (slot.text, slot.reads, slot.writes) == (None, 0, 0)
+    assert "a decision" in (tmp_path / "c1.jsonl").read_text()          # the log and Ray's channel still have it
+
+
+def test_opted_in_the_block_shows_only_the_current_runs_decisions(tmp_path):
+    log = EventLog(tmp_path / "c1.jsonl", clock=lambda: 1796000000.0)     # an earlier cluster of the same name
+    log.append("launch", "of the cluster before")
+    run = 1796100000.0
+    log.clock = lambda: run + 60                                           # this run's monitor, before a restart
+    log.append("fallback", "of this run before the restart")
+    slot = KvSlot(started=run)
+    on = ProviderInstruments("c1", _settings(ray_status_events=5), gcs_address="127.0.0.1:1", status_slot=slot,
+                             events_dir=str(tmp_path))
+    on.recorder.event("launch", "of this monitor")
+    assert on.recorder.status_block.flush(60)
+    shown = slot.text.splitlines()
+    assert shown[0] == HEADER
+    assert [line.split(None, 2)[2].strip() for line in shown[1:]] == [
+        "of this run before the restart", "of this monitor"]
+    # A slot that cannot say when the run began: only this monitor's own decisions.
+    time.sleep(0.01)
+    unknown = KvSlot(started=None)
+    again = ProviderInstruments("c1", _settings(ray_status_events=5), gcs_address="127.0.0.1:1",
+                                status_slot=unknown, events_dir=str(tmp_path))
+    again.recorder.event("drain", "of the next monitor")
+    assert again.recorder.status_block.flush(60)
+    assert [line.split()[1] for line in unknown.text.splitlines()[1:]] == ["drain"]
 
 
 def test_the_setting_turns_it_off_and_a_restart_shows_the_last_decisions(tmp_path):

@@ -1,4 +1,15 @@
-"""The `ray start --block` command line and environment of one local worker node."""
+"""The `ray start --block` command line and environment of one local worker node.
+
+Log monitor: Ray starts one per node, and each publishes to every driver the files of *its node's* logs directory,
+from their first line (`_private/log_monitor.py`: workers' output, and the autoscaler's `monitor.log` under v1 or
+`events/event_AUTOSCALER.log` under v2). A local worker node joins the head's session on the same host, so its logs
+directory *is* the head's (`<temp dir>/session_*/logs`, inherited through the GCS): with a log monitor of its own,
+every node would publish the head's autoscaler log again, each new node replaying it from the start (one run: 92 % of
+a driver's lines were such replays). Ray's own rule is one log monitor per physical host (`ray start
+--include-log-monitor`); the head's publishes every file of the shared directory, the workers' output included,
+once. A node given a temp dir of its own (`local_ray_start_args: [--temp-dir=...]`) has its own logs directory and
+keeps its log monitor; so does one whose arguments set `--include-log-monitor` themselves.
+"""
 from __future__ import annotations
 
 import json
@@ -23,6 +34,10 @@ SCRUBBED_ENV = (
     "RAY_ADDRESS", "RAY_OVERRIDE_RESOURCES", "RAY_OVERRIDE_LABELS", "RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME",
     "RAY_CLOUD_INSTANCE_TYPE_NAME", "RAY_OVERRIDE_NODE_ID_FOR_TESTING", "RAY_NODE_IP_ADDRESS",
 )
+
+
+# Arguments of `local_ray_start_args` after which the node keeps its own log monitor (see the module docstring).
+OWN_LOG_DIR_ARGS = ("--temp-dir", "--include-log-monitor")
 
 
 def ray_executable() -> str:
@@ -90,6 +105,8 @@ def ray_start_command(*, gcs_address: str, ip: str, ports: Mapping[str, int], re
     ]
     if memory is not None:
         cmd.append(f"--memory={int(memory)}")
+    if not any(a.split("=", 1)[0] in OWN_LOG_DIR_ARGS for a in extra_args):
+        cmd.append("--include-log-monitor=False")    # the head's log monitor publishes this node's logs (above)
     if labels_file is not None:
         # JSON is YAML: --labels-file spares us quoting a "k=v,k=v" list. Ray validates keys and values itself
         # (Kubernetes-style); a bad label fails the start with its message in the log tail.
