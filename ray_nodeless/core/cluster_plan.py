@@ -24,9 +24,9 @@ from ray_nodeless.core.idle import IdleTimeout, cluster_idle_s, idle_timeout
 from ray_nodeless.core.prices import priced
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY
 from ray_nodeless.core.rules import rule_warnings
+from ray_nodeless.core.documents import Document, DocumentView
 
 logger = logging.getLogger(__name__)
-from ray_nodeless.core.documents import Document, DocumentView
 
 # Names Ray and the backends write into tags and labels. The strictest limit among them: GCE label values and
 # Kubernetes label values hold at most 63 characters (a longer name would be cut, and two clusters or node types

@@ -170,7 +170,8 @@ def _catch_all(rule: Rule) -> bool:
 def rule_warnings(rules: RuleSet, node_types: Mapping[str, tuple[Mapping[str, float], bool]],
                   shape_open: bool = False) -> list[str]:
     """What makes a rule dead weight, one message per rule: it stands after a catch-all rule (`match: {}`, which
-    matches everything first), or (a rule that is not itself a catch-all) it decides no node type (`node_types`: name -> (the resources it is matched on,
+    matches everything first), or (a rule that is not itself a catch-all) it decides no node type
+    (`node_types`: name -> (the resources it is matched on,
     whether it is the head)) and, on a shape-open cluster, no demand either. Such a rule is usually a typo in a
     glob or a predicate, or rules in the wrong order: a warning, since the cluster still plans."""
     out = []

@@ -107,7 +107,7 @@ def parse_section(model: type[S], data: Any, prefix: str) -> S:
         raise config_error(e, prefix, model) from None
 
 
-def missing_keys(model: type[Section], data: Mapping[str, Any], prefix: str) -> list[ConfigError]:
+def missing_keys(model: type[BaseModel], data: Mapping[str, Any], prefix: str) -> list[ConfigError]:
     """A ConfigError for each key `model` requires that `data` lacks (checked before the values are, so that every
     missing key of a block is named at once)."""
     return [ConfigError(f"{prefix}.{field.alias or name}", "is required")
@@ -125,7 +125,7 @@ def unknown_key(key: str, name: str, known: Iterable[str], what: str = "key") ->
     return ConfigError(key, f"unknown {what} {name!r}{listing}")
 
 
-def declared_keys(*models: type[Section]) -> frozenset[str]:
+def declared_keys(*models: type[BaseModel]) -> frozenset[str]:
     """The keys (field names and aliases) these models declare."""
     keys: set[str] = set()
     for m in models:

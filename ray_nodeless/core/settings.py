@@ -241,7 +241,8 @@ def key_problems(provider: Mapping[str, Any], known_keys: Iterable[str] | None,
     """The provider block's unknown keys (when `known_keys`, the backend's and registration's, are given) and the
     required keys it lacks (the core's and those of `required_by`), each once, typos first."""
     problems = unknown_provider_keys(provider, known_keys) if known_keys is not None else []
-    for model in (CoreSettings, *required_by):
+    models: tuple[type[Section], ...] = (CoreSettings, *required_by)
+    for model in models:
         problems += [e for e in missing_keys(model, provider, "provider") if e.key not in {p.key for p in problems}]
     return problems
 

@@ -18,7 +18,7 @@ from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan, plan_cluster
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.schema import Section, declared_keys, parse_section
-from ray_nodeless.core.settings import CoreSettings, ProviderSettings, key_problems, node_types_of, parse_provider
+from ray_nodeless.core.settings import CoreSettings, key_problems, node_types_of, parse_provider
 from ray_nodeless.errors import ConfigError, ConfigErrors
 from ray_nodeless.launch.catalog import catalog_for as catalog_for   # re-exported: bootstrap's and convert's name
 from ray_nodeless.launch.open_types import check_open

@@ -13,6 +13,7 @@ from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.catalog import PlanningCatalog
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView
+from ray_nodeless.launch.open_types import Opening
 from ray_nodeless.metrics.cost_store import CostStore
 from ray_nodeless.metrics.events import EventLog, cost_path, events_path, read_log
 from ray_nodeless.metrics.instrument import (
@@ -94,7 +95,7 @@ class ProviderInstruments:
             self.recorder.unserved(summary)
         return unserved
 
-    def opened(self, opening: Any) -> None:
+    def opened(self, opening: Opening) -> None:
         """Machines on their way for a shape-open demand (launch/open_types.Opening): an "opening" event, so Ray's
         "No available node types can fulfill" before it reads as transient."""
         o = opening.offering

@@ -8,7 +8,8 @@
 - `connect(gcs_address)`: waits for the head's GCS as Ray does and reads the session's logs dir from the head's node
   record (Ray's `_get_log_dir`: `<temp_dir>/session_latest/logs`), as a `Head`; the bridge builds its provider's
   MonitorContext from it.
-- `run_monitor(config_reader, head, monitor_ip)`: sets up Ray's monitor logging, then runs Ray's monitor: v2 (`AutoscalerMonitor` with a config reader that calls ours every
+- `run_monitor(config_reader, head, monitor_ip)`: sets up Ray's monitor logging, then runs Ray's monitor:
+  v2 (`AutoscalerMonitor` with a config reader that calls ours every
   loop) when the cluster runs autoscaler v2 (asked of the GCS, as Ray does), else v1 (`Monitor` with the callable,
   which v1 calls every loop, `retry_on_failure=False` as in Ray: the container restarts after repeated failures).
 - `node_provider(provider_config, cluster_name)`: the provider object Ray's monitor uses for that block (Ray keeps

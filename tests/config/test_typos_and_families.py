@@ -177,7 +177,8 @@ def test_groups_nested_and_flat_mean_the_same_and_both_at_once_is_an_error():
                              "open": {"enabled": True, "max_node_types": 4}})
     assert [g.model_dump() for g in (flat.metrics, flat.idle, flat.open)] == \
         [g.model_dump() for g in (nested.metrics, nested.idle, nested.open)]
-    assert (flat.metrics_port, flat.expected_launch_s, flat.open_shapes, flat.max_open_node_types) == (None, 60, True, 4)
+    assert (flat.metrics_port, flat.expected_launch_s, flat.open_shapes, flat.max_open_node_types) == \
+        (None, 60, True, 4)
     with pytest.raises(ConfigError) as e:
         parse_provider({"region": "r", "metrics_port": 1, "metrics": {"port": 2}})
     assert e.value.key == "provider.metrics_port / provider.metrics.port" and "given twice" in str(e.value)

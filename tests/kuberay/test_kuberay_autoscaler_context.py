@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
-import os
 import ssl
 import subprocess
 import threading

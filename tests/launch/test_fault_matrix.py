@@ -7,7 +7,8 @@ requests, a few seconds), AWS backend against moto 150 steps (about 90), twice: 
 emulated and without them, GCP backend against the fake Compute server 200 steps (about 115). Every run also
 counts duplicates, returned-but-terminated ids, offerings misread as interrupted, and (issue 28) machines reported
 terminated while running, cap refusals caused by phantoms and failed Ray retries after outside terminations
-(core.py), asserted 0 on every backend (GCP tells another object's deletion from a preemption by the zone's operations). Together about 1,300
+(core.py), asserted 0 on every backend (GCP tells another object's deletion from a preemption by
+the zone's operations). Together about 1,300
 requests; the wire-level backends get fewer because every step
 costs several HTTP round trips (benches/bench_fault_matrix.py prints the figures per backend).
 """

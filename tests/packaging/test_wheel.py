@@ -56,7 +56,8 @@ def test_the_wheel_holds_every_tracked_file_of_the_package(plugin_wheel_dir: Pat
     missing = sorted(t for t in tracked if t not in names)
     assert missing == [], missing[:10]
     assert "ray-nodeless = ray_nodeless.cli:main" in entry_points
-    assert "License-Expression: Apache-2.0" in meta and f"ray_nodeless-{plugin_version()}.dist-info/licenses/LICENSE" in names
+    assert "License-Expression: Apache-2.0" in meta
+    assert f"ray_nodeless-{plugin_version()}.dist-info/licenses/LICENSE" in names
     # The head's pin is the client's Ray, and the wheel accepts it.
     # The install requirement, not an extra's (the test extra adds ray[tune] under `extra == "test"`).
     reqs = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines()

@@ -109,7 +109,7 @@ def test_teardown_cluster_of_the_installed_ray_bootstraps_then_builds_the_provid
     # and then lists through the provider it builds, and no argument of those calls says "teardown".
     from ray.autoscaler._private import commands
 
-    source = inspect.getsource(getattr(commands, "teardown_cluster"))
+    source = inspect.getsource(commands.teardown_cluster)
     assert "_bootstrap_config(" in source and "_get_node_provider(" in source
     assert commands.__name__ == process._TEARDOWN_MODULE
 

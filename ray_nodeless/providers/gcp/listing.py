@@ -37,7 +37,7 @@ class GcpListing:
         except Exception:   # noqa: BLE001 - a region the embedded catalog lacks: the zones seen still count
             zones = set()
         with self._known.lock:      # type: ignore[attr-defined]
-            zones |= {z for z in self._known.seen.values() if z.startswith(self.region + "-")}  # type: ignore
+            zones |= {z for z in self._known.seen.values() if z.startswith(self.region + "-")}  # type: ignore[attr-defined]
         return sorted(zones)
 
     def _zonal_list(self, zone: str) -> list[Any]:
@@ -48,7 +48,7 @@ class GcpListing:
             project=self.project, zone=zone, max_results=500,
             filter=f'labels.{TAG_CLUSTER} = "{cluster_label_value(self.cluster_name)}"')
         try:
-            return list(self._policy.call(what, self._clients.instances.list, request=request))  # type: ignore
+            return list(self._policy.call(what, self._clients.instances.list, request=request))  # type: ignore[attr-defined]
         except BackendError:
             raise
         except Exception as e:  # noqa: BLE001 - API, requests and google.auth errors, on any page
