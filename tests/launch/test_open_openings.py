@@ -5,7 +5,6 @@ refusal ("cannot serve ..."). Through OpenTypes on a config dict, and through No
 monitor on the in-memory backend, its GCS a stand-in that answers with Ray's own cluster-status proto."""
 from __future__ import annotations
 
-import sys
 
 import yaml
 
@@ -60,14 +59,15 @@ def test_the_monitor_records_an_opening_event_in_the_log_and_rays_channel(monkey
     cfg = _config()
     config_file = tmp_path / "ray_bootstrap_config.yaml"
     config_file.write_text(yaml.safe_dump(cfg))
-    monkeypatch.setattr(sys, "argv", [sys.argv[0], "--gcs-address=127.0.0.1:1",
-                                      f"--autoscaling-config={config_file}"])
     monkeypatch.setenv(EVENTS_DIR_ENV, str(tmp_path / "events"))
     fake_backend.reset()
-    p = NodelessProvider(dict(PROVIDER, metrics_port=None), "c1")
+    from ray_nodeless.ray_adapter.context import MonitorContext
+    p = NodelessProvider(dict(PROVIDER, metrics_port=None), "c1",
+                         context=MonitorContext(gcs_address="127.0.0.1:1", config_path=str(config_file),
+                                                acts_on_cluster=True))
     assert p.open is not None
     p.open._client = ClusterStatus({"CPU": 8})
-    p.non_terminated_nodes({})
+    p.loop.run_once("listing")
     [event] = [e for e in read_log(events_path("c1")) if e.kind == "opening"]
     generated = [n for n in yaml.safe_load(config_file.read_text())["available_node_types"] if n.startswith("nl-")]
     assert [event.fields["node_type"]] == generated and event.fields["count"] == 1

@@ -83,10 +83,11 @@ def test_a_file_where_the_events_dir_belongs_is_set_aside(tmp_path):
 @pytest.fixture
 def monitor(monkeypatch, tmp_path):
     """NodelessProvider built as Ray's monitor (its --gcs-address on the command line) on the in-memory backend."""
-    monkeypatch.setattr(sys, "argv", [sys.argv[0], "--gcs-address=127.0.0.1:1"])
     monkeypatch.setenv(EVENTS_DIR_ENV, str(tmp_path / "events"))
     fake_backend.reset()
-    return lambda: NodelessProvider(dict(PROVIDER, metrics_port=None), "c1")
+    from ray_nodeless.ray_adapter.context import MonitorContext
+    return lambda: NodelessProvider(dict(PROVIDER, metrics_port=None), "c1",
+                                    context=MonitorContext(gcs_address="127.0.0.1:1", acts_on_cluster=True))
 
 
 def test_a_lock_held_by_another_process_never_holds_a_launch(monitor, caplog):
