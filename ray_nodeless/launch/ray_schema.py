@@ -93,6 +93,9 @@ def _check(schema: DocumentView, root: DocumentView, value: Any, key: str) -> No
             _check(schema["items"], root, v, f"{key}[{i}]")
 
 
+RAY_LEGACY_KEYS = frozenset({"head_node", "worker_nodes"})
+
+
 def unknown_top_level_keys(cluster_config: Mapping[str, Any]) -> list[ConfigError]:
     """A ConfigError for each top-level key Ray's cluster schema does not allow (`max_worker`: did you mean
     `max_workers`?), found before the missing keys they may stand for are reported."""
@@ -101,8 +104,10 @@ def unknown_top_level_keys(cluster_config: Mapping[str, Any]) -> list[ConfigErro
         return []
     props = schema.get("properties") or {}
     patterns = schema.get("patternProperties") or {}
+    # Ray's legacy `head_node` / `worker_nodes` keys: its config preparation merges them away before the schema
+    # check, so a YAML holding them is valid for `ray up`.
     return [_unknown(str(k), str(k), props) for k in sorted(cluster_config, key=str)
-            if k not in props and not any(re.search(p, str(k)) for p in patterns)]
+            if k not in props and k not in RAY_LEGACY_KEYS and not any(re.search(p, str(k)) for p in patterns)]
 
 
 def _unknown(key: str, name: str, props: Mapping[str, Any]) -> ConfigError:
