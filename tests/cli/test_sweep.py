@@ -144,7 +144,8 @@ def test_a_failing_terminate_exits_1_naming_the_machines_and_a_rerun_finishes(cl
 
 
 @pytest.mark.xfail(reason="since the listing-truth merge (by-id lookups, teardown watch) sweep's verify step no longer "
-                          "reports a machine the fake cloud re-adds after its terminate: under investigation", strict=False)
+                          "reports a machine the fake cloud re-adds after its terminate: under investigation",
+                   strict=False)
 def test_a_terminate_the_cloud_accepted_but_did_not_do_is_reported(cloud, cluster, monkeypatch):
     """The final listing still shows fake-w1 after its terminate returned: not claimed as ended, exit 1."""
     from ray_nodeless.core import ttls
