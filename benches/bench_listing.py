@@ -98,12 +98,7 @@ def loop_side(n: int, cloud_s: float, calls: int) -> dict:
         p.loop.wake("listing")
         assert entered.wait(10), "the listing lane did not reach the cloud"
         passes, started = lane.passes, time.monotonic()
-        listing, update = [], []
-        for _ in range(calls):
-            ms, whole, count = timed_update(p)
-            assert count == n
-            listing.append(ms)
-            update.append(whole)
+        listing, update = timed_updates(p, n, calls)
         held = lane.passes == passes and time.monotonic() - started < cloud_s
         assert held, "the lane's cloud call ended during the measurement: raise --cloud-s or lower --calls"
         return {"listing": figures(listing), "update": figures(update), "lane_held_in_cloud": held,
@@ -113,6 +108,18 @@ def loop_side(n: int, cloud_s: float, calls: int) -> dict:
         p.stop()
 
 
+def timed_updates(p: NodelessProvider, n: int, calls: int) -> tuple[list[float], list[float]]:
+    """`calls` of Ray's updates (timed_update), each listing all `n` machines: the listing calls' and the whole
+    updates' milliseconds."""
+    listing, update = [], []
+    for _ in range(calls):
+        ms, whole, count = timed_update(p)
+        assert count == n
+        listing.append(ms)
+        update.append(whole)
+    return listing, update
+
+
 def sync_side(n: int, cloud_s: float, calls: int) -> dict:
     cloud = fake_backend.reset()
     cluster = f"sync{n}"
@@ -120,12 +127,7 @@ def sync_side(n: int, cloud_s: float, calls: int) -> dict:
     p = NodelessProvider(dict(PROVIDER), cluster, context=OUTSIDE)
     assert len(p.non_terminated_nodes({})) == n               # the first listing (checked twice) before the delay
     cloud.delay_s["list"] = cloud_s
-    listing, update = [], []
-    for _ in range(calls):
-        ms, whole, count = timed_update(p)
-        assert count == n
-        listing.append(ms)
-        update.append(whole)
+    listing, update = timed_updates(p, n, calls)
     return {"listing": figures(listing), "update": figures(update)}
 
 

@@ -110,14 +110,23 @@ class Matrix:
 
     # ----- actions ---------------------------------------------------------------------------------------------
 
-    def launch_request(self) -> None:
-        w = self.world
-        if len(self.expected) >= w.max_live:
-            self.scale_down()                    # Ray ends idle nodes; keeps every listing cheap on slow fakes
-        node_type = self.rng.choice(sorted(w.shapes))
-        count = self.rng.randint(1, w.max_count)
+    def request_id(self) -> str:
+        """A new launch request id (Ray's TAG_RAY_LAUNCH_REQUEST), counted."""
         request = f"req-{self.stats.requests}"
         self.stats.requests += 1
+        return request
+
+    def next_request(self) -> tuple[str, str]:
+        """Room for a new launch (Ray ends idle nodes: keeps every listing cheap on slow fakes), the node type it
+        asks for and its request id."""
+        if len(self.expected) >= self.world.max_live:
+            self.scale_down()
+        return self.rng.choice(sorted(self.world.shapes)), self.request_id()
+
+    def launch_request(self) -> None:
+        w = self.world
+        node_type, request = self.next_request()
+        count = self.rng.randint(1, w.max_count)
         while count > 0:
             n = min(count, BATCH)
             count -= n
@@ -178,11 +187,7 @@ class Matrix:
         ending a pending instance, another object's terminate): gone for Ray at once, and not counted by the cap
         (a replacement launched right after must not be refused for them)."""
         w = self.world
-        if len(self.expected) >= w.max_live:
-            self.scale_down()
-        node_type = self.rng.choice(sorted(w.shapes))
-        request = f"req-{self.stats.requests}"
-        self.stats.requests += 1
+        node_type, request = self.next_request()
         out = self.call(node_type, request, self.rng.randint(1, 3))
         if not out:
             return
@@ -192,8 +197,7 @@ class Matrix:
         ids = set(self.query())
         assert not ids & set(out), f"{w.name}: young machines ended outside still listed: {sorted(ids & set(out))}"
         assert all(self.provider.is_terminated(i) for i in out)
-        self.call(node_type, f"req-{self.stats.requests}", len(out))       # the replacement
-        self.stats.requests += 1
+        self.call(node_type, self.request_id(), len(out))       # the replacement
 
     def end_outside(self, ids: list[str]) -> None:
         """End these machines from outside: a reclaim, or another object's terminate."""
@@ -215,11 +219,7 @@ class Matrix:
         from ray_nodeless.launch.launcher import retry_round_s
 
         w = self.world
-        if len(self.expected) >= w.max_live:
-            self.scale_down()
-        node_type = self.rng.choice(sorted(w.shapes))
-        request = f"req-{self.stats.requests}"
-        self.stats.requests += 1
+        node_type, request = self.next_request()
         n = self.rng.randint(1, BATCH)
         out = self.call(node_type, request, n)
         if not out:
