@@ -30,6 +30,7 @@ from ray_nodeless.interruptions.drain import NODE_DEAD, NODE_DRAINING, RayDraine
 from ray_nodeless.interruptions.notices import spot_event
 from ray_nodeless.providers.local.processes import LocalNodeProcesses
 from ray_nodeless.providers.local.records import NodeRecord
+from ray_nodeless.ray_adapter.context import MonitorContext
 from ray_nodeless.testing.fake_metadata import FakeMetadataServer
 from ray_nodeless.testing.moto_server import CREDS, REGION, MotoServer, unique
 from ray_nodeless.testing.ray_processes import gcs_nodes, poll_until, wait_for
@@ -169,17 +170,18 @@ def test_provider_drains_a_warned_machine_from_the_sqs_queue(cluster: Cluster, m
     now = time.time()
     sqs.send_message(QueueUrl=url, MessageBody=json.dumps(spot_event(cluster.b.id, now)))
     sqs.send_message(QueueUrl=url, MessageBody=json.dumps(spot_event("i-0000000000notours", now)))
-    # The provider drains only inside Ray's monitor, which is given the GCS address on its command line.
-    monkeypatch.setattr(sys, "argv", ["monitor.py", f"--gcs-address={cluster.gcs}"])
+    # The provider drains only inside Ray's monitor: the context that acts on the cluster, with its GCS address.
     provider = NodelessProvider({
         "type": "external", "module": "ray_nodeless.NodelessProvider", "cloud": "aws", "region": REGION,
         "endpoint_url": cluster.moto.url, "aws_credentials": dict(CREDS), "image_id": cluster.moto.ami(),
-        "list_cache_s": 0, "interruption_queue_url": url}, CLUSTER)
+        "list_cache_s": 0, "interruption_queue_url": url}, CLUSTER,
+        context=MonitorContext(gcs_address=cluster.gcs, acts_on_cluster=True))
     assert provider.interruptions is not None
 
     started = time.monotonic()
-    assert provider.non_terminated_nodes({}) == [cluster.b.id]
+    provider.loop.run_once("listing")          # one pass of the monitor's loop: the listing, then the queue's poll
     report = provider.interruptions.last_report
+    assert provider.non_terminated_nodes({}) == [cluster.b.id]
     assert report is not None and not report.error, report
     b_node = cluster.node(cluster.b.id)
     assert report.drained == {cluster.b.id: b_node.node_id}

@@ -6,6 +6,7 @@ monitor on the in-memory backend, its GCS a stand-in that answers with Ray's own
 from __future__ import annotations
 
 
+import logging
 import yaml
 
 from ray_nodeless.core.demand import parse_demand
@@ -60,6 +61,10 @@ def test_the_monitor_records_an_opening_event_in_the_log_and_rays_channel(monkey
     config_file = tmp_path / "ray_bootstrap_config.yaml"
     config_file.write_text(yaml.safe_dump(cfg))
     monkeypatch.setenv(EVENTS_DIR_ENV, str(tmp_path / "events"))
+    # Ray's monitor logger logs warnings in the monitor; an earlier test in the worker may have disabled it.
+    monitor_logger = logging.getLogger("ray.autoscaler._private.monitor")
+    monkeypatch.setattr(monitor_logger, "disabled", False)
+    monkeypatch.setattr(monitor_logger, "level", logging.NOTSET)
     fake_backend.reset()
     from ray_nodeless.ray_adapter.context import MonitorContext
     p = NodelessProvider(dict(PROVIDER, metrics_port=None), "c1",

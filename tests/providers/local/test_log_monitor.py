@@ -64,12 +64,17 @@ def monitor_log(tmp_path):
     logs.mkdir(parents=True)
     handler = logging.FileHandler(logs / "monitor.log")
     target = logging.getLogger("ray.autoscaler._private.monitor")
+    # As in Ray's monitor process, the logger logs warnings: an earlier test in the same worker may have left it
+    # disabled or quieter (a logging.config call, Ray's own logging set-up), which has nothing to do with this test.
+    saved = (target.disabled, target.level)
+    target.disabled, target.level = False, logging.NOTSET
     target.addHandler(handler)
     try:
         yield logs
     finally:
         target.removeHandler(handler)
         handler.close()
+        target.disabled, target.level = saved
 
 
 def test_local_workers_leave_the_shared_logs_to_the_heads_log_monitor():
