@@ -177,8 +177,14 @@ def test_ray_monitor_reverts_the_idle_fallback_to_spot_and_waits_for_the_busy_on
         assert sorted(t["nodeless-capacity"] for t in final.values()) == ["spot", "spot"], final
         counts.append(len(final))
         assert min(counts) >= 2                              # never below min_workers (sampled each second)
+        # The provider terminates a fallback, then logs the replacement (terminating a local machine stops its
+        # processes, so the listing can show it gone seconds before the line is written).
+        def both_logged() -> bool:
+            log = _reversion_log(port)
+            return f"on-demand {idle} replaced by spot" in log and f"on-demand {busy} replaced by spot" in log
+
+        wait_for(both_logged, 60, "both replacements in the monitor log", interval=1.0)
         log = _reversion_log(port)
-        assert f"on-demand {idle} replaced by spot" in log and f"on-demand {busy} replaced by spot" in log, log
         assert not [ln for ln in log.splitlines() if "never joined Ray" in ln or "reversion tick failed" in ln], log
 
         backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])

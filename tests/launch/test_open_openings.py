@@ -64,7 +64,7 @@ def test_the_monitor_records_an_opening_event_in_the_log_and_rays_channel(monkey
     # Ray's monitor logger logs warnings in the monitor; an earlier test in the worker may have disabled it.
     monitor_logger = logging.getLogger("ray.autoscaler._private.monitor")
     monkeypatch.setattr(monitor_logger, "disabled", False)
-    monkeypatch.setattr(monitor_logger, "level", logging.NOTSET)
+    monkeypatch.setattr(monitor_logger, "level", logging.INFO)   # its own, not a parent's (quiet_ray: ERROR)
     fake_backend.reset()
     from ray_nodeless.ray_adapter.context import MonitorContext
     p = NodelessProvider(dict(PROVIDER, metrics_port=None), "c1",

@@ -64,10 +64,11 @@ def monitor_log(tmp_path):
     logs.mkdir(parents=True)
     handler = logging.FileHandler(logs / "monitor.log")
     target = logging.getLogger("ray.autoscaler._private.monitor")
-    # As in Ray's monitor process, the logger logs warnings: an earlier test in the same worker may have left it
-    # disabled or quieter (a logging.config call, Ray's own logging set-up), which has nothing to do with this test.
+    # As in Ray's monitor process (its logging level, INFO by default), the logger logs warnings. Its own level,
+    # not an inherited one: an earlier test in the same worker may have left it disabled or a parent quieter
+    # (tests/swapin's quiet_ray sets `ray.autoscaler` to ERROR), which has nothing to do with this test.
     saved = (target.disabled, target.level)
-    target.disabled, target.level = False, logging.NOTSET
+    target.disabled, target.level = False, logging.INFO
     target.addHandler(handler)
     try:
         yield logs
