@@ -8,7 +8,9 @@
       simulate_cloud: aws        # cloud: local only: whose catalog prices the local "instances"
       catalog: embedded          # embedded | live | a path to a catalog file
       catalog_ttl_s: 86400       # catalog: live: how long a read of the cloud is reused (memory, disk cache)
-      unavailable_ttl_s: 180     # how long an offering that failed for capacity is skipped
+      unavailable_ttl_s: 180     # how long an offering that failed for capacity is skipped (its first error)
+      unavailable_backoff_cap_s: 600   # each error in a row doubles that, up to this (core/availability.py)
+      unavailable_probes: 1      # launch calls at once that try an offering whose backoff ended (0: no limit)
       registration: vm           # vm | local-player (| kubernetes)
       interruption_watcher: true # spot workers that boot themselves drain their Ray node on a notice
       interruption_queue_url: https://sqs.us-west-2.amazonaws.com/123456789012/spot   # aws: EventBridge warnings
@@ -108,6 +110,10 @@ class CoreSettings(Section):
     # How long a live catalog (memory, then disk cache) is used before the cloud is read again; 0 = every time.
     catalog_ttl_s: float = Field(CATALOG_TTL_S, ge=0)
     unavailable_ttl_s: float = Field(ttls.UNAVAILABLE_TTL_S, ge=0)
+    # Capacity-error backoff (core/availability.py). `unavailable_backoff_cap_s: <the ttl>` with
+    # `unavailable_probes: 0` is the fixed TTL of before.
+    unavailable_backoff_cap_s: float = Field(ttls.UNAVAILABLE_BACKOFF_CAP_S, ge=0)
+    unavailable_probes: int = Field(ttls.UNAVAILABLE_PROBES, ge=0)
     list_cache_s: float = Field(ttls.LIST_CACHE_S, ge=0)
     registration: str = "vm"
     max_candidates_per_launch: int = Field(ttls.MAX_CANDIDATES_PER_LAUNCH, ge=1)
@@ -293,6 +299,10 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
     if price_clouds is not None and core.simulate_cloud is not None and core.simulate_cloud not in set(price_clouds):
         raise ConfigError("provider.simulate_cloud", f"must be one of {sorted(price_clouds)} (the clouds the "
                                                      f"catalog prices), got {core.simulate_cloud!r}")
+    if 0 < core.unavailable_backoff_cap_s < core.unavailable_ttl_s and "unavailable_backoff_cap_s" in provider:
+        raise ConfigError("provider.unavailable_backoff_cap_s",
+                          f"{core.unavailable_backoff_cap_s:g} is shorter than provider.unavailable_ttl_s "
+                          f"({core.unavailable_ttl_s:g}): the backoff starts at the ttl and doubles up to the cap")
     core._catalog_cloud = catalog_cloud
     return core
 

@@ -6,10 +6,16 @@ operation polling) as named constants in their own modules; the defaults a user 
 """
 from __future__ import annotations
 
+import os
+
 # How long an offering that failed for capacity (or whose spot machine was reclaimed) is skipped. Karpenter's
 # unavailable-offerings cache uses 3 minutes: long enough not to hammer a dry pool every autoscaler tick (5 s),
 # short enough that capacity coming back is used within a few ticks of Ray's retry.
 UNAVAILABLE_TTL_S = 180.0
+# Each capacity error in a row doubles the skip, up to this (Karpenter's backoff RFC: 30 s -> 10 min), and this many
+# launch calls at once probe an offering whose backoff ended (core/availability.py).
+UNAVAILABLE_BACKOFF_CAP_S = 600.0
+UNAVAILABLE_PROBES = 1
 # Offerings the capacity memory holds at most: far more than a region has (the largest has ~30k instance type x
 # zone x capacity rows), so it only bounds memory if something marks offerings in a loop.
 UNAVAILABLE_MAX_ENTRIES = 100_000
@@ -44,6 +50,7 @@ REQUEST_MEMORY_S = 3600.0
 # round's first is Ray's retry: numbered from 0 again, so it gets the first round's tokens and machines.
 RAY_REQUEST_STATUS_TIMEOUT_ENV = "RAY_AUTOSCALER_RECONCILE_REQUEST_STATUS_TIMEOUT_S"
 RAY_REQUEST_STATUS_TIMEOUT_S = 600.0
+
 # A create_node call tries at most this many candidates per capacity type (then moves on: spot -> on-demand) and
 # stops after this long: in a spot drought an unbounded
 # walk made hundreds of RunInstances calls in one call (Karpenter's CreateFleet offers at most 60 types at once).
@@ -72,3 +79,13 @@ TEARDOWN_WATCH_POLL_S = 1.0
 # still listed is waited for this long (polled at this interval) before it counts as "not ended".
 SWEEP_VERIFY_S = 20.0
 SWEEP_VERIFY_POLL_S = 1.0
+
+
+def retry_round_s() -> float:
+    """How long after a round's first call a call of the same (request id, node type) is still one of its batches
+    (launch/launcher.py): half of Ray's request_status_timeout_s, read from Ray's own environment variable when set."""
+    try:
+        timeout = float(os.environ.get(RAY_REQUEST_STATUS_TIMEOUT_ENV, RAY_REQUEST_STATUS_TIMEOUT_S))
+    except ValueError:
+        timeout = RAY_REQUEST_STATUS_TIMEOUT_S
+    return max(timeout, 1.0) / 2

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import logging
-import os
 import threading
 import time
 import uuid
@@ -20,6 +19,7 @@ from cachetools import TTLCache
 
 from ray_nodeless.core.documents import Document
 from ray_nodeless.core import ttls
+from ray_nodeless.core.ttls import retry_round_s as retry_round_s   # the tests' name for it
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog, Offering
 from ray_nodeless.core.demand import PROMISABLE, offering_labels
@@ -28,10 +28,8 @@ from ray_nodeless.core.plan import Plan
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.requirements import split_node_config
 from ray_nodeless.core.settings import Resolver
-from ray_nodeless.errors import (
-    BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, ListingError, NoFeasibleOffering,
-    TransientBackendError,
-)
+from ray_nodeless.errors import (BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, ListingError,
+                                 NoFeasibleOffering, TransientBackendError)
 from ray_nodeless.launch.budget import TAG_REQUEST, Budget, Hold
 from ray_nodeless.launch.catalog import PlanningCatalog
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
@@ -67,16 +65,6 @@ def request_token(cluster: str, launch_request: str, node_type: str, batch: int,
 def launch_slot(cluster: str, launch_request: str, node_type: str, count: int, batch: int) -> str:
     """The slot a launch fills, whatever offering it lands on (tagged on its machines as TAG_LAUNCH_SLOT)."""
     return hashlib.sha256(f"{cluster}|{launch_request}|{node_type}|{count}|{batch}".encode()).hexdigest()[:32]
-
-
-def retry_round_s() -> float:
-    """How long after a round's first call a call of the same (request id, node type) is still one of its batches
-    (ttls: half of Ray's request_status_timeout_s, read from Ray's own environment variable when set)."""
-    try:
-        timeout = float(os.environ.get(ttls.RAY_REQUEST_STATUS_TIMEOUT_ENV, ttls.RAY_REQUEST_STATUS_TIMEOUT_S))
-    except ValueError:
-        timeout = ttls.RAY_REQUEST_STATUS_TIMEOUT_S
-    return max(timeout, 1.0) / 2
 
 
 def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) -> dict[str, str]:
@@ -245,8 +233,14 @@ class Launcher:
             if refused_at is not None and price >= refused_at:
                 over_budget += 1        # a dearer candidate cannot fit where a cheaper one did not
                 continue
+            # A probing offering takes a bounded number of calls at once (core/availability.py); a retry: regardless.
+            if offering is not again and not self.unavailable.claim(offering):
+                skipped += 1
+                spot_missed |= offering.capacity == "spot"
+                continue
             hold = self._reserve(token, offering, count - len(listed))
             if hold is False:
+                self.unavailable.release(offering)    # (a retry's release frees a probe at most one call early)
                 over_budget += 1
                 refused_at = price if refused_at is None else min(refused_at, price)
                 continue
@@ -263,11 +257,14 @@ class Launcher:
                                offering.instance_type.name, offering.zone, offering.capacity, e.category)
                 continue
             except BackendError as e:   # throttling that outlasted retries, auth, bad request: not a capacity miss
+                self.unavailable.release(offering)
                 self._end_hold(hold, made=isinstance(e, TransientBackendError))   # unknown outcome: an orphan
                 raise LaunchError(f"{node_type}: {e}", e.category) from e
             except BaseException:
+                self.unavailable.release(offering)
                 self._end_hold(hold, made=True)
                 raise
+            self.unavailable.succeeded(offering)     # it has capacity: its backoff is forgotten
             try:
                 self.registration.after_launch(spec, ids)
             except BackendError as e:
@@ -470,12 +467,12 @@ class Launcher:
         return min((o.hourly_price or 0.0 for o in plan.candidates()), default=0.0)
 
     def _mark_unavailable(self, plan: Plan, offering: Offering, e: CapacityError) -> None:
-        self.unavailable.mark(offering, e.category)
-        if e.scope is CapacityScope.REGION:
-            # A regional limit: the same type and capacity type fails in every zone of the region.
-            for other in plan.candidates():
-                if (other.instance_type.name, other.capacity) == (offering.instance_type.name, offering.capacity):
-                    self.unavailable.mark(other, e.category)
+        # A regional limit: the same type and capacity type fails in every zone of the region (a second mark of one
+        # offering within its backoff does not double it).
+        same = (o for o in plan.candidates() if e.scope is CapacityScope.REGION
+                and (o.instance_type.name, o.capacity) == (offering.instance_type.name, offering.capacity))
+        for o in (offering, *same):
+            self.unavailable.mark(o, e.category)
 
     def on_interrupted(self, tags: dict[str, str], machine_id: str) -> None:
         """A machine vanished without a terminate from us: if it was spot, skip its offering for a while."""

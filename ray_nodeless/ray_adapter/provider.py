@@ -105,7 +105,9 @@ class NodelessProvider(NodeProvider):
         metered = inst.backend(self.backend)    # the view and the launcher call the cloud through the metrics
         self.registration = self.bundle.make_registration(cluster_name)
         self.resolver = Resolver(self.settings, self.bundle.requirement_overrides)
-        self.unavailable = UnavailableOfferings(self.settings.unavailable_ttl_s)
+        self.unavailable = UnavailableOfferings(self.settings.unavailable_ttl_s,
+                                                cap_s=self.settings.unavailable_backoff_cap_s,
+                                                probes=self.settings.unavailable_probes)
         self.view = inst.view(MachineView(metered, self.registration, cluster_name, self.settings.list_cache_s,
                                           on_interrupted=inst.on_interrupted(self._on_interrupted)))
         self.launcher = inst.launcher(Launcher(cluster_name, self._catalog, self.resolver, metered,

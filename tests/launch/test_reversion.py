@@ -303,7 +303,8 @@ def test_reversion_on_the_fake_gce_with_spot_capacity_that_comes_back():
         assert sorted(fake.instances) == [od] and not rev.flights
         fake.faults.remove(drought)
         ray.busy.add(od)
-        clock.advance(p.settings.unavailable_ttl_s + 1)
+        # The second capacity error in a row doubled the offering's backoff (core/availability.py): the cap bounds it.
+        clock.advance(p.settings.unavailable_backoff_cap_s + 1)
         for _ in range(3):
             p.non_terminated_nodes({})
         assert len(fake.instances) == 2 and od in fake.instances and ray.drained == []   # busy: kept, not drained

@@ -174,7 +174,10 @@ class Episode:
             self.clock.advance(advance)
 
     def after_the_capacity_memory(self) -> None:
-        self.clock.advance(self.p.settings.unavailable_ttl_s + 1)
+        """Until every offering's backoff in force has ended (each capacity error in a row doubles it)."""
+        states = self.p.unavailable.states().values()
+        assert states, "nothing in the capacity memory"
+        self.clock.advance(max(st.remaining_s for st in states) + 1)
 
     def check(self) -> None:
         self.steps += 1

@@ -216,7 +216,7 @@ class Matrix:
         """Ray's retry of a request whose machines were listed, then ended from outside before Ray saw them: the
         same request id and count after request_status_timeout_s. It must launch anew (a new token generation),
         never fail nor return the ended ids."""
-        from ray_nodeless.launch.launcher import retry_round_s
+        from ray_nodeless.core.ttls import retry_round_s
 
         w = self.world
         node_type, request = self.next_request()
