@@ -191,7 +191,8 @@ def _pod_placement(spec: Mapping[str, Any], tkey: str, b: Builder) -> None:
     """Pod (anti-)affinity, topology spread and the scheduler: one Ray pod per new machine, chosen by price, holds
     anti-affinity and spread per host; whatever follows other pods or spreads zones cannot be honoured."""
     akey = f"{tkey}.affinity"
-    affinity = spec.get("affinity") if isinstance(spec.get("affinity"), Mapping) else {}   # else refused above
+    raw_affinity = spec.get("affinity")
+    affinity: Mapping[str, Any] = raw_affinity if isinstance(raw_affinity, Mapping) else {}   # else refused above
     for kind in ("podAffinity", "podAntiAffinity"):
         pa = _mapping(affinity.get(kind), f"{akey}.{kind}", b)
         rkey = f"{akey}.{kind}.requiredDuringSchedulingIgnoredDuringExecution"

@@ -73,7 +73,8 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
                         o.capacity, o.hourly_price or 0.0, p.request.rule)
         # Cost-aware idle release (core/idle.py): Ray v2 reads a per-type idle_timeout_s; a type's own value stays.
         for name, idle in cp.idle.items():
-            if idle.source == SOURCE_BREAK_EVEN:
+            # A break-even timeout always has its seconds (core/idle.py); None is only the cluster-wide "never".
+            if idle.source == SOURCE_BREAK_EVEN and idle.seconds is not None:
                 config["available_node_types"][name]["idle_timeout_s"] = round(idle.seconds, 3)
     # Workers that start Ray from their own boot script (registrations/vm.py) run these commands. Ray's
     # prepare_config has already prepended setup_commands to worker_setup_commands; do not run them twice.

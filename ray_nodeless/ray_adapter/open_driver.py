@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
@@ -56,7 +56,8 @@ class YamlFileStore:
 def snapshot_of(state: Mapping[str, Any]) -> Snapshot:
     """compat's plain reading of ClusterResourceState -> core demands (gang bundles tagged with their group)."""
 
-    def selectors(raw) -> tuple[Selector, ...]:
+    # compat's selectors: one list per selector of (label key, operator, label values) triples.
+    def selectors(raw: Iterable[Iterable[tuple[str, str, Iterable[str]]]]) -> tuple[Selector, ...]:
         return tuple(Selector(tuple(Constraint(k, op, tuple(v)) for k, op, v in s)) for s in raw)
 
     demands = [Demand(canonical_resources(r["resources"]), selectors(r["selectors"]), max(1, int(r["count"])))
@@ -96,8 +97,8 @@ class OpenDriver:
         self._on_unserved = on_unserved      # the provider records the summary on the head (TAG_UNSERVED)
         self._unserved = ""
         self.gcs_address = gcs_address
-        self._client: Any = None
-        self._sink = None
+        self._client: Any = None      # Ray's GcsClient (ray_compat.gcs): compiled in _raylet, which mypy skips
+        self._sink: Callable[[str], None] | None = None
         self._logs_dir = logs_dir
         self._clock = clock
         self._last = -1e18
@@ -155,13 +156,14 @@ class OpenDriver:
         except Exception as e:      # an event must never stop the packing
             logger.warning("shape-open: could not record %s: %s", opening.node_type, e)
 
-    def _gcs(self) -> Any:
+    def _gcs(self) -> Any:     # Ray's GcsClient, untyped to mypy (see _client)
         if self._client is None:
             from ray_nodeless.ray_compat.gcs import gcs_client
             self._client = gcs_client(self.gcs_address)
         return self._client
 
     def _event(self, line: str) -> None:
-        if self._sink is None:
-            self._sink = ray_demand.autoscaler_event_sink(self._logs_dir)
-        self._sink(f"ray_nodeless: {line}")
+        sink = self._sink
+        if sink is None:
+            sink = self._sink = ray_demand.autoscaler_event_sink(self._logs_dir)
+        sink(f"ray_nodeless: {line}")

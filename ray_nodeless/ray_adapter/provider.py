@@ -29,7 +29,8 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 from ray.autoscaler.node_provider import NodeProvider
@@ -37,6 +38,7 @@ from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_LAUNCH_REQUEST, TAG_RAY_
 
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog
+from ray_nodeless.core.documents import Document
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import LaunchError, ListingError
@@ -57,6 +59,9 @@ from ray_nodeless.ray_compat.ray_status import StatusSlot
 from ray_nodeless.ray_adapter.context import MonitorContext
 from ray_nodeless.ray_adapter.loop import Clock, Lane, ProviderLoop
 from ray_nodeless.ray_adapter.open_driver import OpenDriver, YamlFileStore
+
+if TYPE_CHECKING:
+    from ray.autoscaler.command_runner import CommandRunnerInterface   # Ray's public API; for annotations only
 
 logger = logging.getLogger(__name__)
 
@@ -111,13 +116,13 @@ class NodelessProvider(NodeProvider):
         self.view = inst.view(MachineView(metered, self.registration, cluster_name, self.settings.list_cache_s,
                                           on_interrupted=inst.on_interrupted(self._on_interrupted)))
         self.launcher = inst.launcher(Launcher(cluster_name, self._catalog, self.resolver, metered,
-                                               self.registration, self.unavailable, terminate=self.terminate_nodes,
+                                               self.registration, self.unavailable, terminate=self._terminate,
                                                view=self.view, price_of=machine_price))
         inst.watch(self.view, self.unavailable)
-        self._node_type_resources: dict[str, dict] = dict(self.settings.node_type_resources)
+        self._node_type_resources: dict[str, dict[str, float]] = dict(self.settings.node_type_resources)
         self.interruptions: InterruptionQueue | None = None
         # On-demand -> spot reversion (launch/reversion.py): only in the monitor, whose GCS it drains through.
-        self._node_configs: dict[str, dict] = {}
+        self._node_configs: dict[str, Document] = {}
         self.reverter: Reverter | None = None
         if gcs and self.settings.reversion.enabled:
             self.reverter = Reverter(self.settings.reversion, self.launcher, self.view, self.unavailable,
@@ -148,11 +153,11 @@ class NodelessProvider(NodeProvider):
         fitter = OpenFitter(self.resolver, lambda: self.planner, self.unavailable, self.settings.open_node_config)
         return OpenTypes(self.settings, Packer(fitter, self.settings.single_zone_gangs), YamlFileStore(config_path))
 
-    def _record_unserved(self, summary: str, machines: dict[str, Machine]) -> None:
+    def _record_unserved(self, summary: str, machines: Mapping[str, Machine]) -> None:
         """What no allowed offering can serve, on the head's tags: `ray-nodeless status` shows it from anywhere."""
         heads = sorted(mid for mid, m in machines.items() if m.tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD)
         if not heads:
-            raise LaunchError("no head machine listed yet to record the unserved demands on")
+            raise LaunchError("no head machine listed yet to record the unserved demands on", "NoHeadListed")
         self.view.set_tags(heads[0], {TAG_UNSERVED: summary})
         logger.info("unserved demands recorded on the head %s: %s", heads[0], summary or "none")
 
@@ -183,7 +188,7 @@ class NodelessProvider(NodeProvider):
             if self.reverter is not None:
                 self.reverter.tick(machines)
         else:
-            machines = self._snapshot()
+            machines = self._snapshot(self.loop)
         return sorted(mid for mid, m in machines.items()
                       if all(m.tags.get(k) == v for k, v in tag_filters.items()))
 
@@ -212,26 +217,26 @@ class NodelessProvider(NodeProvider):
         if self.reverter is not None and self._first_listing.is_set():
             self.reverter.tick(self.view.cost_view()[1])    # at most every reversion.interval_s, never raises
 
-    def _snapshot(self) -> dict[str, Machine]:
+    def _snapshot(self, loop: ProviderLoop) -> dict[str, Machine]:
         """The view's latest machines (the loop's last listing, with this object's own launches and terminations),
-        starting the loop at the first call and waiting (bounded) for its first listing."""
-        if not self.loop.running:
-            self._start_loop()
+        starting `loop` (this object's) at the first call and waiting (bounded) for its first listing."""
+        if not loop.running:
+            self._start_loop(loop)
         if not self._first_listing.wait(FIRST_SNAPSHOT_TIMEOUT_S):
-            lane = self.loop.lanes["listing"]
+            lane = loop.lanes["listing"]
             raise ListingError(f"no listing of cluster {self.cluster_name!r} within {FIRST_SNAPSHOT_TIMEOUT_S:.0f} s "
                                f"({lane.errors} failed: {lane.last_error or 'still listing'})", "ListingTimeout")
         # cost_view: the machines shown now, read under the view's lock (no cloud call).
         return self.view.cost_view()[1]
 
-    def _start_loop(self) -> None:
+    def _start_loop(self, loop: ProviderLoop) -> None:
         with _LOOPS_LOCK:
             older = _LOOPS.get(self.cluster_name)
-            if older is not None and older is not self.loop:
+            if older is not None and older is not loop:
                 logger.info("provider loop of %s: a new provider object takes over", self.cluster_name)
                 older.stop(timeout_s=0.0)
-            _LOOPS[self.cluster_name] = self.loop
-        self.loop.start()
+            _LOOPS[self.cluster_name] = loop
+        loop.start()
 
     def stop(self) -> None:
         """Stop the provider's loop (Ray never calls this; its threads are daemon threads)."""
@@ -249,11 +254,14 @@ class NodelessProvider(NodeProvider):
         m = self.view.known(node_id)
         return dict(m.tags) if m else {}
 
-    def internal_ip(self, node_id: str) -> str | None:
+    # Ray types these `str`, yet its own providers answer None for a node without an address (AWS's
+    # private_ip_address before the instance has one, KubeRay's pending pod) and its callers handle it: a machine
+    # unknown here, or listed without an address yet, is None too.
+    def internal_ip(self, node_id: str) -> str | None:  # type: ignore[override]
         m = self.view.known(node_id)
         return m.internal_ip if m else None
 
-    def external_ip(self, node_id: str) -> str | None:
+    def external_ip(self, node_id: str) -> str | None:  # type: ignore[override]  # as internal_ip
         m = self.view.known(node_id)
         return (m.external_ip or m.internal_ip) if m else None
 
@@ -262,11 +270,14 @@ class NodelessProvider(NodeProvider):
 
     # ----- launching and terminating ---------------------------------------------------------------------------
 
-    def create_node(self, node_config: dict[str, Any], tags: dict[str, str], count: int) -> dict | None:
+    # Ray's contract allows None ("no metadata"): here always each launched machine's instance type and zone.
+    def create_node(self, node_config: dict[str, Any], tags: dict[str, str],
+                    count: int) -> dict[str, dict[str, str]]:
         return self.create_node_with_resources_and_labels(node_config, tags, count, {}, {})
 
     def create_node_with_resources_and_labels(self, node_config: dict[str, Any], tags: dict[str, str], count: int,
-                                              resources: dict[str, float], labels: dict[str, str]) -> dict | None:
+                                              resources: dict[str, float],
+                                              labels: dict[str, str]) -> dict[str, dict[str, str]]:
         node_type = tags.get(TAG_RAY_USER_NODE_TYPE, "")
         resources = resources or dict(self._node_type_resources.get(node_type) or {})
         if not tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
@@ -281,10 +292,11 @@ class NodelessProvider(NodeProvider):
         o = launched.offering
         return {i: {"instance_type": o.instance_type.name, "zone": o.zone} for i in launched.machine_ids}
 
-    def terminate_node(self, node_id: str) -> dict | None:
+    # Ray's return type (metadata about the terminated nodes, Any to Ray too); always None here.
+    def terminate_node(self, node_id: str) -> dict[str, Any] | None:
         return self.terminate_nodes([node_id])
 
-    def terminate_nodes(self, node_ids: Iterable[str]) -> dict | None:
+    def terminate_nodes(self, node_ids: Iterable[str]) -> dict[str, Any] | None:
         ids = sorted(set(node_ids))
         if not ids:
             return None
@@ -293,15 +305,22 @@ class NodelessProvider(NodeProvider):
         logger.info("terminated %d machine(s): %s", len(ids), ",".join(ids))
         return None
 
+    def _terminate(self, node_ids: list[str]) -> None:
+        """The launcher's way to end machines (those that could not join): Ray's terminate path, whose result the
+        launcher has no use for (a subclass's terminate_nodes applies: the KubeRay head is never ended)."""
+        self.terminate_nodes(node_ids)
+
     # ----- ray up / commands -----------------------------------------------------------------------------------
 
-    def get_command_runner(self, log_prefix, node_id, auth_config, cluster_name, process_runner, use_internal_ip,
-                           docker_config=None):
+    def get_command_runner(self, log_prefix: str, node_id: str, auth_config: dict[str, Any], cluster_name: str,
+                           process_runner: ModuleType, use_internal_ip: bool,
+                           docker_config: dict[str, Any] | None = None) -> CommandRunnerInterface:
+        """The backend's runner, else the registration's (Registration.command_runner: None by default), else Ray's
+        SSH runner."""
         args = (log_prefix, node_id, auth_config, cluster_name, process_runner, use_internal_ip, docker_config)
         runner = self.backend.command_runner(*args)
         if runner is None:
-            hook = getattr(self.registration, "command_runner", None)
-            runner = hook(*args) if hook is not None else None
+            runner = self.registration.command_runner(*args)
         return runner if runner is not None else super().get_command_runner(*args)
 
     bootstrap_config = staticmethod(bootstrap.bootstrap_config)

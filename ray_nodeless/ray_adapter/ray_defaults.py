@@ -45,7 +45,8 @@ def ray_defaults(cloud: str) -> dict[str, Any]:
 def fill_ray_defaults(config: dict[str, Any]) -> list[str]:
     """Fill the missing POST_LAUNCH_KEYS and `auth` keys of `config` (in place) with Ray's defaults of the
     provider's cloud; for a cloud Ray has no defaults for, with empty values. Returns the keys filled."""
-    provider = config.get("provider") if isinstance(config.get("provider"), dict) else {}
+    raw_provider = config.get("provider")
+    provider: dict[str, Any] = raw_provider if isinstance(raw_provider, dict) else {}
     cloud = provider.get("cloud", "local")
     defaults = ray_defaults(cloud)
     filled: list[str] = []
