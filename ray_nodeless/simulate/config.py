@@ -134,6 +134,8 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
                      idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path), open=open_cluster,
                      idle_timeout_ms_by_type=by_type, open_idle_ms=open_idle, tick_ms=autoscaler_tick_ms(raw),
                      candidates=candidates, unavailable_ttl_ms=_ms(cp.settings.unavailable_ttl_s),
+                     unavailable_cap_ms=_ms(cp.settings.unavailable_backoff_cap_s),
+                     unavailable_probes=cp.settings.unavailable_probes,
                      reversion=cp.settings.reversion if reversion else None,
                      max_hourly_cost=cp.settings.max_hourly_cost)
 

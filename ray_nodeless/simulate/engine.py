@@ -121,7 +121,8 @@ class Simulator(JobFlow, Autoscaler):
         stats = {type(p).__name__: p.stats.to_dict() for p in self.policies if hasattr(p, "stats")}
         return SimResult(config=self.cfg, elapsed_ms=self.workload_end, nodes=self.nodes, tasks=self.tasks,
                          head_phase_ms=self.head_phase_ms, interruptions=self.interruptions,
-                         scheduler_calls=self.scheduler_calls, policy_stats=stats)
+                         scheduler_calls=self.scheduler_calls, policy_stats=stats,
+                         capacity_errors=self.capacity_errors)
 
 
 

@@ -37,6 +37,16 @@ class Offer:
         """Key of `node_hours`: the instance type, `:spot` appended for spot capacity."""
         return self.instance_type if self.capacity == "on-demand" else f"{self.instance_type}:{self.capacity}"
 
+    @property
+    def remembered(self) -> "RememberedOffer":
+        """This offer as the capacity memory keys it (the catalog's (instance type, zone, capacity))."""
+        return RememberedOffer((self.instance_type, self.zone, self.capacity))
+
+
+@dataclass(frozen=True)
+class RememberedOffer:
+    key: tuple[str, str, str]
+
 
 @dataclass
 class SimConfig:
@@ -66,9 +76,12 @@ class SimConfig:
     tick_ms: int = TICK_MS
     # Per node type, the plan's offerings in its order (the launcher walks them, skipping those in the capacity
     # memory); a type not here launches its one `offers` entry. How long an offering that failed or was
-    # interrupted is skipped: the provider's unavailable_ttl_s.
+    # interrupted is skipped: the provider's capacity-error backoff (core/availability.py: unavailable_ttl_s,
+    # doubled per error in a row up to unavailable_backoff_cap_s, unavailable_probes at once after it).
     candidates: dict[str, tuple[Offer, ...]] = field(default_factory=dict)
     unavailable_ttl_ms: int = 180_000
+    unavailable_cap_ms: int = 600_000
+    unavailable_probes: int = 1
     # The provider's `reversion` settings (core/reversion.ReversionSettings; None or disabled: no reversion, no
     # on-demand preference after interruptions) and `max_hourly_cost` (None: no cap).
     reversion: Any = None

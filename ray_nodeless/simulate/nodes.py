@@ -41,20 +41,22 @@ class NodeBook(SimState):
         for o in cands:
             if capacities is not None and o.capacity not in capacities:
                 continue
-            if self.unavailable.get(o, -1) > self.now:
+            if not self.unavailable.claim(o.remembered):
                 spot_missed |= o.capacity == "spot"
                 continue
             if o.capacity == "spot" and self.outage_until.get(node_type, -1) > self.now:
-                self.unavailable[o] = self.now + self.cfg.unavailable_ttl_ms
+                self.capacity_errors += 1
+                self.unavailable.mark(o.remembered, "drought")
                 spot_missed = True
                 continue
+            self.unavailable.succeeded(o.remembered)
             return o, spot_missed and o.capacity != "spot"
         return None, False
 
     def spot_available(self, node_type: str) -> bool:
         """Whether a spot offering of `node_type` is out of the capacity memory (what reversion waits for)."""
         cands = self.cfg.candidates.get(node_type) or (self.cfg.offers[node_type],)
-        return any(o.capacity == "spot" and self.unavailable.get(o, -1) <= self.now for o in cands)
+        return any(o.capacity == "spot" and self.unavailable.reason(o.remembered) is None for o in cands)
 
     def hourly_cost(self) -> float:
         """What the nodes up or launching cost per hour now (the launcher's view for max_hourly_cost)."""
@@ -66,7 +68,9 @@ class NodeBook(SimState):
             # No offering has capacity now: look again on the first tick after one leaves the memory (a tick with
             # nothing changed would not be run otherwise).
             cands = self.cfg.candidates.get(node_type) or (self.cfg.offers[node_type],)
-            back = [t for t in [self.unavailable.get(o, -1) for o in cands] if t > self.now]
+            states = self.unavailable.states()
+            back = [self.now + int(st.remaining_s * 1000) for o in cands
+                    if (st := states.get(o.remembered.key)) is not None and st.remaining_s > 0]
             if back:
                 self._tick_at(-(-min(back) // self.tick_ms) * self.tick_ms)
             return None
@@ -123,9 +127,9 @@ class NodeBook(SimState):
             return
         self.interruptions += 1
         self._end_and_requeue(n)
-        # As the launcher on a machine that vanished: its offering is skipped for unavailable_ttl_s; a drought
-        # (spot_outage_ms) takes every spot offering of the type for that long.
-        self.unavailable[n.offer] = self.now + self.cfg.unavailable_ttl_ms
+        # As the launcher on a machine that vanished: its offering enters the capacity memory (its backoff); a
+        # drought (spot_outage_ms) takes every spot offering of the type for that long.
+        self.unavailable.mark(n.offer.remembered, "interrupted")
         if self.spot_outage_ms > 0:
             self.outage_until[n.node_type] = self.now + self.spot_outage_ms
         for hook in self.on_interrupt:

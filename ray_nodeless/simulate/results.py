@@ -18,6 +18,7 @@ class SimResult:
     head_phase_ms: int
     interruptions: int
     scheduler_calls: int
+    capacity_errors: int = 0        # launch attempts that met a spot drought (wasted cloud calls in production)
     policy_stats: dict[str, dict[str, Any]] = field(default_factory=dict)   # per policy class, e.g. SimReverter
 
     # -- figures ------------------------------------------------------------------------------------------
@@ -160,6 +161,7 @@ class SimResult:
             "launches": sum(1 for n in self.nodes if not n.is_head and self.config.kind == "autoscaled"),
             "peak_nodes": self.peak_nodes(),
             "spot_interruptions": self.interruptions,
+            "capacity_errors": self.capacity_errors,
             "tick_seconds": self.config.tick_ms / 1000,
             "fallback_node_hours": round(sum(self.node_ms(n) for n in self.nodes if n.fallback) / MS_PER_HOUR, 6),
             "reversion": self.policy_stats.get("SimReverter"),

@@ -11,7 +11,8 @@ import dataclasses
 import heapq
 from typing import Any, Mapping, Sequence
 
-from ray_nodeless.simulate.model import DEFAULT_LAUNCH_MINUTES, JobRun, Offer, SimConfig, SimNode, SimulationError, \
+from ray_nodeless.core.availability import UnavailableOfferings
+from ray_nodeless.simulate.model import DEFAULT_LAUNCH_MINUTES, JobRun, SimConfig, SimNode, SimulationError, \
     TaskRun
 from ray_nodeless.trace.model import Trace, stages_of
 
@@ -36,9 +37,13 @@ class SimState:
         self.cfg = dataclasses.replace(config, node_types=dict(config.node_types), offers=dict(config.offers),
                                        idle_timeout_ms_by_type=dict(config.idle_timeout_ms_by_type))
         self.on_interrupt: list[Any] = []           # callables (sim, node) run after a spot interruption
-        # The launcher's capacity memory (offering -> skipped until), spot droughts (node type -> no spot capacity
-        # until) and the on-demand preference after repeated interruptions (a reversion policy sets it).
-        self.unavailable: dict[Offer, int] = {}
+        # The launcher's capacity memory (the live class, on the replay's clock), spot droughts (node type -> no
+        # spot capacity until) and the on-demand preference after repeated interruptions (a reversion policy sets
+        # it). `capacity_errors`: launch attempts that met a drought (each a wasted cloud call in production).
+        self.unavailable = UnavailableOfferings(self.cfg.unavailable_ttl_ms / 1000, lambda: self.now / 1000,
+                                                cap_s=self.cfg.unavailable_cap_ms / 1000,
+                                                probes=self.cfg.unavailable_probes)
+        self.capacity_errors = 0
         self.spot_outage_ms = spot_outage_ms
         self.outage_until: dict[str, int] = {}
         self.prefer_on_demand: Any = lambda node_type: False
