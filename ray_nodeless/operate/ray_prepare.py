@@ -6,7 +6,7 @@ runs `prepare_config` (`fillout_defaults` with the external provider's MINIMAL_E
 `merge_setup_commands`, `validate_docker_config`, `fill_node_type_min_max_workers`) and hashes the prepared config
 for its cache with `json.dumps([config], sort_keys=True)`; only then does it import `provider.module`. A KeyError,
 TypeError or AttributeError in those steps is Ray's traceback under `ray up`, before a line of ray_nodeless runs, so
-no plugin code can name it there. `plan` runs `check_ray_preparation` first (launch/config.py
+no plugin code can name it there. `plan` runs `check_ray_preparation` first (operate/config.py
 `prepare_like_ray_up`) and names the key instead; tests/config/test_ray_preparation.py checks each shape against
 the installed Ray's own crash.
 
