@@ -77,7 +77,7 @@ class ProviderBundle:
         self.backend_config.check_node_config(self.backend_settings, node_type, node_config, key)
 
 
-def load_provider(provider: Any, *, planning: bool | None = None) -> ProviderBundle:
+def load_provider(provider: object, *, planning: bool | None = None) -> ProviderBundle:
     """The one loader of a provider block: every key validated once (core, backend and registration keys; unknown
     keys with a did-you-mean), errors naming the key. Imports no cloud SDK: `bundle.backend_class()` does.
 
@@ -115,7 +115,7 @@ def _sections(provider: Mapping[str, Any]) -> tuple[BackendChecks, type[Registra
     return cls, reg, player, models
 
 
-def provider_key_problems(provider: Any) -> list[ConfigError]:
+def provider_key_problems(provider: object) -> list[ConfigError]:
     """The provider block's unknown and missing keys (core.settings.key_problems), or the one error that keeps
     them from being known (no mapping, an unknown cloud or registration); [] when there is none."""
     if not isinstance(provider, Mapping):

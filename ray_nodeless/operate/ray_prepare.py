@@ -33,12 +33,12 @@ _MISSING_TOP_KEY = ("missing: `ray up` needs this top-level key for `type: exter
                     "for its own clouds); `ray-nodeless convert` writes a complete YAML")
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", type(None): "null"}.get(type(value),
                                                                                         type(value).__name__)
 
 
-def check_ray_preparation(config: Any) -> None:
+def check_ray_preparation(config: object) -> None:
     """ConfigError naming the key where Ray 2.60's `ray up` would crash on `config` before importing the provider
     (see the module docstring); returns when Ray's steps get through, or go a way not modelled here."""
     if not isinstance(config, Mapping):
@@ -114,7 +114,7 @@ def _check_docker(merged: Mapping[str, Any]) -> None:
                                           "container_name")
 
 
-def _check_node_types(types: Any) -> None:
+def _check_node_types(types: object) -> None:
     """fill_node_type_min_max_workers: each node type gets setdefault('min_workers', 0)."""
     if isinstance(types, Mapping):
         for name in types:
@@ -126,7 +126,7 @@ def _check_node_types(types: Any) -> None:
                                                   f"{_kind(types)}")
 
 
-def json_fault(value: Any) -> tuple[str, str] | None:
+def json_fault(value: object) -> tuple[str, str] | None:
     """(key, what) for the first place in `value` (in file order) where `json.dumps(..., sort_keys=True)` fails,
     or None. Iterative, and each mapping or list is visited once however many YAML aliases share it, so a config of
     shared anchors costs its distinct nodes, not its expansion."""
