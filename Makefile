@@ -56,8 +56,8 @@ FAST := not e2e and not k8s and not corpus and not slow
 test-fast: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q -n 2 -m "$(FAST)"
 
-# ruff (the rules in pyproject.toml; lint only, the code is not reformatted) and mypy (strict on core/, launch/ and
-# providers/base.py, a baseline on the rest of the package). Both must pass; .ci/run runs this before the tests.
+# ruff (the rules in pyproject.toml; lint only, the code is not reformatted) and mypy (strict on core/, launch/,
+# operate/ and providers/base.py, a baseline on the rest of the package). Both must pass; .ci/run runs this before the tests.
 lint: $(STAMP)
 	$(BIN)/ruff check ray_nodeless tests benches scripts examples
 	$(BIN)/mypy

@@ -59,8 +59,8 @@ from ray_nodeless.core.open_plan import OpenFitter, Packer  # noqa: E402
 from ray_nodeless.core.planner import Planner  # noqa: E402
 from ray_nodeless.core.settings import Resolver  # noqa: E402
 from ray_nodeless.errors import NoFeasibleOffering  # noqa: E402
-from ray_nodeless.launch.config import catalog_for, load_provider  # noqa: E402
 from ray_nodeless.launch.open_types import OpenTypes  # noqa: E402
+from ray_nodeless.operate.config import catalog_for, load_provider  # noqa: E402
 from ray_nodeless.providers.base import TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, Machine  # noqa: E402
 from ray_nodeless.ray_compat.demand import state_from_proto  # noqa: E402
 from ray_nodeless.ray_adapter.open_driver import YamlFileStore, snapshot_of  # noqa: E402

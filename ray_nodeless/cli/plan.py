@@ -108,7 +108,7 @@ def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None
 
 def _checked(path: str) -> tuple[dict[str, Any], Any, ClusterPlan, OpenPreview]:
     """The YAML as `ray up` prepares and checks it, its plan, and the monitor's fitter for it."""
-    from ray_nodeless.launch.config import check_cluster, load_provider, prepare_like_ray_up
+    from ray_nodeless.operate.config import check_cluster, load_provider, prepare_like_ray_up
     from ray_nodeless.launch.open_types import shape_open
     from ray_nodeless.ray_adapter.bootstrap import settle_images
 

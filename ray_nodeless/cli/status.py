@@ -20,7 +20,7 @@ from ray_nodeless.core.cluster_plan import load_cluster_yaml
 def status_command(cluster_yaml: str, as_json: bool, events: bool, since: str | None) -> None:
     """The live machines of a cluster: node type, instance, zone, capacity, price, uptime, cost so far."""
     # Imported here: only `status` lists machines; the other commands start without the launch layer.
-    from ray_nodeless.launch.status import events_document, status_document
+    from ray_nodeless.operate.status import events_document, status_document
 
     if since is not None and not events:
         raise click.UsageError("--since goes with --events")

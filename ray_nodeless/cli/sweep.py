@@ -24,7 +24,7 @@ def sweep_command(cluster_yaml: str, dry_run: bool, workers_only: bool, yes: boo
     """End every machine, Kubernetes Node and Ray pod, and local record and process of a cluster whose head
     died: only what is tagged with the cluster's name, whatever the rules say now (it never plans, needs no Ray).
     The head too, unless --workers-only. Exits 1 if anything could not be ended: run it again."""
-    from ray_nodeless.launch.sweep import Sweep
+    from ray_nodeless.operate.sweep import Sweep
 
     def say(msg: str) -> None:
         click.echo(msg, err=as_json)     # with --json, stdout carries only the document

@@ -165,7 +165,7 @@ def plan_cluster(cluster_config: DocumentView,
     cloud's real families no catalog lists (providers.unlisted_families), accepted where a family is named.
 
     Pure: the backend's knowledge comes in as `backend_overrides` and pre-validated `settings`
-    (`launch.config.check_cluster` supplies both); without them only the core keys are checked and the block is
+    (`operate.config.check_cluster` supplies both); without them only the core keys are checked and the block is
     priced as `simulate_cloud` (core.settings.parse_provider: the core does not know which backends are clouds)."""
     check_names(cluster_config)
     settings = settings or parse_provider(cluster_config.get("provider") or {})

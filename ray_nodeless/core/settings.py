@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 # The catalog cloud that prices a backend that is not a cloud (local, a test backend) when the block sets no
 # `simulate_cloud`. Which backends are clouds, and which catalog clouds exist, is the backend registry's to say
-# (`BackendConfig.catalog_cloud`, `providers.price_clouds()`): the launch layer's loader tells `parse_provider`.
+# (`BackendConfig.catalog_cloud`, `providers.price_clouds()`): the operate layer's loader tells `parse_provider`.
 DEFAULT_PRICE_CLOUD = "aws"
 
 # Keys Ray itself reads from (or writes into) the provider block: Ray's own ray-schema.json provider properties
@@ -98,7 +98,7 @@ class HeadAddress(Section):
 class CoreSettings(Section):
     """The provider-block keys of the core (every backend and registration declares its own), parsed: `rules` and
     `exclude` are the planner's `RuleSet`, `price_cloud` the catalog cloud that prices decisions. The one model of
-    the core's settings: `parse_provider` builds it, and the launch layer's loader (`launch.config.load_provider`)
+    the core's settings: `parse_provider` builds it, and the operate layer's loader (`operate.config.load_provider`)
     hands this instance to everything below."""
 
     cloud: str = "local"                     # the machine backend (a name of the backend registry)
@@ -124,7 +124,7 @@ class CoreSettings(Section):
     # costs nothing and a reclaimed node's tasks otherwise fail only when its heartbeat times out; the key turns it
     # off (workers without ray_nodeless installed, or another agent already handles notices). The queue is AWS's
     # EventBridge -> SQS path, polled by the provider; only a backend whose config `supports_interruption_queue`
-    # takes it (checked where the backend is known: launch/config.py).
+    # takes it (checked where the backend is known: operate/config.py).
     interruption_watcher: bool = True
     interruption_queue_url: str | None = Field(None, pattern=r"^https?://[^/\s]+/\S+$")
     # `exclude` is declared before `rules`: the rules' validator folds the parsed exclusions into the RuleSet.
@@ -265,12 +265,12 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
                    price_clouds: Iterable[str] | None = None, planning: bool = True,
                    required_by: Iterable[type[Section]] = ()) -> CoreSettings:
     """The core's reading of the provider block (one validation of CoreSettings). What only the backend registry
-    knows comes from the launch layer's loader: `clouds` (the registry's names), `known_keys` (the backend's and
+    knows comes from the operate layer's loader: `clouds` (the registry's names), `known_keys` (the backend's and
     registration's declared keys), `catalog_cloud` (the backend's own catalog cloud, None for a backend that is
     not a cloud), `price_clouds` (every catalog cloud, what `simulate_cloud` may name) and `required_by` (the
     backend's and registration's models, whose required keys are checked with the core's). Without them only the
     core keys are checked and the block is priced as `simulate_cloud` (default DEFAULT_PRICE_CLOUD): right for a
-    backend that is not a cloud; a cloud backend's block is read through `launch.config.load_provider`.
+    backend that is not a cloud; a cloud backend's block is read through `operate.config.load_provider`.
 
     Unknown keys (each with its did-you-mean) and missing required keys come first, all in one error: a typo
     (`regoin`) is named as itself, not as the key it leaves missing.

@@ -75,7 +75,7 @@ def rekey(error: ConfigError) -> ConfigError:
 
 def parse_annotation(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
     """The provider keys of the annotation in `metadata` (a RayCluster's, RayJob's or RayService's), as a dict;
-    {} when there is no annotation. Checks the text and its shape only: `provider_block` + `launch.config.
+    {} when there is no annotation. Checks the text and its shape only: `provider_block` + `operate.config.
     load_provider` (through `rekey`) check the keys' values."""
     if metadata is not None and not isinstance(metadata, Mapping):
         raise ConfigError("metadata", f"must be a mapping, got {type(metadata).__name__}")
@@ -163,9 +163,9 @@ def provider_block(annotation: Mapping[str, Any], defaults: Mapping[str, Any] | 
 
 
 def load_annotated(metadata: Mapping[str, Any] | None, defaults: Mapping[str, Any] | None = None) -> Any:
-    """The provider bundle (`launch.config.load_provider`) of the annotation in `metadata` over the bridge's
+    """The provider bundle (`operate.config.load_provider`) of the annotation in `metadata` over the bridge's
     `defaults`; every error names the annotation's key."""
-    from ray_nodeless.launch.config import load_provider
+    from ray_nodeless.operate.config import load_provider
 
     block = provider_block(split_groups(parse_annotation(metadata))[0], defaults)
     try:

@@ -117,7 +117,7 @@ def catalog_and_facts(settings: Mapping[str, Any], catalog: Catalog | None = Non
     annotation's provider keys `settings`: the instance types and zones of its region in `catalog`, else in the
     catalog the annotation names (launch/catalog.py catalog_for: `live` reads the embedded one, what a failed refresh
     falls back to, so the bridge's loop does no cloud I/O for it). Errors name the annotation's key."""
-    from ray_nodeless.launch.config import catalog_for, load_provider
+    from ray_nodeless.operate.config import catalog_for, load_provider
 
     provider = {k: v for k, v in settings.items() if k not in ("kubernetes", annotation.GROUPS)}
     try:         # the core keys only: how machines join plays no part in which types exist
@@ -430,9 +430,9 @@ class KubeRayBridge:
 
 
 def sweep_cluster(cluster_config: dict[str, Any]) -> bool:
-    """ray_nodeless's sweep of the cluster (launch/sweep.py): machines, then their Nodes and pods; True if all
+    """ray_nodeless's sweep of the cluster (operate/sweep.py): machines, then their Nodes and pods; True if all
     ended. Run twice: a launch Ray's threads had under way when the first listing ran is ended by the second."""
-    from ray_nodeless.launch.sweep import Sweep
+    from ray_nodeless.operate.sweep import Sweep
 
     ok = True
     for _ in range(2):

@@ -117,7 +117,7 @@ def _respec(e: ConfigError, spec_key: str) -> ConfigError:
 def plan_manifest(ray_cr: Mapping[str, Any], spec_key: str = "spec", catalog: catalog_mod.Catalog | None = None,
                   notes: list[str] | None = None) -> tuple[dict[str, Any], ClusterPlan]:
     """(the bridge's config, its plan): what `ray-nodeless plan MANIFEST` shows."""
-    from ray_nodeless.launch.config import check_cluster, load_provider, prepare_like_ray_up
+    from ray_nodeless.operate.config import check_cluster, load_provider, prepare_like_ray_up
 
     from ray_nodeless.ray_adapter.bootstrap import settle_images
 

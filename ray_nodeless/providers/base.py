@@ -73,7 +73,7 @@ bootstrap: the static ones (`fill_default_images`) on the BackendConfig, the clo
 (`bootstrap`) on the backend class; both do nothing unless a backend overrides them.
 
 **Settings come parsed.** A backend declares its provider-block keys once, as `settings_model` (a
-`core.schema.Section`); the launch layer's loader (`launch.config.load_provider`) validates the whole block once and
+`core.schema.Section`); the operate layer's loader (`operate.config.load_provider`) validates the whole block once and
 hands each part down. So the constructor contract is `Backend(settings, cluster_name)`, `settings` an instance of
 `Backend.settings_model`, and the config-time checks get that same instance (`check_node_config(settings, ...)`,
 `requirement_overrides(settings, ...)`), never the raw provider dict: a key a backend reads must be declared in its
@@ -218,7 +218,7 @@ class BackendConfig:
     # The catalog cloud (core/catalog) whose offerings and prices are this backend's machines: a cloud's own name.
     # Default None: the machines are no cloud's (local processes, a test backend), so decisions are priced as
     # `provider.simulate_cloud` (default aws); the loader refuses `simulate_cloud` for a backend that has one
-    # (launch/config.py). `providers.price_clouds()` lists them: the `--cloud` choices of `plan` and `catalog`.
+    # (operate/config.py). `providers.price_clouds()` lists them: the `--cloud` choices of `plan` and `catalog`.
     catalog_cloud: ClassVar[str | None] = None
     # Real instance families of that catalog cloud no catalog lists (retired, dedicated-host, unpriced; data in
     # core/family_names.py): accepted where a family is named, so excluding one is no error.
@@ -231,7 +231,7 @@ class BackendConfig:
     ray_provider_type: ClassVar[str | None] = None
 
     # The backend polls a queue of interruption warnings (`provider.interruption_queue_url`; AWS: EventBridge ->
-    # SQS). Default False: the key is refused for this backend, naming it (launch/config.py).
+    # SQS). Default False: the key is refused for this backend, naming it (operate/config.py).
     supports_interruption_queue: ClassVar[bool] = False
 
     @classmethod
@@ -303,7 +303,7 @@ class MachineBackend(BackendConfig, abc.ABC):
     @classmethod
     def from_provider(cls: type[_Backend], provider: Mapping[str, Any], cluster_name: str) -> _Backend:
         """A backend from a raw provider block, parsing only its own section (errors name the key). For tests and
-        tools; the launch path builds backends from `launch.config.load_provider`'s bundle."""
+        tools; the launch path builds backends from `operate.config.load_provider`'s bundle."""
         return cls(parse_section(cls.settings_model, provider, "provider"), cluster_name)
 
     @classmethod

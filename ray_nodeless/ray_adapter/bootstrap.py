@@ -8,8 +8,8 @@ from typing import Any
 
 from ray_nodeless.core.idle import SOURCE_BREAK_EVEN
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
-from ray_nodeless.launch.config import ProviderBundle, check_cluster, check_node_types, load_provider
-from ray_nodeless.launch.plugin_install import check_file_mounts
+from ray_nodeless.operate.config import ProviderBundle, check_cluster, check_node_types, load_provider
+from ray_nodeless.operate.plugin_install import check_file_mounts
 from ray_nodeless.providers import backend_config
 from ray_nodeless.ray_compat import in_teardown
 from ray_nodeless.ray_adapter.ray_defaults import fill_ray_defaults
@@ -26,7 +26,7 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     1. the top-level keys Ray reads after the head launches, from Ray's defaults of the cloud when missing
        (`ray_defaults.fill_ray_defaults`);
     2. every key validated and every node type planned, so a bad key or an infeasible shape fails first
-       (`launch.config.check_cluster`: types, catalog values, launch keys against the cloud's request model,
+       (`operate.config.check_cluster`: types, catalog values, launch keys against the cloud's request model,
        names, the cost cap), then the registration's live checks (`Registration.preflight`; Kubernetes: the
        kubeconfig, API server, RBAC, namespace and a dry run of the pod);
     3. the cloud's bootstrap as Ray's own provider does it, by the backend's `bootstrap` hook (AWS: default AMI,
@@ -56,7 +56,7 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
             bundle = load_provider(provider)
             cp = check_cluster(config, bundle=bundle)
         # Last, so that a config mistake is named first: file_mounts sources (the plugin's wheel: `make wheel`)
-        # exist here, and self-booting workers run no command that needs one (launch/plugin_install.py).
+        # exist here, and self-booting workers run no command that needs one (operate/plugin_install.py).
         check_file_mounts(config, workers_boot_themselves=bool(provider.get("disable_node_updaters"))
                           and bundle.core.registration == "vm" and boots_itself(bundle.core.cloud))
     except (NoFeasibleOffering, CatalogError, BackendError, ConfigError) as e:
@@ -112,7 +112,7 @@ def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> di
     """
     from ray_nodeless.core.cluster_plan import plan_cluster
     from ray_nodeless.core.node_resources import ray_filled_resources
-    from ray_nodeless.launch.config import catalog_for
+    from ray_nodeless.operate.config import catalog_for
 
     config = copy.deepcopy(cluster_config)
     types = config.get("available_node_types") or {}

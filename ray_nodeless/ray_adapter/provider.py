@@ -45,7 +45,7 @@ from ray_nodeless.errors import LaunchError, ListingError
 from ray_nodeless.interruptions.drain import RayDrainer
 from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.metrics.wiring import ProviderInstruments

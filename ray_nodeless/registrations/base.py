@@ -37,7 +37,7 @@ class Registration:
     playing is a backend decorator (providers/local/played.py), not the registration's.
 
     Constructor contract: `Registration(settings, cluster_name, core)`: `settings` its own provider keys as the
-    loader (`launch.config.load_provider`) parsed them (an instance of `settings_model`), `core` the core's
+    loader (`operate.config.load_provider`) parsed them (an instance of `settings_model`), `core` the core's
     (`core.settings.CoreSettings`: cloud, region, the recorded worker boot commands, ...). Never the raw block.
     """
 
@@ -73,7 +73,7 @@ class Registration:
                       core: CoreSettings | None = None) -> "Registration":
         """A registration from a raw provider block: its own section, then (unless given) the core's keys, each
         parsed alone (errors name the key; no check of unknown keys). For tests and tools; the launch path builds
-        registrations from `launch.config.load_provider`'s bundle."""
+        registrations from `operate.config.load_provider`'s bundle."""
         settings = parse_section(cls.settings_model, provider, "provider")
         return cls(settings, cluster_name, core if core is not None else parse_provider(provider))
 

@@ -15,8 +15,8 @@ from ray_nodeless.core.idle import capped_break_even_s
 from ray_nodeless.core.prices import priced
 from ray_nodeless.core.requirements import GIB
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.open_types import is_open_type, shape_open
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.simulate.model import TICK_MS, Offer, SimConfig
 from ray_nodeless.simulate.open import OpenCluster
 from ray_nodeless.trace.model import Trace
@@ -80,7 +80,7 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
     """`reversion=False` replays the config with `provider.reversion` off (as-configured otherwise)."""
     raw = load_cluster_yaml(path)
     cfg = force_on_demand(raw) if on_demand else raw
-    # The provider block read by the launch layer's loader, as `ray up` reads it: the backend registry says which
+    # The provider block read by the operate layer's loader, as `ray up` reads it: the backend registry says which
     # catalog cloud prices it (a gcp block is priced from the gcp catalog) and what its node_config keys imply.
     bundle = load_provider(cfg.get("provider"))
     cp = plan_cluster(cfg, backend_overrides=bundle.requirement_overrides, catalog=catalog, settings=bundle.core)

@@ -13,7 +13,7 @@ What it does, in order:
    backend maps it to an allow-list of one), or with `free_instance_types` replaced by the shape it implies: the
    resources Ray's AWS provider would fill in for it, plus `min_memory_gib` (its memory), `min_vcpus` (when the
    resources state fewer CPUs) and `gpus: [model]`, so the planner may pick a cheaper fit of the same shape.
-4. The result must pass Ray's own checks and ray_nodeless's (`launch.config.check_cluster`, the path of `ray up`'s
+4. The result must pass Ray's own checks and ray_nodeless's (`operate.config.check_cluster`, the path of `ray up`'s
    bootstrap and `ray-nodeless plan`); a pinned type the catalog cannot price or launch is an error naming the key.
 5. Per node type: what Ray's own provider would launch (`before`: the pinned type, its capacity and catalog price)
    and what ray_nodeless will launch (`after`: the plan), and the idle / ceiling cost of both.
@@ -32,7 +32,7 @@ from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.core.cost import NodeTypeCost, cluster_cost
 from ray_nodeless.core.node_resources import ray_filled_resources
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import catalog_for, check_cluster, load_provider
+from ray_nodeless.operate.config import catalog_for, check_cluster, load_provider
 from ray_nodeless.providers import backend_config
 from ray_nodeless.providers.swapin import SwapIn
 from ray_nodeless.swapin import keymap, ray_defaults, yaml_text
@@ -231,8 +231,8 @@ def _ordered(user: Mapping[str, Any], merged: Mapping[str, Any]) -> dict[str, An
 
 
 def _install_plugin(config: dict[str, Any], notes: _Notes) -> None:
-    """The head gets ray_nodeless from its wheel (file_mounts + head_setup_commands: launch/plugin_install.py)."""
-    from ray_nodeless.launch.plugin_install import install_on_head
+    """The head gets ray_nodeless from its wheel (file_mounts + head_setup_commands: operate/plugin_install.py)."""
+    from ray_nodeless.operate.plugin_install import install_on_head
 
     for key, text in install_on_head(config, ray_defaults.ray_version()).items():
         notes.add((key,), text)

@@ -28,7 +28,7 @@ SHARED: tuple[KeyMapping, ...] = (
     KeyMapping("both", "available_node_types.<t>.resources", "the shape; filled from a pinned type as Ray's AWS "
                "provider fills it", "ray_adapter/bootstrap.py fillout_available_node_types_resources"),
     KeyMapping("both", "file_mounts, head_setup_commands", "kept; convert adds the plugin's wheel mount "
-               "(~/ray_nodeless_wheel) and its install on the head, last", "launch/plugin_install.py install_on_head"),
+               "(~/ray_nodeless_wheel) and its install on the head, last", "operate/plugin_install.py install_on_head"),
     KeyMapping("both", "every other top-level key (setup_commands, docker, ...)", "kept; the ones "
                "Ray's defaults.yaml supplies are written out by convert", "swapin/ray_defaults.py"),
 )

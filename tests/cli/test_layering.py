@@ -166,15 +166,46 @@ def test_no_product_module_imports_testing():
            TESTING_ALLOWED)
 
 
-# The launch layer and the adapter reach backends only through the registry (providers/__init__) and the contract
-# (providers/base): never a providers.<cloud> module.
+# The launch and operate layers and the adapter reach backends only through the registry (providers/__init__) and
+# the contract (providers/base): never a providers.<cloud> module.
 CLOUD_ALLOWED: frozenset[tuple[str, str]] = frozenset()
 
 
-def test_launch_and_adapter_import_no_cloud_backend():
-    _check(_pairs(_graph(), lambda m: _under(m, P + "launch", P + "ray_adapter"),
+def test_launch_operate_and_adapter_import_no_cloud_backend():
+    _check(_pairs(_graph(), lambda m: _under(m, P + "launch", P + "operate", P + "ray_adapter"),
                   lambda m, d: _under(d, P + "providers") and d not in (P + "providers", P + "providers.base")),
            CLOUD_ALLOWED)
+
+
+# operate/ (the provider-block loader, the cluster-YAML checks, status, sweep) sits above launch/ (what launches):
+# operate imports launch, launch never imports operate, so the launch path carries no config-time code.
+def _launch_imports_of_operate(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return _pairs(graph, lambda m: _under(m, P + "launch"), lambda m, d: _under(d, P + "operate"))
+
+
+def test_launch_imports_nothing_of_operate():
+    _check(_launch_imports_of_operate(_graph()), frozenset())
+
+
+def test_the_launch_rule_sees_lazy_and_type_checking_imports(tmp_path):
+    # Guards the rule above: a launch module's imports of operate under TYPE_CHECKING, inside a function and
+    # relative ones all count as violations.
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\n"
+                   "if TYPE_CHECKING:\n    from ray_nodeless.operate.config import ProviderBundle\n"
+                   "def f():\n    from ..operate import sweep\n")
+    name = P + "launch.m"
+    files = dict(_files(), **{name: src})
+    graph = {name: {d for d in _imports(name, src, files) if d in files}}
+    assert _launch_imports_of_operate(graph) == {(name, P + "operate.config"), (name, P + "operate.sweep")}
+
+
+# What loads a cluster through operate/ (the adapter, `simulate`, the swap-in tool and KubeRay's package) sits above
+# it: operate imports none of them.
+def test_operate_imports_none_of_its_users():
+    _check(_pairs(_graph(), lambda m: _under(m, P + "operate"),
+                  lambda m, d: _under(d, P + "ray_adapter", P + "simulate", P + "swapin", P + "kuberay")),
+           frozenset())
 
 
 def _ray_private(module: str) -> bool:

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from ray_nodeless.cli import main
 from ray_nodeless.core.cluster_plan import load_catalog
 from ray_nodeless.core.settings import Resolver, parse_provider
-from ray_nodeless.launch.config import load_provider
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.operate.config import load_provider
 from tests import REPO_ROOT
 
 ROOT = REPO_ROOT

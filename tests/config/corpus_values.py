@@ -58,7 +58,7 @@ def rename_worker(new: Any) -> Callable[[dict], None]:
 
 def cap_between_head_and_idle(c: dict) -> None:
     """min_workers that make the idle cost exceed the head's price, and a cap between the two."""
-    from ray_nodeless.launch.config import check_cluster, prepare_like_ray_up
+    from ray_nodeless.operate.config import check_cluster, prepare_like_ray_up
 
     w = worker_name(c)
     c["max_workers"] = max(int(c.get("max_workers") or 0), 3)
@@ -257,7 +257,7 @@ LIVE_K8S: list[Case] = [
 ]
 
 # Ray's own cluster schema and preparation (`prepare_config`, `validate_config`): `plan` applies the schema itself
-# (launch/ray_schema.py); on the `ray up` path Ray refuses these before the plugin runs, or crashes on them.
+# (operate/ray_schema.py); on the `ray up` path Ray refuses these before the plugin runs, or crashes on them.
 RAY_SHAPES: list[Case] = [
     ("top-key-typo", top("max_worker", 3), "max_worker"),
     ("top-key-unknown", top("head_setup", []), "head_setup"),

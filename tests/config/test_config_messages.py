@@ -10,7 +10,7 @@ import yaml
 
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
-from ray_nodeless.launch.config import check_cluster, prepare_like_ray_up
+from ray_nodeless.operate.config import check_cluster, prepare_like_ray_up
 from ray_nodeless.providers.base import LaunchSpec
 from tests import REPO_ROOT
 

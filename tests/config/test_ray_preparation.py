@@ -1,4 +1,4 @@
-"""The shapes Ray 2.60's `ray up` crashes on before it imports any node provider (launch/ray_prepare.py): under
+"""The shapes Ray 2.60's `ray up` crashes on before it imports any node provider (operate/ray_prepare.py): under
 `ray up` they stay Ray's own traceback (nothing of ours runs first: the package installs no start-up hook), and
 `ray-nodeless plan` names the key and what is wrong. Each case is also run through the installed Ray, in-process,
 to prove Ray really crashes on it in its own code; valid configs pass untouched."""
@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from ray_nodeless.cli import main as nodeless_cli
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.ray_prepare import check_ray_preparation, json_fault
+from ray_nodeless.operate.ray_prepare import check_ray_preparation, json_fault
 from tests import REPO_ROOT
 from tests.config.corpus import base
 from tests.config.test_ray_up_path import CASES, CRASHES, RAY_CRASHES, ray_up

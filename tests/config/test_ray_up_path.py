@@ -52,7 +52,7 @@ RESULTS: dict[tuple[str, str], list[bool]] = {}
 # validate_docker_config, fill_node_type_min_max_workers), the config cache's hash of the prepared config, and only
 # then the provider class's import (`_NODE_PROVIDERS["external"]` -> `provider.module`) and its bootstrap_config.
 # name -> (the Ray function whose line raises, the exception, why). test_ray_crashes_where_documented checks each
-# against the installed Ray's traceback; `plan` names each (launch/ray_prepare.py).
+# against the installed Ray's traceback; `plan` names each (operate/ray_prepare.py).
 RAY_CRASHES: dict[str, tuple[str, type[BaseException], str]] = {
     "provider-missing": ("create_or_update_cluster", KeyError,
                          "reads config['provider']['type'] to pick the provider, before _bootstrap_config"),

@@ -11,7 +11,7 @@ import yaml
 
 from ray_nodeless.core.settings import parse_provider
 from ray_nodeless.errors import ConfigError, ConfigErrors
-from ray_nodeless.launch.config import check_cluster, load_provider, prepare_like_ray_up
+from ray_nodeless.operate.config import check_cluster, load_provider, prepare_like_ray_up
 from tests import REPO_ROOT
 from tests.config.corpus import base
 

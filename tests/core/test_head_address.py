@@ -12,7 +12,7 @@ import ray_nodeless
 from ray_nodeless.core.schema import Section
 from ray_nodeless.core.settings import DEFAULT_GCS_PORT, HeadAddress
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.local.settings import DEFAULT_GCS_ADDRESS, KubeletPlayerSettings, LocalSettings
 from ray_nodeless.registrations.kubernetes.settings import KubernetesSettings
 from ray_nodeless.registrations.vm import VmSettings

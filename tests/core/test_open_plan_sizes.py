@@ -15,7 +15,7 @@ from ray_nodeless.core.open_plan import OpenFitter, Packer
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import NoFeasibleOffering
-from ray_nodeless.launch.config import catalog_for, load_provider
+from ray_nodeless.operate.config import catalog_for, load_provider
 from tests import REPO_ROOT
 
 GIB = 1024 ** 3

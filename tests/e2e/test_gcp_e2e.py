@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from ray_nodeless.testing.fake_gce import DEFAULT_MACHINE_TYPES, FakeGce
-from ray_nodeless.launch.config import check_cluster
+from ray_nodeless.operate.config import check_cluster
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.providers.gcp.labels import cluster_label_value
 from ray_nodeless.providers.local.players import RayNodePlayer

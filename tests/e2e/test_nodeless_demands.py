@@ -19,7 +19,7 @@ import pytest
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.core.demand import fits, offering_labels, parse_selector
 from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_ZONE
 from ray_nodeless.providers.local.backend import LocalBackend
 from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, end_local_cluster, write_config

@@ -13,7 +13,7 @@ import pytest
 
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.base import LaunchSpec
 from ray_nodeless.registrations.vm import BareVM
 from ray_nodeless.registrations.vm_boot import WATCHER_MODULE, worker_boot_script

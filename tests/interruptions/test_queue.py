@@ -11,7 +11,7 @@ import pytest
 from ray_nodeless.interruptions.drain import RayDrainer
 from ray_nodeless.interruptions.notices import spot_event
 from ray_nodeless.interruptions.queue import QUEUE_BATCH, QUEUE_MAX_RECEIVES, STALE_AFTER_S, InterruptionQueue
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.aws.interruption_queue import queue_endpoint
 from ray_nodeless.providers.base import Machine
 from ray_nodeless.testing.moto_server import unique

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.registrations.kubernetes.pods import ray_pod, template_for

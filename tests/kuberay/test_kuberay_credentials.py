@@ -15,7 +15,7 @@ import pytest
 
 from ray_nodeless.core.catalog import InstanceType, Offering
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.base import TAG_CLUSTER, LaunchSpec
 from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.ray_compat.kuberay import derive_config

@@ -11,7 +11,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from ray_nodeless.core import ttls
-from ray_nodeless.launch.sweep import Sweep
+from ray_nodeless.operate.sweep import Sweep
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing.clock import FakeClock

@@ -12,8 +12,8 @@ from ray_nodeless.core.demand import Demand, canonical_resources, parse_demand
 from ray_nodeless.core.open_plan import OpenFitter, Packer
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
-from ray_nodeless.launch.config import catalog_for, load_provider
 from ray_nodeless.launch.open_types import DROP_AFTER_S, OpenTypes, RayNode, Snapshot, is_open_type
+from ray_nodeless.operate.config import catalog_for, load_provider
 from ray_nodeless.providers.base import TAG_CLUSTER, Machine
 from ray_nodeless.ray_compat.defaults import prepare_config, validate_config
 from ray_nodeless.ray_adapter.open_driver import YamlFileStore, snapshot_of
@@ -188,7 +188,7 @@ def test_snapshot_from_rays_cluster_resource_state_proto():
 ])
 def test_bad_template_is_refused_at_plan_naming_the_key(open_node_config, key):
     from ray_nodeless.errors import ConfigError
-    from ray_nodeless.launch.config import check_cluster
+    from ray_nodeless.operate.config import check_cluster
 
     cfg = _config(open_node_config=open_node_config)
     with pytest.raises(ConfigError) as e:
@@ -198,7 +198,7 @@ def test_bad_template_is_refused_at_plan_naming_the_key(open_node_config, key):
 
 def test_aws_template_launch_keys_are_checked_by_the_backend():
     from ray_nodeless.errors import ConfigError
-    from ray_nodeless.launch.config import check_cluster
+    from ray_nodeless.operate.config import check_cluster
 
     cfg = yaml.safe_load((REPO_ROOT / "cluster-configs" / "aws-nodeless.yaml").read_text())
     cfg["provider"]["open"]["node_config"]["InstanceType"] = 5

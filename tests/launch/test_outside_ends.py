@@ -223,7 +223,7 @@ def test_ray_down_ends_a_worker_launched_just_before_and_not_listed_yet(cloud):
 
 
 def test_sweep_ends_a_worker_launched_just_before_and_not_listed_yet(cloud):
-    from ray_nodeless.launch.sweep import Sweep
+    from ray_nodeless.operate.sweep import Sweep
 
     every, late = launched_late(cloud, lag_s=1.5)
     sweep = Sweep({"cluster_name": "c1", "provider": dict(PROVIDER)}, verify_s=3.0)

@@ -11,7 +11,7 @@ import pytest
 
 from ray_nodeless.errors import ListingError
 from ray_nodeless.launch.launcher import retry_round_s
-from ray_nodeless.launch.sweep import Sweep
+from ray_nodeless.operate.sweep import Sweep
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing.clock import FakeClock
 from ray_nodeless.testing.fault_matrix.aws import SHAPES, Wire, provider_config

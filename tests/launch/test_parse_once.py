@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from pydantic import BaseModel
 
-import ray_nodeless.launch.sweep  # noqa: F401 - every module holding a loader function is imported before wrapping
+import ray_nodeless.operate.sweep  # noqa: F401 - every module holding a loader function is imported before wrapping
 import ray_nodeless.providers.aws.backend  # noqa: F401
 import ray_nodeless.providers.aws.interruption_queue  # noqa: F401
 from ray_nodeless.core import catalog as catalog_mod
@@ -28,8 +28,8 @@ from ray_nodeless.core import schema, settings
 from ray_nodeless.core.catalog.refresh import CACHE_DIR_ENV, LiveCatalog, LiveFetch
 from ray_nodeless.core.schema import Section
 from ray_nodeless.core.settings import CoreSettings
-from ray_nodeless.launch import config as launch_config
-from ray_nodeless.launch.config import ProviderBundle, load_provider
+from ray_nodeless.operate import config as operate_config
+from ray_nodeless.operate.config import ProviderBundle, load_provider
 from ray_nodeless.providers.aws.config import AwsConfig
 from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.ray_adapter.context import MonitorContext
@@ -174,7 +174,7 @@ def test_a_registered_backend_gets_its_own_section_parsed(knob_registered: None,
 # --------------------------------------------------------------------------------- the walk goes down only
 
 LOADER_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "load_provider": launch_config.load_provider,
+    "load_provider": operate_config.load_provider,
     "parse_provider": settings.parse_provider,
     "parse_section": schema.parse_section,
 }
@@ -340,7 +340,7 @@ def test_config_time_checks_take_the_parsed_bundle(validations: Validations) -> 
     bundle = load_provider(k8s["provider"])
     assert validations.of(KubernetesSettings) == 1
     validations.clear()
-    launch_config.check_cluster(k8s, bundle=bundle)
+    operate_config.check_cluster(k8s, bundle=bundle)
     bundle.registration_class.check_config(bundle.registration_settings)
     assert validations.of(KubernetesSettings) == 0 and validations.of(CoreSettings) == 0
 
@@ -351,5 +351,5 @@ def test_config_time_checks_take_the_parsed_bundle(validations: Validations) -> 
     validations.clear()
     settle_images(aws, bundle)
     assert all(nt["node_config"].get("ImageId") for nt in aws["available_node_types"].values())
-    launch_config.check_cluster(aws, bundle=bundle)
+    operate_config.check_cluster(aws, bundle=bundle)
     assert validations.of(AwsSettings) == 0 and validations.of(CoreSettings) == 0

@@ -10,7 +10,7 @@ import pytest
 from ray_nodeless.core.cluster_plan import MAX_NODE_TYPES, planner_for
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
-from ray_nodeless.launch.config import catalog_for, check_cluster, load_provider
+from ray_nodeless.operate.config import catalog_for, check_cluster, load_provider
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from tests.helpers import cluster_config
 from tests.ray_adapter.test_provider import PROVIDER

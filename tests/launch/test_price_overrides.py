@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from ray_nodeless.cli.main import main as cli
-from ray_nodeless.launch.status import list_price_of, price_of
+from ray_nodeless.operate.status import list_price_of, price_of
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend

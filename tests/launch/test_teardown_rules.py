@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.sweep import Sweep
+from ray_nodeless.operate.sweep import Sweep
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from tests.helpers import cluster_config, write_cluster_yaml

@@ -12,10 +12,10 @@ import yaml
 from click.testing import CliRunner
 
 from ray_nodeless.cli.main import main as cli
-from ray_nodeless.launch.status import events_document
 from ray_nodeless.metrics.events import (
     EVENTS_DIR_ENV, EventLog, head_events_path, head_read_command, head_read_output,
 )
+from ray_nodeless.operate.status import events_document
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.providers.local.backend import LocalBackend
 from tests import REPO_ROOT

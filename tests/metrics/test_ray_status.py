@@ -11,10 +11,10 @@ from ray.autoscaler.node_launch_exception import NodeLaunchException
 
 from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
 from ray_nodeless.metrics.events import Event, EventLog
 from ray_nodeless.metrics.ray_status import HEADER, MAX_BYTES, MAX_LINE, RayStatusBlock, merged, render
 from ray_nodeless.metrics.wiring import ProviderInstruments
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
 from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS

@@ -13,7 +13,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from ray_nodeless.launch.plugin_install import plugin_version, wheel_filename
+from ray_nodeless.operate.plugin_install import plugin_version, wheel_filename
 from tests import REPO_ROOT
 
 

@@ -16,7 +16,7 @@ import yaml
 from packaging.requirements import Requirement
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.plugin_install import (WHEEL_DIR, WHEEL_MOUNT, check_file_mounts, head_install_command,
+from ray_nodeless.operate.plugin_install import (WHEEL_DIR, WHEEL_MOUNT, check_file_mounts, head_install_command,
                                                 plugin_version, wheel_filename)
 from tests import REPO_ROOT
 from tests.packaging.wheel import fresh_venv, head_commands, mount, node_env

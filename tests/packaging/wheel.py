@@ -9,7 +9,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-from ray_nodeless.launch.plugin_install import WHEEL_DIR, WHEEL_MOUNT
+from ray_nodeless.operate.plugin_install import WHEEL_DIR, WHEEL_MOUNT
 from tests import REPO_ROOT
 
 

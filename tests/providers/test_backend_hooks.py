@@ -11,7 +11,7 @@ import pytest
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.core.node_resources import GENERIC_FILL, ray_filled_resources
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers import backend_config, backend_names
 from ray_nodeless.providers.base import BackendConfig, LaunchSpec
 from ray_nodeless.registrations.kubernetes.join import DEFAULT_MACHINE_ID_SNIPPET, user_data

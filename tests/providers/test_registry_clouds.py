@@ -13,7 +13,7 @@ import pytest
 from ray_nodeless import providers
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers import backend_config, price_clouds, ray_provider_types
 from ray_nodeless.testing import fake_backend
 

@@ -17,8 +17,8 @@ from ray_nodeless.core.cluster_plan import load_catalog, planner_for
 from ray_nodeless.core.demand import parse_demand
 from ray_nodeless.core.open_plan import OpenFitter, Packer
 from ray_nodeless.core.settings import Resolver
-from ray_nodeless.launch.config import load_provider
 from ray_nodeless.launch.open_types import OpenTypes, Snapshot
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.simulate.config import config_from_cluster
 from ray_nodeless.simulate.engine import simulate
 from ray_nodeless.simulate.model import SimulationError

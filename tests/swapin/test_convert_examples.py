@@ -58,7 +58,7 @@ def test_the_errors_say_why() -> None:
 def test_converted_yaml_passes_rays_config_path_and_ours(name: str, free: bool) -> None:
     from ray.autoscaler._private.util import validate_config
 
-    from ray_nodeless.launch.config import check_cluster, load_provider, prepare_like_ray_up
+    from ray_nodeless.operate.config import check_cluster, load_provider, prepare_like_ray_up
     from ray_nodeless.ray_adapter.bootstrap import settle_images
     from ray_nodeless.ray_adapter.provider import NodelessProvider
 
@@ -173,7 +173,7 @@ def _launch_each(config: dict[str, Any], extra_provider: dict[str, Any],
     from ray.autoscaler._private.util import validate_config
     from ray.autoscaler.tags import NODE_KIND_HEAD, NODE_KIND_WORKER, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
-    from ray_nodeless.launch.config import check_cluster
+    from ray_nodeless.operate.config import check_cluster
     from ray_nodeless.ray_adapter.provider import NodelessProvider
 
     cfg = prepared(config)
@@ -181,7 +181,7 @@ def _launch_each(config: dict[str, Any], extra_provider: dict[str, Any],
     if wheel_dir is not None:
         # The converted YAML mounts this checkout's dist/ray_nodeless_wheel, there after `make wheel`; the test's
         # own build of that wheel stands in (bootstrap_config checks that the mounted wheel exists).
-        from ray_nodeless.launch.plugin_install import WHEEL_MOUNT
+        from ray_nodeless.operate.plugin_install import WHEEL_MOUNT
 
         cfg["file_mounts"][WHEEL_MOUNT] = str(wheel_dir)
     ready = NodelessProvider.fillout_available_node_types_resources(cfg)

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 import ray_nodeless
-from ray_nodeless.launch.config import check_cluster
+from ray_nodeless.operate.config import check_cluster
 from ray_nodeless.swapin import keymap
 from ray_nodeless.swapin.convert import convert
 from tests.swapin.helpers import PROJECT, example, quiet_ray

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from ray_nodeless.cli import main
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import check_cluster
+from ray_nodeless.operate.config import check_cluster
 from ray_nodeless.providers.aws.backend import AwsBackend
 from ray_nodeless.ray_adapter.bootstrap import bootstrap_config
 from ray_nodeless.testing.moto_server import REGION, MotoServer

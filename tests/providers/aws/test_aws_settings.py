@@ -9,7 +9,7 @@ import pytest
 
 from ray_nodeless.core.schema import declared_keys, parse_section
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.aws.backend import AwsBackend
 from ray_nodeless.providers.aws.settings import (
     DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BASE_DELAY_S, DEFAULT_SETTLE_WAIT_S, MAX_DESCRIBE_PAGE_SIZE, AwsSettings,
@@ -196,7 +196,7 @@ def test_a_hand_swapped_ray_yaml_plans_what_ray_would_launch() -> None:
     listed zones, as the pinned type."""
     import yaml
 
-    from ray_nodeless.launch.config import check_cluster
+    from ray_nodeless.operate.config import check_cluster
     from tests.swapin.helpers import example
 
     cfg = yaml.safe_load(example("aws-example-full.yaml").read_text())

@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from ray_nodeless.cli.sweep import sweep_command
-from ray_nodeless.launch.sweep import Sweep
+from ray_nodeless.operate.sweep import Sweep
 from ray_nodeless.providers.base import TAG_CLUSTER, TAG_TERMINATING
 from ray_nodeless.testing.moto_server import REGION, MotoServer, ec2_error, install
 from tests.helpers import cluster_config, write_cluster_yaml

@@ -13,7 +13,7 @@ from ray_nodeless.core.catalog import Catalog, InstanceType, embedded, region_en
 from ray_nodeless.core.catalog.refresh import MemoryCache, resolve_live, summarize
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.launch.catalog import catalog_result
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.gcp import catalog as gcp_catalog
 from ray_nodeless.testing.fake_gce import FakeGce
 

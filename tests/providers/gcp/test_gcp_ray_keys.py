@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from ray_nodeless.cli import main
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import check_cluster, load_provider
+from ray_nodeless.operate.config import check_cluster, load_provider
 from ray_nodeless.providers.gcp.backend import GcpBackend
 from ray_nodeless.providers.gcp.clients import ComputeClients
 from ray_nodeless.providers.gcp.settings import GcpSettings

@@ -54,8 +54,8 @@ def test_credentials_object_is_accepted() -> None:
 
 
 def test_every_key_passes_the_provider_block_check_and_typos_get_a_suggestion() -> None:
-    """The launch layer rejects keys no section declares: every key the backend reads must be declared."""
-    from ray_nodeless.launch.config import load_provider
+    """The loader (operate/config.py) rejects keys no section declares: every key the backend reads must be declared."""
+    from ray_nodeless.operate.config import load_provider
 
     full = {**BASE, "api_endpoint": "http://127.0.0.1:1", "credentials": "anonymous", "image": "projects/x/y",
             "network": "global/networks/n", "disk_size_gb": 100, "operation_timeout_s": 60, "call_timeout_s": 10,
@@ -149,7 +149,7 @@ def test_availability_zone_names_zones_of_the_region() -> None:
 
 
 def test_availability_zone_reaches_the_plan() -> None:
-    from ray_nodeless.launch.config import check_cluster
+    from ray_nodeless.operate.config import check_cluster
 
     cfg = {"cluster_name": "c", "max_workers": 1, "head_node_type": "h", "available_node_types": {
         "h": {"resources": {"CPU": 2}, "node_config": {"machineType": "n1-standard-2"}}},

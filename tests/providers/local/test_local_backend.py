@@ -21,7 +21,7 @@ from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 
 from ray_nodeless.core.catalog import InstanceType, Offering
 from ray_nodeless.errors import BackendError, CapacityError, ForeignMachineError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.pids import proc_info

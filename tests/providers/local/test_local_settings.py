@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.players import RayNodePlayer
 from ray_nodeless.providers.local.settings import (

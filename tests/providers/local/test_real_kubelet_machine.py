@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ray_nodeless.errors import BackendError, ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.local.real_kubelet import RealKubeletMachine, cri_socket
 from ray_nodeless.providers.local.settings import KubeletPlayerSettings
 

@@ -10,7 +10,7 @@ import yaml
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.core.kube_join import parse_user_data
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.base import LaunchSpec
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.registrations.kubernetes.join import check_join, user_data

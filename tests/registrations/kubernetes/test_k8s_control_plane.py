@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.providers.base import LaunchSpec, Machine
 from ray_nodeless.registrations.kubernetes import KubernetesRegistration
 from ray_nodeless.registrations.kubernetes import check as check_settings
@@ -35,7 +35,7 @@ JOINS = {
 
 def check(provider_config: dict, *args, **kwargs) -> None:
     """The live check on the block as bootstrap_config hands it over: parsed once by the loader."""
-    from ray_nodeless.launch.config import load_provider
+    from ray_nodeless.operate.config import load_provider
 
     check_settings(load_provider(provider_config).registration_settings, *args, **kwargs)
 

@@ -10,7 +10,7 @@ import yaml
 
 from ray_nodeless.core.kube_join import JOIN_HEREDOC, cri_socket_for, kubeadm_api_for, parse_user_data
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
+from ray_nodeless.operate.config import load_provider
 from ray_nodeless.registrations.kubernetes.join import kubeadm_api_version, user_data
 from ray_nodeless.registrations.kubernetes.settings import JoinSettings
 from tests.registrations.kubernetes.test_join_and_settings import JOINS, provider, spec

@@ -44,7 +44,7 @@ def ray_schema() -> Document | None:
         return None
 
 
-def _type_ok(value: Any, kind: Any, nullable: bool) -> bool:
+def _type_ok(value: object, kind: Any, nullable: bool) -> bool:
     kinds = kind if isinstance(kind, list) else [kind]
     if nullable and value is None:
         return True
@@ -59,7 +59,7 @@ def _type_ok(value: Any, kind: Any, nullable: bool) -> bool:
     return False
 
 
-def _check(schema: DocumentView, root: DocumentView, value: Any, key: str) -> None:
+def _check(schema: DocumentView, root: DocumentView, value: object, key: str) -> None:
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/definitions/"):
         target = root.get("definitions", {}).get(ref.rsplit("/", 1)[1])

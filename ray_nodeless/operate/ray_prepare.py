@@ -6,7 +6,7 @@ runs `prepare_config` (`fillout_defaults` with the external provider's MINIMAL_E
 `merge_setup_commands`, `validate_docker_config`, `fill_node_type_min_max_workers`) and hashes the prepared config
 for its cache with `json.dumps([config], sort_keys=True)`; only then does it import `provider.module`. A KeyError,
 TypeError or AttributeError in those steps is Ray's traceback under `ray up`, before a line of ray_nodeless runs, so
-no plugin code can name it there. `plan` runs `check_ray_preparation` first (launch/config.py
+no plugin code can name it there. `plan` runs `check_ray_preparation` first (operate/config.py
 `prepare_like_ray_up`) and names the key instead; tests/config/test_ray_preparation.py checks each shape against
 the installed Ray's own crash.
 
@@ -33,12 +33,12 @@ _MISSING_TOP_KEY = ("missing: `ray up` needs this top-level key for `type: exter
                     "for its own clouds); `ray-nodeless convert` writes a complete YAML")
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", type(None): "null"}.get(type(value),
                                                                                         type(value).__name__)
 
 
-def check_ray_preparation(config: Any) -> None:
+def check_ray_preparation(config: object) -> None:
     """ConfigError naming the key where Ray 2.60's `ray up` would crash on `config` before importing the provider
     (see the module docstring); returns when Ray's steps get through, or go a way not modelled here."""
     if not isinstance(config, Mapping):
@@ -114,7 +114,7 @@ def _check_docker(merged: Mapping[str, Any]) -> None:
                                           "container_name")
 
 
-def _check_node_types(types: Any) -> None:
+def _check_node_types(types: object) -> None:
     """fill_node_type_min_max_workers: each node type gets setdefault('min_workers', 0)."""
     if isinstance(types, Mapping):
         for name in types:
@@ -126,7 +126,7 @@ def _check_node_types(types: Any) -> None:
                                                   f"{_kind(types)}")
 
 
-def json_fault(value: Any) -> tuple[str, str] | None:
+def json_fault(value: object) -> tuple[str, str] | None:
     """(key, what) for the first place in `value` (in file order) where `json.dumps(..., sort_keys=True)` fails,
     or None. Iterative, and each mapping or list is visited once however many YAML aliases share it, so a config of
     shared anchors costs its distinct nodes, not its expansion."""

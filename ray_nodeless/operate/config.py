@@ -22,7 +22,7 @@ from ray_nodeless.core.settings import CoreSettings, key_problems, node_types_of
 from ray_nodeless.errors import ConfigError, ConfigErrors
 from ray_nodeless.launch.catalog import catalog_for as catalog_for   # re-exported: bootstrap's and convert's name
 from ray_nodeless.launch.open_types import check_open
-from ray_nodeless.launch.ray_prepare import RAY_REQUIRED_KEYS, check_ray_preparation
+from ray_nodeless.operate.ray_prepare import RAY_REQUIRED_KEYS, check_ray_preparation
 from ray_nodeless.providers import (
     backend_class, backend_config, backend_names, played, player_settings_model, price_clouds, unlisted_families,
 )
@@ -77,7 +77,7 @@ class ProviderBundle:
         self.backend_config.check_node_config(self.backend_settings, node_type, node_config, key)
 
 
-def load_provider(provider: Any, *, planning: bool | None = None) -> ProviderBundle:
+def load_provider(provider: object, *, planning: bool | None = None) -> ProviderBundle:
     """The one loader of a provider block: every key validated once (core, backend and registration keys; unknown
     keys with a did-you-mean), errors naming the key. Imports no cloud SDK: `bundle.backend_class()` does.
 
@@ -115,7 +115,7 @@ def _sections(provider: Mapping[str, Any]) -> tuple[BackendChecks, type[Registra
     return cls, reg, player, models
 
 
-def provider_key_problems(provider: Any) -> list[ConfigError]:
+def provider_key_problems(provider: object) -> list[ConfigError]:
     """The provider block's unknown and missing keys (core.settings.key_problems), or the one error that keeps
     them from being known (no mapping, an unknown cloud or registration); [] when there is none."""
     if not isinstance(provider, Mapping):
@@ -143,7 +143,7 @@ def prepare_like_ray_up(cluster_config: DocumentView) -> Document:
     """The node-type view `ray up` plans from, without importing Ray (a cold `plan` stays fast): Ray's
     `prepare_config` for `type: external` merges nothing but its minimal defaults, requires the setup-command lists
     and `max_workers`, and fills each node type's `min_workers` (0) and `max_workers` (0 for the head, else the
-    global value). tests/launch/test_prepare.py checks this equals Ray's own preparation on every shipped YAML."""
+    global value). tests/operate/test_prepare.py checks this equals Ray's own preparation on every shipped YAML."""
     if not isinstance(cluster_config, Mapping):
         raise ConfigError("cluster", "a cluster YAML must be a mapping")
     provider = cluster_config.get("provider")
@@ -152,7 +152,7 @@ def prepare_like_ray_up(cluster_config: DocumentView) -> Document:
                                            "`ray-nodeless convert` turns a Ray AWS/GCP YAML into one")
     # What a user fixes in one edit, named at once: unknown top-level keys (a did-you-mean from Ray's schema), the
     # top-level keys Ray requires, the provider block's unknown and missing keys.
-    from ray_nodeless.launch.ray_schema import unknown_top_level_keys
+    from ray_nodeless.operate.ray_schema import unknown_top_level_keys
 
     problems = unknown_top_level_keys(cluster_config)
     missing = [key for key in RAY_REQUIRED_KEYS if key not in cluster_config]
@@ -171,7 +171,7 @@ def prepare_like_ray_up(cluster_config: DocumentView) -> Document:
         problems += provider_key_problems(cluster_config["provider"])
     if problems:
         raise ConfigErrors.of(problems)
-    # Then what Ray's own steps before the provider import would crash on (launch/ray_prepare.py: a missing
+    # Then what Ray's own steps before the provider import would crash on (operate/ray_prepare.py: a missing
     # `provider.type`, a docker block without its image, a node type that is not a mapping, a value JSON cannot
     # hold), named by key: `ray up` shows Ray's traceback for these, `plan` names them.
     check_ray_preparation(cluster_config)
@@ -183,7 +183,7 @@ def prepare_like_ray_up(cluster_config: DocumentView) -> Document:
         nt.setdefault("max_workers", 0 if name == config["head_node_type"] else config["max_workers"])
     config["available_node_types"] = types
     # Ray's validate_config next: its cluster schema (types, unknown top-level keys), read without Ray.
-    from ray_nodeless.launch.ray_schema import check_ray_schema
+    from ray_nodeless.operate.ray_schema import check_ray_schema
 
     check_ray_schema(config)
     return config

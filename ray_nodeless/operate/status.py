@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ray_nodeless.core.documents import Document
-from ray_nodeless.launch.config import ProviderBundle, load_provider
 from ray_nodeless.metrics.events import (
     Event, events_from_machines, events_path, head_events_path, head_read_command, head_read_output, merged_events,
     parse_log, read_log,
 )
+from ray_nodeless.operate.config import ProviderBundle, load_provider
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_LIST_PRICE, TAG_PRICE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_RULE,
     TAG_UNSERVED, TAG_ZONE, Machine,

@@ -26,8 +26,8 @@ from typing import Callable
 from ray_nodeless.core.documents import Document
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import load_provider
-from ray_nodeless.launch.status import price_of
+from ray_nodeless.operate.config import load_provider
+from ray_nodeless.operate.status import price_of
 from ray_nodeless.providers.base import (
     TAG_CAPACITY, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE, TAG_TERMINATING,
     TAG_ZONE, Machine, Recheck,

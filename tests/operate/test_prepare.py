@@ -9,7 +9,7 @@ import yaml
 from ray.autoscaler._private.util import prepare_config
 
 from ray_nodeless.errors import ConfigError
-from ray_nodeless.launch.config import RAY_REQUIRED_KEYS, prepare_like_ray_up
+from ray_nodeless.operate.config import RAY_REQUIRED_KEYS, prepare_like_ray_up
 from tests import REPO_ROOT
 
 CONFIGS = sorted(p for p in (REPO_ROOT / "cluster-configs").glob("*.yaml") if "rbac" not in p.name)
