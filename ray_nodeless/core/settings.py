@@ -295,7 +295,8 @@ def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None 
     if clouds is not None and core.cloud not in set(clouds):
         raise ConfigError("provider.cloud", f"{core.cloud!r} is not one of {sorted(clouds)}")
     if catalog_cloud is not None and core.simulate_cloud is not None:
-        raise ConfigError("provider.simulate_cloud", f"only applies to backends that are not a cloud, not {core.cloud!r}")
+        raise ConfigError("provider.simulate_cloud",
+                          f"only applies to backends that are not a cloud, not {core.cloud!r}")
     if price_clouds is not None and core.simulate_cloud is not None and core.simulate_cloud not in set(price_clouds):
         raise ConfigError("provider.simulate_cloud", f"must be one of {sorted(price_clouds)} (the clouds the "
                                                      f"catalog prices), got {core.simulate_cloud!r}")

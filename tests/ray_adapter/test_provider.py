@@ -10,7 +10,8 @@ from ray_nodeless.testing import fake_backend
 from ray_nodeless.testing.clock import FakeClock
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.ray_adapter.provider import NodelessProvider
-from ray_nodeless.providers.base import TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE, TAG_ZONE
+from ray_nodeless.providers.base import (TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_RULE,
+                                         TAG_ZONE)
 
 WORKER_TAGS = {"ray-node-type": "worker", "ray-user-node-type": "gpu_worker", "ray-node-status": "uninitialized",
                "ray-node-name": "ray-c1-worker", "ray-launch-config": "abc"}
@@ -109,7 +110,8 @@ def test_every_candidate_failing_raises_nodelaunchexception_with_the_cloud_categ
 
 def test_infeasible_shape_raises_before_any_launch(provider, cloud):
     with pytest.raises(NodeLaunchException) as e:
-        provider.create_node_with_resources_and_labels({"gpus": ["K80"]}, dict(WORKER_TAGS), 1, {"CPU": 4, "GPU": 1}, {})
+        provider.create_node_with_resources_and_labels({"gpus": ["K80"]}, dict(WORKER_TAGS), 1, {"CPU": 4, "GPU": 1},
+                                                       {})
     assert e.value.category == "NoFeasibleOffering"
     assert cloud.launches == []
 
@@ -225,7 +227,8 @@ def test_concurrent_queries_are_thread_safe(cloud):
         except Exception as e:  # pragma: no cover
             errors.append(e)
 
-    threads = [threading.Thread(target=launch, args=(i,)) for i in range(8)] + [threading.Thread(target=query) for _ in range(4)]
+    threads = ([threading.Thread(target=launch, args=(i,)) for i in range(8)]
+               + [threading.Thread(target=query) for _ in range(4)])
     for t in threads:
         t.start()
     for t in threads:
