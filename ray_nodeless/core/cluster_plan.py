@@ -22,7 +22,7 @@ from ray_nodeless.core.plan import Plan
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.idle import IdleTimeout, cluster_idle_s, idle_timeout
 from ray_nodeless.core.prices import priced
-from ray_nodeless.core.requirements import OPEN_SHAPE_KEY, only_amounts
+from ray_nodeless.core.requirements import OPEN_SHAPE_KEY
 from ray_nodeless.core.rules import rule_warnings
 from ray_nodeless.core.documents import Document, DocumentView
 
@@ -214,8 +214,8 @@ def _matched_on(node_type: Mapping[str, object]) -> Mapping[str, float]:
     node_config = node_type.get("node_config")
     shape = node_config.get(OPEN_SHAPE_KEY) if isinstance(node_config, Mapping) else None
     matched = shape if isinstance(shape, Mapping) else (node_type.get("resources") or {})
-    # Resolver.request has checked both for this node type already (a ConfigError otherwise): numbers.
-    return matched if isinstance(matched, Mapping) and only_amounts(matched) else {}
+    # Resolver.request has checked both for this node type already (a ConfigError otherwise): mappings.
+    return matched if isinstance(matched, Mapping) else {}
 
 
 def check_cost_cap(cap: float | None, head: str, head_plan: Plan, cost: ClusterCost) -> None:

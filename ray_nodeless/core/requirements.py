@@ -77,11 +77,11 @@ class Shape:
         return "{" + ", ".join(parts) + "}"
 
 
-
 def only_amounts(resources: Mapping[str, object]) -> TypeGuard[Mapping[str, float]]:
     """Whether every value of `resources` is a number (what a rule's predicates compare): true of any mapping
-    Shape.from_resources accepted."""
+    Shape.from_resources accepted, which is how Resolver.request narrows a node type's resources."""
     return all(isinstance(v, (int, float)) for v in resources.values())
+
 
 @dataclass(frozen=True)
 class Requirements:

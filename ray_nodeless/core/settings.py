@@ -321,7 +321,9 @@ class Resolver:
         # A generated node type follows the rule of the demand it was opened for (core/open_plan.py), not the rule
         # its whole machine would match: the choice and the launch then agree.
         match_on = ours.pop(OPEN_SHAPE_KEY, None)
-        if match_on is not None and not (isinstance(match_on, Mapping) and only_amounts(match_on)):
+        # Its amounts are left to the rules' predicates, which float() the ones they compare (as before): open_plan
+        # writes numbers, and a hand-edited generated type must plan as it did.
+        if match_on is not None and not isinstance(match_on, Mapping):
             raise ConfigError(f"{key}.node_config.{OPEN_SHAPE_KEY}", "must be a mapping of resources")
         rule: Rule | None = self.settings.rules.first_match(node_type, match_on or resources, is_head)
         base = rule.requirements if rule else Requirements()
