@@ -21,7 +21,7 @@ is still a real model, and excluding it is harmless.
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import RegionCatalog
@@ -127,7 +127,7 @@ class CatalogValues:
                                                  f"{', '.join(self.zones)}){_hint(v, self.zones)}")
 
 
-def _names(value: Any) -> list[str] | None:
+def _names(value: object) -> list[str] | None:
     """The names of a list value as the parsers read it (a lone string is a list of one); None when not a list
     of strings (the parsers name that error)."""
     if isinstance(value, str):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import yaml
 
@@ -83,10 +83,10 @@ def load_cluster_yaml(path: str | Path) -> Document:
     return doc
 
 
-def too_deep(doc: Any, limit: int = MAX_YAML_DEPTH) -> str | None:
+def too_deep(doc: object, limit: int = MAX_YAML_DEPTH) -> str | None:
     """The dotted key where `doc` nests deeper than `limit` (None: it does not), without recursion: Ray's and our
     own checks walk a config recursively, and a 5,000-deep YAML would end in a RecursionError."""
-    stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
+    stack: list[tuple[object, str, int]] = [(doc, "", 0)]
     while stack:
         value, key, depth = stack.pop()
         if depth > limit:
@@ -102,7 +102,7 @@ def check_names(cluster_config: DocumentView) -> None:
     """`cluster_name` and the node type names (at most MAX_NODE_TYPES of them), as Ray and the backends can use
     them: strings, not empty (an empty cluster name tags machines that `sweep` then cannot tell apart), printable,
     at most NAME_MAX_LEN characters."""
-    def check(value: Any, key: str, what: str) -> None:
+    def check(value: object, key: str, what: str) -> None:
         if not isinstance(value, str):
             raise ConfigError(key, f"{what} must be a string, got {value!r} ({type(value).__name__})")
         if not value.strip():
@@ -209,10 +209,13 @@ def plan_cluster(cluster_config: DocumentView,
                        warnings=warnings)
 
 
-def _matched_on(node_type: Mapping[str, Any]) -> Mapping[str, float]:
+def _matched_on(node_type: Mapping[str, object]) -> Mapping[str, float]:
     """What a node type's rule is matched on (as Resolver.request): a generated type's demand, else its resources."""
-    shape = (node_type.get("node_config") or {}).get(OPEN_SHAPE_KEY)
-    return shape if isinstance(shape, Mapping) else (node_type.get("resources") or {})
+    node_config = node_type.get("node_config")
+    shape = node_config.get(OPEN_SHAPE_KEY) if isinstance(node_config, Mapping) else None
+    matched = shape if isinstance(shape, Mapping) else (node_type.get("resources") or {})
+    # Resolver.request has checked both for this node type already (a ConfigError otherwise): mappings.
+    return matched if isinstance(matched, Mapping) else {}
 
 
 def check_cost_cap(cap: float | None, head: str, head_plan: Plan, cost: ClusterCost) -> None:

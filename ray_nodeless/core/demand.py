@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
-from ray_nodeless.core.documents import Document, DocumentView
+from ray_nodeless.core.documents import DocumentView
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.gpus import canonical_gpu
 from ray_nodeless.errors import ConfigError
@@ -137,7 +137,7 @@ def accelerator_satisfied(node_resources: Mapping[str, float], labels: Mapping[s
 
 # ----- the CLI's form (`ray-nodeless plan --demand ... --label-selector ...`), Ray's own syntax -------------------
 
-def parse_selector(text_or_map: Any, key: str = "--label-selector") -> Selector:
+def parse_selector(text_or_map: object, key: str = "--label-selector") -> Selector:
     """A label selector as Ray writes one: {"k": "v"}, {"k": "!v"}, {"k": "in(a,b)"}, {"k": "!in(a,b)"}."""
     data = _json_map(text_or_map, key)
     out = []
@@ -159,7 +159,7 @@ def parse_selector(text_or_map: Any, key: str = "--label-selector") -> Selector:
     return Selector(tuple(out))
 
 
-def parse_demand(text_or_map: Any, selectors: Iterable[Any] = (), key: str = "--demand") -> Demand:
+def parse_demand(text_or_map: object, selectors: Iterable[object] = (), key: str = "--demand") -> Demand:
     """`{"GPU": 2}` (Ray's resource names; memory in bytes or "64GiB") plus label selectors, as one Demand."""
     data = _json_map(text_or_map, key)
     res: dict[str, float] = {}
@@ -178,7 +178,7 @@ def parse_demand(text_or_map: Any, selectors: Iterable[Any] = (), key: str = "--
     return Demand(canonical_resources(res), tuple(parse_selector(s) for s in selectors))
 
 
-def _json_map(text_or_map: Any, key: str) -> Document:
+def _json_map(text_or_map: object, key: str) -> dict[str, object]:
     if isinstance(text_or_map, str):
         try:
             text_or_map = json.loads(text_or_map)

@@ -20,7 +20,7 @@ import email.policy
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, Sequence
 
 import yaml
 from ray_nodeless.core.documents import Document
@@ -106,9 +106,34 @@ def parse_labels_flag(text: str) -> dict[str, str]:
     return out
 
 
-def pod_env(pod: Any) -> dict[str, str]:
+class _EnvVar(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> str | None: ...
+
+
+class _Container(Protocol):
+    @property
+    def env(self) -> Sequence[_EnvVar] | None: ...
+
+
+class _PodSpec(Protocol):
+    @property
+    def containers(self) -> Sequence[_Container] | None: ...
+
+
+class Pod(Protocol):
+    """What pod_env reads of a pod: the kubernetes client's V1Pod, duck-typed (no client here)."""
+
+    @property
+    def spec(self) -> _PodSpec: ...
+
+
+def pod_env(pod: Pod) -> dict[str, str]:
     """The first container's literal env of a V1Pod."""
-    c = (pod.spec.containers or [None])[0]
+    containers = pod.spec.containers
+    c = containers[0] if containers else None
     return {e.name: e.value for e in (c.env or []) if e.value is not None} if c is not None else {}
 
 

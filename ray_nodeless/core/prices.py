@@ -115,7 +115,7 @@ class PriceBook:
 
 # ----------------------------------------------------------------------------------------------- parsing
 
-def _names(value: Any, key: str, allowed: Sequence[str] | None = None) -> frozenset[str]:
+def _names(value: object, key: str, allowed: Sequence[str] | None = None) -> frozenset[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
@@ -127,14 +127,14 @@ def _names(value: Any, key: str, allowed: Sequence[str] | None = None) -> frozen
     return frozenset(value)
 
 
-def _number(value: Any, key: str) -> float:
+def _number(value: object, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value in (
             float("inf"), float("-inf")):
         raise ConfigError(key, f"must be a finite number, got {value!r}")
     return float(value)
 
 
-def parse_price_overrides(value: Any, prefix: str = KEY) -> PriceBook:
+def parse_price_overrides(value: object, prefix: str = KEY) -> PriceBook:
     """`provider.price_overrides` as a PriceBook; every mistake a ConfigError naming the key
     (`provider.price_overrides[1].discount: must be >= 0 and < 1 ...`)."""
     if value is None:
@@ -212,6 +212,7 @@ class PricedCatalog:
         self._regions: dict[tuple[str, str], PricedRegion] = {}
         self._lock = threading.Lock()
 
+    # Any: a transparent proxy, each attribute is whatever the base Catalog's is (priced() returns it as one).
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
 

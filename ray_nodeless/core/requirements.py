@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping, TypeGuard
 
 from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import CAPACITY_TYPES
@@ -44,7 +44,7 @@ class Shape:
     accelerator_type: str = ""          # from a `accelerator_type:<MODEL>` resource: the GPU model Ray expects
 
     @classmethod
-    def from_resources(cls, resources: Any, key: str) -> "Shape":
+    def from_resources(cls, resources: object, key: str) -> "Shape":
         if not isinstance(resources, Mapping):
             raise ConfigError(key, f"must be a mapping of resource name to amount (CPU: 4), got {resources!r}")
         accel = ""
@@ -75,6 +75,12 @@ class Shape:
         if self.accelerator_type:
             parts.append(f"accelerator_type: {self.accelerator_type}")
         return "{" + ", ".join(parts) + "}"
+
+
+def only_amounts(resources: Mapping[str, object]) -> TypeGuard[Mapping[str, float]]:
+    """Whether every value of `resources` is a number (what a rule's predicates compare): true of any mapping
+    Shape.from_resources accepted, which is how Resolver.request narrows a node type's resources."""
+    return all(isinstance(v, (int, float)) for v in resources.values())
 
 
 @dataclass(frozen=True)
@@ -150,7 +156,7 @@ def known_gpu(name: str, key: str) -> str:
     return model
 
 
-def _str_list(value: Any, key: str, *, allow_empty: bool = True) -> list[str]:
+def _str_list(value: object, key: str, *, allow_empty: bool = True) -> list[str]:
     """A list of names. A name with spaces around it (`'A100 '`) is refused, not trimmed: in a YAML it is a quoted
     typo, and what it was meant to match is then said in the message. An allow-list (`allow_empty=False`) must name
     something: `families: []` would allow nothing, which no user means."""
@@ -166,7 +172,7 @@ def _str_list(value: Any, key: str, *, allow_empty: bool = True) -> list[str]:
     return list(value)
 
 
-def _number(value: Any, key: str, minimum: float = 0.0) -> float:
+def _number(value: object, key: str, minimum: float = 0.0) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
         raise ConfigError(key, f"must be a finite number >= {minimum:g}, got {value!r}")
     return float(value)
@@ -230,7 +236,7 @@ def parse_requirements(data: DocumentView, key: str, *, allow_unknown: bool = Fa
     return Requirements(**kw)
 
 
-def parse_exclude(data: DocumentView | None, key: str) -> Requirements:
+def parse_exclude(data: object, key: str) -> Requirements:
     """`provider.exclude: {families, gpus, instance_types}` -> exclusion-only Requirements."""
     if data is None:
         return Requirements()

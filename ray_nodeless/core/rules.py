@@ -22,7 +22,7 @@ import fnmatch
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ray_nodeless.core.requirements import GIB, OPEN_SHAPE_KEY, REQUIREMENT_KEYS, Requirements, parse_requirements
 from ray_nodeless.core.schema import suggest_key, unknown_key
@@ -71,7 +71,7 @@ class Rule:
         return all(p.holds(resources) for p in self.predicates)
 
 
-def _parse_predicate(resource: str, spec: Any, key: str) -> Predicate:
+def _parse_predicate(resource: str, spec: object, key: str) -> Predicate:
     if resource == "memory":
         raise ConfigError(key, "use `memory_gib` (GiB) to match on memory; `memory` in bytes is ambiguous here")
     if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
@@ -89,7 +89,7 @@ def _parse_predicate(resource: str, spec: Any, key: str) -> Predicate:
 RULE_KEYS = frozenset({"name", "match"} | (REQUIREMENT_KEYS - {OPEN_SHAPE_KEY}))
 
 
-def parse_rule(data: Any, index: int) -> Rule:
+def parse_rule(data: object, index: int) -> Rule:
     key = f"provider.rules[{index}]"
     if not isinstance(data, Mapping):
         raise ConfigError(key, f"must be a mapping with `name`, `match` and constraint keys, got {data!r}")
@@ -142,7 +142,7 @@ class RuleSet:
         return None
 
 
-def parse_rules(data: Any) -> tuple[Rule, ...]:
+def parse_rules(data: object) -> tuple[Rule, ...]:
     if data is None:
         return ()
     if not isinstance(data, Sequence) or isinstance(data, (str, bytes)):

@@ -8,7 +8,7 @@ close to a declared one is an error with a did-you-mean suggestion (`suggest_key
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Iterable, Mapping, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
@@ -27,7 +27,7 @@ class Section(BaseModel):
                               arbitrary_types_allowed=True)
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -52,7 +52,7 @@ _MESSAGES = {
 
 
 def _message(err: ErrorDetails) -> str:
-    ctx: dict[str, Any] = err.get("ctx") or {}
+    ctx: dict[str, object] = err.get("ctx") or {}
     template = _MESSAGES.get(err["type"])
     if template is None:
         return err["msg"][0].lower() + err["msg"][1:]
@@ -95,7 +95,7 @@ def config_error(exc: ValidationError, prefix: str, model: type[BaseModel] | Non
     return ConfigError(key, msg)
 
 
-def parse_section(model: type[S], data: Any, prefix: str) -> S:
+def parse_section(model: type[S], data: object, prefix: str) -> S:
     """Validate `data` against `model`; any failure is a ConfigError naming the key."""
     if data is None:
         data = {}
@@ -107,7 +107,7 @@ def parse_section(model: type[S], data: Any, prefix: str) -> S:
         raise config_error(e, prefix, model) from None
 
 
-def missing_keys(model: type[BaseModel], data: Mapping[str, Any], prefix: str) -> list[ConfigError]:
+def missing_keys(model: type[BaseModel], data: Mapping[str, object], prefix: str) -> list[ConfigError]:
     """A ConfigError for each key `model` requires that `data` lacks (checked before the values are, so that every
     missing key of a block is named at once)."""
     return [ConfigError(f"{prefix}.{field.alias or name}", "is required")

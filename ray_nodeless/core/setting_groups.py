@@ -23,7 +23,7 @@ the flat key, as the user wrote it.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 from pydantic import ConfigDict, Field, PrivateAttr
 
@@ -55,7 +55,7 @@ class OpenSettings(Group):
     # None = on exactly when the cluster declares no worker node type (a head, limits and rules).
     enabled: bool | None = None
     # Launch keys (and requirement keys that narrow the search) of every generated node type, e.g. ImageId.
-    node_config: dict[str, Any] = Field(default_factory=dict)
+    node_config: dict[str, object] = Field(default_factory=dict)
     # Generated node types kept at once (each is a node type Ray's scheduler scores every demand against).
     max_node_types: int = Field(32, ge=1, le=256)
     # A placement group's new machines in one zone (cross-zone traffic costs money); false: each its cheapest.
@@ -110,7 +110,7 @@ def flat_key(group: str, name: str) -> str:
     return next(flat for flat, where in FLAT.items() if where == (group, name))
 
 
-def fold_groups(data: Mapping[str, Any], prefix: str = "provider") -> dict[str, Any]:
+def fold_groups(data: Mapping[str, object], prefix: str = "provider") -> dict[str, object]:
     """`data` with each group parsed once: its nested mapping and its flat keys folded together (the flat keys
     removed). A setting given both ways is a ConfigError naming both keys; a flat key's error names the flat key."""
     out = dict(data)

@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -35,8 +35,9 @@ from ray_nodeless.core.catalog.refresh import DEFAULT_TTL_S as CATALOG_TTL_S
 from ray_nodeless.core.prices import PriceBook, parse_price_overrides
 from ray_nodeless.core.requirements import (
     OPEN_SHAPE_KEY,
-    Request, Requirements, Shape, parse_exclude, parse_requirements, split_node_config,
+    Request, Requirements, Shape, only_amounts, parse_exclude, parse_requirements, split_node_config,
 )
+from ray_nodeless.core.documents import Document
 from ray_nodeless.core.reversion import ReversionSettings
 from ray_nodeless.core.rules import DEFAULT_RULE, Rule, RuleSet, parse_rules
 from ray_nodeless.core.schema import Section, declared_keys, missing_keys, parse_section, suggest_key, unknown_key
@@ -141,30 +142,30 @@ class CoreSettings(Section):
     # On-demand -> spot reversion and the on-demand preference after repeated interruptions (core/reversion.py).
     reversion: ReversionSettings = Field(default_factory=ReversionSettings)
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
-    node_type_resources: dict[str, Any] = Field(default_factory=dict)
-    worker_boot: dict[str, Any] = Field(default_factory=dict)
+    node_type_resources: dict[str, object] = Field(default_factory=dict)
+    worker_boot: dict[str, object] = Field(default_factory=dict)
     # The backend's own catalog cloud (`BackendConfig.catalog_cloud`), as the loader passed it to parse_provider;
     # not a key of the block.
     _catalog_cloud: str | None = PrivateAttr(None)
 
     @model_validator(mode="before")
     @classmethod
-    def _fold_groups(cls, data: Any) -> Any:
+    def _fold_groups(cls, data: object) -> object:
         return fold_groups(data) if isinstance(data, Mapping) else data
 
     @field_validator("exclude", mode="plain")
     @classmethod
-    def _parse_exclude(cls, value: Any) -> Requirements:
+    def _parse_exclude(cls, value: object) -> Requirements:
         return parse_exclude(value, "provider.exclude")        # a ConfigError passes through parse_section as is
 
     @field_validator("price_overrides", mode="plain")
     @classmethod
-    def _parse_price_overrides(cls, value: Any) -> PriceBook:
+    def _parse_price_overrides(cls, value: object) -> PriceBook:
         return parse_price_overrides(value, "provider.price_overrides")
 
     @field_validator("rules", mode="plain")
     @classmethod
-    def _parse_rules(cls, value: Any, info: ValidationInfo) -> RuleSet:
+    def _parse_rules(cls, value: object, info: ValidationInfo) -> RuleSet:
         return RuleSet(rules=parse_rules(value), exclude=info.data.get("exclude") or Requirements())
 
     # The flat names of before the groups, read-only: callers written against them keep working.
@@ -173,7 +174,7 @@ class CoreSettings(Section):
         return self.open.enabled
 
     @property
-    def open_node_config(self) -> dict[str, Any]:
+    def open_node_config(self) -> dict[str, object]:
         return self.open.node_config
 
     @property
@@ -225,7 +226,7 @@ PLANNING_KEYS = ("exclude", "rules", "price_overrides")
 ProviderSettings = CoreSettings
 
 
-def unknown_provider_keys(provider: Mapping[str, Any], known: Iterable[str]) -> list[ConfigError]:
+def unknown_provider_keys(provider: Mapping[str, object], known: Iterable[str]) -> list[ConfigError]:
     """An error for each key of the provider block no one declares (the core, the backend, the registration, Ray),
     with a did-you-mean when it is close to a known one; nothing is silently ignored."""
     known = frozenset(known) | CORE_KEYS | RAY_PROVIDER_KEYS
@@ -242,7 +243,7 @@ def unknown_provider_keys(provider: Mapping[str, Any], known: Iterable[str]) -> 
     return sorted(errors, key=lambda e: "did you mean" not in str(e))     # the typos first: stable sort
 
 
-def key_problems(provider: Mapping[str, Any], known_keys: Iterable[str] | None,
+def key_problems(provider: Mapping[str, object], known_keys: Iterable[str] | None,
                  required_by: Iterable[type[Section]] = ()) -> list[ConfigError]:
     """The provider block's unknown keys (when `known_keys`, the backend's and registration's, are given) and the
     required keys it lacks (the core's and those of `required_by`), each once, typos first."""
@@ -253,14 +254,14 @@ def key_problems(provider: Mapping[str, Any], known_keys: Iterable[str] | None,
     return problems
 
 
-def check_keys(provider: Mapping[str, Any], known: Iterable[str]) -> None:
+def check_keys(provider: Mapping[str, object], known: Iterable[str]) -> None:
     """Every key of the provider block must be known (see unknown_provider_keys); all unknown ones in one error."""
     errors = unknown_provider_keys(provider, known)
     if errors:
         raise ConfigErrors.of(errors)
 
 
-def parse_provider(provider: Mapping[str, Any], *, clouds: Iterable[str] | None = None,
+def parse_provider(provider: Mapping[str, object], *, clouds: Iterable[str] | None = None,
                    known_keys: Iterable[str] | None = None, catalog_cloud: str | None = None,
                    price_clouds: Iterable[str] | None = None, planning: bool = True,
                    required_by: Iterable[type[Section]] = ()) -> CoreSettings:
@@ -312,14 +313,18 @@ class Resolver:
     """Node type -> planner Request: first matching rule, narrowed by node_config, global exclusions added."""
 
     def __init__(self, settings: CoreSettings,
-                 backend_overrides: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
+                 backend_overrides: Callable[[Document], Document] | None = None):
         self.settings = settings
         self.backend_overrides = backend_overrides
 
-    def request(self, node_type: str, resources: Mapping[str, Any], node_config: Mapping[str, Any] | None,
-                is_head: bool) -> Request:
+    def request(self, node_type: str, resources: object, node_config: object, is_head: bool) -> Request:
+        """`resources` and `node_config` as a node type of the YAML has them (None: none), checked here: a mistake
+        is a ConfigError naming the key."""
         key = f"available_node_types.{node_type}"
-        shape = Shape.from_resources(resources or {}, f"{key}.resources")
+        resources = resources or {}
+        shape = Shape.from_resources(resources, f"{key}.resources")
+        # Shape.from_resources has raised unless `resources` maps names to numbers: what the rules compare.
+        assert isinstance(resources, Mapping) and only_amounts(resources)
         node_config = node_config or {}
         if not isinstance(node_config, Mapping):
             raise ConfigError(f"{key}.node_config", "must be a mapping")
@@ -327,9 +332,11 @@ class Resolver:
         # A generated node type follows the rule of the demand it was opened for (core/open_plan.py), not the rule
         # its whole machine would match: the choice and the launch then agree.
         match_on = ours.pop(OPEN_SHAPE_KEY, None)
+        # Its amounts are left to the rules' predicates, which float() the ones they compare (as before): open_plan
+        # writes numbers, and a hand-edited generated type must plan as it did.
         if match_on is not None and not isinstance(match_on, Mapping):
             raise ConfigError(f"{key}.node_config.{OPEN_SHAPE_KEY}", "must be a mapping of resources")
-        rule: Rule | None = self.settings.rules.first_match(node_type, match_on or resources or {}, is_head)
+        rule: Rule | None = self.settings.rules.first_match(node_type, match_on or resources, is_head)
         base = rule.requirements if rule else Requirements()
         req = base.narrowed_by(parse_requirements(ours, f"{key}.node_config"), f"{key}.node_config")
         if self.backend_overrides is not None:
@@ -341,7 +348,7 @@ class Resolver:
                        requirements=req, rule=rule.name if rule else DEFAULT_RULE, node_type=node_type)
 
 
-def node_types_of(cluster_config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def node_types_of(cluster_config: Mapping[str, object]) -> dict[str, dict[str, object]]:
     """The node types of a cluster YAML, checked for what Ray and ray_nodeless read of them."""
     types = cluster_config.get("available_node_types")
     if not isinstance(types, Mapping) or not types:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import Offering
@@ -288,7 +288,7 @@ class OpenTypes:
         return out
 
 
-def _cap_at_max_workers(packing: Packing, max_workers: Any, workers: int) -> None:
+def _cap_at_max_workers(packing: Packing, max_workers: object, workers: int) -> None:
     """Keep the machines to open within the cluster's `max_workers` (Ray enforces it too, but would choose which by
     its own scoring): the first opened in packing order (selector demands, then largest first) are kept."""
     if not isinstance(max_workers, int) or isinstance(max_workers, bool):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Callable, Generic, Mapping, Protocol, TypeVar
 
 from ray_nodeless.core.documents import Document
 from ray_nodeless.core.availability import UnavailableOfferings
@@ -47,6 +47,22 @@ TAG_REPLACES = "nodeless-replaces"
 SPOT_ONLY = frozenset({"spot"})
 
 
+class DrainNode(Protocol):
+    @property
+    def state(self) -> str: ...           # Ray's node state: "ALIVE", ...
+
+
+N = TypeVar("N", bound=DrainNode)
+
+
+class Drainer(Protocol[N]):
+    """What reversion needs of Ray's drain API (interruptions/drain.RayDrainer): a machine's node, and its drain."""
+
+    def find(self, instance_id: str | None = None) -> N | None: ...
+
+    def drain_idle(self, node: N, why: str) -> tuple[bool, str]: ...
+
+
 @dataclass
 class Flight:
     """One replacement under way: the on-demand machine and the spot machine launched for it."""
@@ -63,9 +79,9 @@ def _price(m: Machine) -> float:
         return 0.0
 
 
-class Reverter:
+class Reverter(Generic[N]):
     def __init__(self, settings: ReversionSettings, launcher: Launcher, view: MachineView,
-                 unavailable: UnavailableOfferings, drainer: Any, terminate: Callable[[list[str]], Any],
+                 unavailable: UnavailableOfferings, drainer: Drainer[N], terminate: Callable[[list[str]], object],
                  resources_of: Callable[[str], Document], node_config_of: Callable[[str], Document | None],
                  clock: Callable[[], float] = time.monotonic):
         self.settings = settings

@@ -17,7 +17,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-from typing import Any, Sequence
+from typing import Sequence
 
 from ray_nodeless.core.catalog.model import CAPACITY_TYPES, TYPE_COLUMNS, InstanceType
 from ray_nodeless.core.documents import Document, DocumentView
@@ -57,7 +57,7 @@ def type_row(t: InstanceType) -> list[object]:
     return [getattr(t, c) for c in TYPE_COLUMNS]
 
 
-def _compact(obj: Any) -> str:
+def _compact(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
 
@@ -86,7 +86,7 @@ def index_bytes(doc: Document) -> bytes:
     return (_pretty(doc, 0) + "\n").encode()
 
 
-def _pretty(obj: Any, depth: int) -> str:
+def _pretty(obj: object, depth: int) -> str:
     pad, inner = " " * depth, " " * (depth + 1)
     if isinstance(obj, dict):
         if not obj:

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
@@ -401,7 +401,7 @@ class KubernetesRegistration(Housekeeping, Registration):
     def _resources_from(self, t: Tracked) -> dict[str, float]:
         """After a restart the launch spec is gone: the node type's declared resources, else the Node's size."""
         declared = self.node_type_resources.get(t.node_type)
-        if declared:
+        if isinstance(declared, Mapping) and declared:     # bootstrap_config records a mapping per node type
             return {k: float(v) for k, v in declared.items()}
         from kubernetes.utils import parse_quantity
         a = t.allocatable
