@@ -36,13 +36,14 @@ from ray.autoscaler.node_launch_exception import NodeLaunchException
 from ray.autoscaler.node_provider import NodeProvider
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_LAUNCH_REQUEST, TAG_RAY_NODE_KIND, TAG_RAY_USER_NODE_TYPE
 
+from ray_nodeless.core.requirements import only_amounts
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog
 from ray_nodeless.core.documents import Document
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import LaunchError, ListingError
-from ray_nodeless.interruptions.drain import RayDrainer
+from ray_nodeless.interruptions.drain import RayDrainer, RayNode
 from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
 from ray_nodeless.operate.config import load_provider
@@ -119,11 +120,14 @@ class NodelessProvider(NodeProvider):
                                                self.registration, self.unavailable, terminate=self._terminate,
                                                view=self.view, price_of=machine_price))
         inst.watch(self.view, self.unavailable)
-        self._node_type_resources: dict[str, dict[str, float]] = dict(self.settings.node_type_resources)
+        # What bootstrap_config wrote (numbers per resource); anything else is not a node type's resources.
+        self._node_type_resources: dict[str, dict[str, float]] = {
+            t: dict(r) for t, r in self.settings.node_type_resources.items()
+            if isinstance(r, Mapping) and only_amounts(r)}
         self.interruptions: InterruptionQueue | None = None
         # On-demand -> spot reversion (launch/reversion.py): only in the monitor, whose GCS it drains through.
         self._node_configs: dict[str, Document] = {}
-        self.reverter: Reverter | None = None
+        self.reverter: Reverter[RayNode] | None = None
         if gcs and self.settings.reversion.enabled:
             self.reverter = Reverter(self.settings.reversion, self.launcher, self.view, self.unavailable,
                                      RayDrainer(gcs), self.terminate_nodes,
