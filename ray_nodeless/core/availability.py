@@ -95,6 +95,19 @@ class UnavailableOfferings:
         logger.info("offering %s %s %s skipped for %.0f s (%s; capacity error %d in a row)", *offering.key, block,
                     reason, e.failures)
 
+    def next_skip(self, offering: Keyed) -> tuple[float, int]:
+        """What a capacity error on the offering now would do: (seconds it is skipped, errors in a row); (0, 0)
+        with the memory off. The event log says it as the error is recorded, before the launcher marks it."""
+        if self.ttl_s <= 0:
+            return 0.0, 0
+        now = self.clock()
+        with self._lock:
+            e = self._live(offering.key, now)
+            if e is not None and now < e.until:
+                return e.until - now, e.failures
+            failures = 1 if e is None else e.failures + 1
+            return min(self.ttl_s * 2 ** (failures - 1), self.cap_s), failures
+
     def claim(self, offering: Keyed) -> bool:
         """Whether a launch call may try this offering now; a probing offering counts the call as one of its
         probes (`succeeded`, `mark` or `release` answers it)."""

@@ -71,12 +71,13 @@ class Recorder:
     """Counts into `metrics`, records events in `events` (the head's log) and `sink` (Ray's event channel)."""
 
     def __init__(self, metrics: Metrics, events: EventLog | None = None, sink: Callable[[str], None] | None = None,
-                 unavailable_ttl_s: float = 0.0, clock: Callable[[], float] = time.time,
+                 unavailable: UnavailableOfferings | None = None, clock: Callable[[], float] = time.time,
                  status_block: RayStatusBlock | None = None, cost_store: CostStore | None = None):
         self.metrics = metrics
         self.events = events
         self.sink = sink
-        self.unavailable_ttl_s = unavailable_ttl_s
+        # The capacity memory whose backoff a capacity_error event states (the provider's; None: not stated).
+        self.unavailable = unavailable
         self.clock = clock          # wall time: the cost state outlives the process (cost_store.py)
         self.status_block = status_block
         self.cost_store = cost_store
@@ -129,11 +130,12 @@ class Recorder:
         a = getattr(self._local, "attempt", None)
         if a is not None:
             a.capacity_errors.append(what)
-        remembered = (f"; skipped for {self.unavailable_ttl_s:.0f} s (unavailable_ttl_s)"
-                      if self.unavailable_ttl_s > 0 else "")
+        skip_s, in_a_row = self.unavailable.next_skip(o) if self.unavailable is not None else (0.0, 0)
+        remembered = (f"; skipped for {skip_s:.0f} s (capacity error {in_a_row} in a row on it; the backoff doubles "
+                      "up to unavailable_backoff_cap_s)" if skip_s > 0 else "")
         self.event("capacity_error", f"{spec.node_type}: capacity error {e.category} on {what}{remembered}",
                    node_type=spec.node_type, instance_type=o.instance_type.name, zone=o.zone, capacity=o.capacity,
-                   code=e.category)
+                   code=e.category, skip_s=round(skip_s, 1), in_a_row=in_a_row)
 
     def launched(self, node_type: str, launched: Launched, attempt: _Attempt, seconds: float) -> None:
         o = launched.offering

@@ -97,7 +97,8 @@ class StateCollector:
         total = CounterMetricFamily(PREFIX + "cost_dollars", "Cost of the listed machines accumulated over time "
                                     "(USD; continued across monitor restarts from the head's cost state).")
         unavailable = GaugeMetricFamily(PREFIX + "unavailable_offerings", "Offerings in the capacity memory "
-                                        "(skipped until unavailable_ttl_s passes).", labels=["capacity", "reason"])
+                                        "(skipped while their capacity-error backoff runs or a probe of them is "
+                                        "out).", labels=["capacity", "reason"])
         if snap is not None:
             for key, n in sorted(snap.machines.items()):
                 machines.add_metric(list(key), n)

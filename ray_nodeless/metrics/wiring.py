@@ -55,8 +55,7 @@ class ProviderInstruments:
         block = None
         if in_monitor and status_slot is not None and settings.ray_status_events > 0:
             block = RayStatusBlock(status_slot, settings.ray_status_events)
-        self.recorder = Recorder(self.metrics, events, event_sink if in_monitor else None,
-                                 settings.unavailable_ttl_s, status_block=block,
+        self.recorder = Recorder(self.metrics, events, event_sink if in_monitor else None, status_block=block,
                                  cost_store=CostStore(cost_path(cluster_name, where)) if in_monitor else None)
         if block is not None and events is not None:
             # A restarted monitor shows the decisions of the one before it (v1 cleared the slot at its start).
@@ -106,3 +105,4 @@ class ProviderInstruments:
     def watch(self, view: MachineView, unavailable: UnavailableOfferings) -> None:
         """The scrape-time gauges read this provider object's view and capacity memory from now on."""
         self.metrics.state.set_source(state_source(view, unavailable, self.recorder))
+        self.recorder.unavailable = unavailable      # capacity_error events state its backoff

@@ -119,6 +119,7 @@ def test_ray_monitor_reverts_the_idle_fallback_to_spot_and_waits_for_the_busy_on
     from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, end_local_cluster, write_config
 
     cfg = cluster_copy("local-cpu-head.yaml", "revert", state_dir=str(tmp_path / "state"), unavailable_ttl_s=2,
+                       unavailable_backoff_cap_s=2,     # a fixed 2 s: this test is about reversion, not the backoff
                        reversion={"min_age_s": 0, "interval_s": 1, "max_in_flight": 2})
     cfg["idle_timeout_minutes"] = 5          # nothing here is scaled down by Ray while the test runs
     cfg["max_workers"] = 4

@@ -139,6 +139,26 @@ def test_a_capacity_error_a_fallback_and_a_cost_cap_refusal_show_in_the_block(cl
     assert refusal.split()[1] == "cost_cap_refusal" and "max_hourly_cost" in refusal
 
 
+def test_the_capacity_error_event_states_the_backoff_it_starts(cloud, tmp_path):
+    """The decision log says how long the offering is skipped, as the capacity memory will skip it: 180 s on the
+    first error in a row, doubled on the next error after that backoff ended (core/availability.py)."""
+    from ray_nodeless.metrics.events import read_log
+    from ray_nodeless.testing.clock import FakeClock
+
+    p, _ = _provider(tmp_path)
+    clock = FakeClock()
+    p.unavailable.clock = clock
+    first = p.launcher.plan("gpu_worker", GPU, {}, False).chosen
+    cloud.capacity_faults[(first.instance_type.name, first.zone, first.capacity)] = "InsufficientInstanceCapacity"
+    p.create_node_with_resources_and_labels({}, dict(WORKER_TAGS, **{"ray-launch-request": "a"}), 1, GPU, {})
+    clock.advance(181)
+    p.create_node_with_resources_and_labels({}, dict(WORKER_TAGS, **{"ray-launch-request": "b"}), 1, GPU, {})
+    errors = [e for e in read_log(tmp_path / "events.jsonl") if e.kind == "capacity_error"]
+    assert [(e.fields["skip_s"], e.fields["in_a_row"]) for e in errors] == [(180.0, 1), (360.0, 2)]
+    assert "skipped for 360 s (capacity error 2 in a row on it" in errors[1].message
+    assert p.unavailable.states()[first.key].remaining_s == 360
+
+
 def _settings(**extra) -> CoreSettings:
     return load_provider(dict(PROVIDER, metrics_port=None, **extra)).core
 
