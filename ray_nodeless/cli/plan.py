@@ -196,6 +196,10 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         lines[0] = f"[{role}] " + lines[0]
         if name in cp.idle:
             lines.append(f"    {_idle_line(cp.idle[name], cfg)}")
+        if name in cp.left_out:
+            o = cp.left_out[name]
+            lines.append(f"    previous generation left out: {o.instance_type.name} {o.zone} {o.capacity} "
+                         f"{offer_price(o)} would be cheaper (provider.allow_previous_generation: true allows it)")
         lines += [f"    {note}" for note in backend.plan_notes(nt.get("node_config") or {})]
         click.echo("\n".join(lines))
     if menu is not None:

@@ -136,6 +136,9 @@ class ClusterPlan:
     idle: dict[str, IdleTimeout] = field(default_factory=dict)   # worker node type -> idle timeout (core/idle.py)
     # Rules that never apply (core/rules.py rule_warnings); logged as warnings by plan_cluster.
     warnings: list[str] = field(default_factory=list)
+    # node type -> the cheaper offering the default exclusion of previous-generation families left out
+    # (CoreSettings.default_exclusions; `provider.allow_previous_generation: true` takes it).
+    left_out: dict[str, catalog_mod.Offering] = field(default_factory=dict)
 
     def to_dict(self) -> Document:
         types = {}
@@ -147,6 +150,10 @@ class ClusterPlan:
             rec["max_workers"] = 0 if rec["is_head"] else int(nt.get("max_workers", self.global_max_workers))
             if name in self.idle:
                 rec.update(self.idle[name].to_dict())
+            if name in self.left_out:
+                o = self.left_out[name]
+                rec["previous_generation_left_out"] = {"instance_type": o.instance_type.name, "zone": o.zone,
+                                                       "capacity": o.capacity, "hourly_price": o.hourly_price}
             types[name] = rec
         return {"cloud": self.settings.cloud, "price_cloud": self.settings.price_cloud,
                 "region": self.settings.region, "catalog_id": self.catalog_id,
@@ -206,7 +213,28 @@ def plan_cluster(cluster_config: DocumentView,
         logger.warning("%s", w)
     return ClusterPlan(settings=settings, catalog_id=catalog.catalog_id, head_node_type=head, plans=plans,
                        node_types=node_types, cost=cost, global_max_workers=int(global_max or 0), idle=idle,
-                       warnings=warnings)
+                       warnings=warnings, left_out=_left_out(settings, backend_overrides, planner, node_types, plans,
+                                                             head))
+
+
+def _left_out(settings: CoreSettings, backend_overrides: Callable[[Document], Document] | None, planner: Planner,
+              node_types: Mapping[str, Mapping[str, object]], plans: Mapping[str, Plan],
+              head: object) -> dict[str, catalog_mod.Offering]:
+    """Per node type, the cheaper offering the default exclusion of previous-generation families removed: the same
+    request planned with `allow_previous_generation`, when its choice is cheaper than the plan's."""
+    if not settings.default_exclusions.exclude_families:
+        return {}
+    allowing = Resolver(settings.model_copy(update={"allow_previous_generation": True}), backend_overrides)
+    out: dict[str, catalog_mod.Offering] = {}
+    for name, nt in node_types.items():
+        try:
+            o = planner.plan(allowing.request(name, nt.get("resources") or {}, nt.get("node_config"),
+                                              name == head)).chosen
+        except NoFeasibleOffering:
+            continue
+        if (o.hourly_price or 0.0) < (plans[name].chosen.hourly_price or 0.0) - 1e-12:
+            out[name] = o
+    return out
 
 
 def _matched_on(node_type: Mapping[str, object]) -> Mapping[str, float]:

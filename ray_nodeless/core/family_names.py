@@ -36,6 +36,17 @@ GCP_RETIRED_FAMILIES = frozenset({
     "ct4p", "ct5l", "ct5lp", "ct6e",                    # TPU VMs (ct5lp-hightpu-4t, ...)
 })
 
+# Previous-generation families, left out of every search by default (`provider.allow_previous_generation: true`
+# brings them back; a node type or rule that names an instance type or family keeps what it names). Karpenter's
+# default NodePool does the same (instance generation > 2). AWS: the families of EC2's "Previous generation
+# instances" page that a price list still carries (a 1-CPU demand otherwise got m1.small: 2006, 1.7 GiB).
+AWS_PREVIOUS_GENERATION = frozenset({
+    "t1", "m1", "m2", "m3", "c1", "c3", "cc1", "cc2", "cg1", "cr1", "g2", "hi1", "hs1", "i2", "r3",
+})
+# GCE: the first-generation shared-core types (f1-micro, g1-small). N1 stays: it is the only host of the T4, V100,
+# P100 and P4 GPUs, and where a newer family is cheaper for a CPU demand the ranking already takes it.
+GCP_PREVIOUS_GENERATION = frozenset({"f1", "g1"})
+
 # Which cloud a set belongs to is its backend's to say (`BackendConfig.unlisted_families`, asked through
 # `providers.unlisted_families(catalog_cloud)`): the core names no cloud.
 

@@ -12,6 +12,7 @@
       unavailable_backoff_cap_s: 600   # each error in a row doubles that, up to this (core/availability.py)
       unavailable_probes: 1      # launch calls at once that try an offering whose backoff ended (0: no limit)
       registration: vm           # vm | local-player (| kubernetes)
+      allow_previous_generation: false   # previous-generation families (m1, m3, c3, f1, ...) left out by default
       interruption_watcher: true # spot workers that boot themselves drain their Ray node on a notice
       interruption_queue_url: https://sqs.us-west-2.amazonaws.com/123456789012/spot   # aws: EventBridge warnings
       exclude: {...}             # see requirements.py
@@ -121,6 +122,8 @@ class CoreSettings(Section):
     launch_timeout_s: float = Field(ttls.LAUNCH_TIMEOUT_S, gt=0)
     launch_retry_backoff_s: float = Field(ttls.TRANSIENT_LAUNCH_BACKOFF_S, ge=0)
     max_hourly_cost: float | None = Field(None, gt=0)     # USD per hour for the whole cluster; None = no cap
+    # Previous-generation families (core/family_names.py, per cloud) are left out of searches unless this is true.
+    allow_previous_generation: bool = False
     # Spot interruption notices (ray_nodeless/interruptions/). The watcher is on by default because draining early
     # costs nothing and a reclaimed node's tasks otherwise fail only when its heartbeat times out; the key turns it
     # off (workers without ray_nodeless installed, or another agent already handles notices). The queue is AWS's
@@ -147,6 +150,8 @@ class CoreSettings(Section):
     # The backend's own catalog cloud (`BackendConfig.catalog_cloud`), as the loader passed it to parse_provider;
     # not a key of the block.
     _catalog_cloud: str | None = PrivateAttr(None)
+    # The price cloud's previous-generation families, as the loader (operate/config.py) asked the backend registry.
+    _previous_generation: frozenset[str] = PrivateAttr(frozenset())
 
     @model_validator(mode="before")
     @classmethod
@@ -215,6 +220,14 @@ class CoreSettings(Section):
         loader hands to parse_provider); a backend that is not a cloud (local, or a registered test backend) is
         priced as `simulate_cloud` (default DEFAULT_PRICE_CLOUD)."""
         return self._catalog_cloud or self.simulate_cloud or DEFAULT_PRICE_CLOUD
+
+    @property
+    def default_exclusions(self) -> Requirements:
+        """What every search leaves out unless it names it: previous-generation families, unless
+        `allow_previous_generation`."""
+        if self.allow_previous_generation or not self._previous_generation:
+            return Requirements()
+        return Requirements(exclude_families=self._previous_generation)
 
 
 CORE_KEYS = declared_keys(CoreSettings) | FLAT_KEYS      # the flat keys of before the groups too
@@ -344,6 +357,10 @@ class Resolver:
             if implied:
                 req = req.narrowed_by(parse_requirements(implied, f"{key}.node_config"), f"{key}.node_config")
         req = req.narrowed_by(self.settings.rules.exclude, "provider.exclude")
+        if not req.instance_types and req.families is None:
+            # A node type or rule that names instance types or families keeps what it names (an InstanceType
+            # pinned in node_config included); a search the user left open leaves the previous generation out.
+            req = req.narrowed_by(self.settings.default_exclusions, "provider.allow_previous_generation")
         return Request(cloud=self.settings.price_cloud, region=self.settings.region, shape=shape,
                        requirements=req, rule=rule.name if rule else DEFAULT_RULE, node_type=node_type)
 

@@ -24,7 +24,8 @@ from ray_nodeless.launch.catalog import catalog_for as catalog_for   # re-export
 from ray_nodeless.launch.open_types import check_open
 from ray_nodeless.operate.ray_prepare import RAY_REQUIRED_KEYS, check_ray_preparation
 from ray_nodeless.providers import (
-    backend_class, backend_config, backend_names, played, player_settings_model, price_clouds, unlisted_families,
+    backend_class, backend_config, backend_names, played, player_settings_model, previous_generation_families,
+    price_clouds, unlisted_families,
 )
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
 from ray_nodeless.ray_compat import in_teardown
@@ -91,6 +92,7 @@ def load_provider(provider: object, *, planning: bool | None = None) -> Provider
     core = parse_provider(provider, clouds=backend_names(), known_keys=declared_keys(*models),
                           catalog_cloud=cls.catalog_cloud, price_clouds=price_clouds(), required_by=models,
                           planning=not in_teardown() if planning is None else planning)
+    core._previous_generation = previous_generation_families(core.price_cloud)
     if core.interruption_queue_url is not None and not cls.supports_interruption_queue:
         raise ConfigError("provider.interruption_queue_url", f"backend {core.cloud!r} polls no queue of "
                                                              "interruption warnings (the aws backend polls an SQS "

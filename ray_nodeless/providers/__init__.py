@@ -66,6 +66,17 @@ def price_clouds() -> list[str]:
     return sorted({c for name in backend_names() if (c := backend_config(name).catalog_cloud) is not None})
 
 
+def previous_generation_families(catalog_cloud: str) -> frozenset[str]:
+    """The previous-generation families of `catalog_cloud` (core/family_names.py), as the registered backends
+    priced by that cloud declare them (`BackendConfig.previous_generation_families`)."""
+    out: set[str] = set()
+    for name in backend_names():
+        config = backend_config(name)
+        if config.catalog_cloud == catalog_cloud:
+            out |= config.previous_generation_families
+    return frozenset(out)
+
+
 def unlisted_families(catalog_cloud: str) -> frozenset[str]:
     """The real instance families of `catalog_cloud` no catalog lists (retired, dedicated-host or unpriced ones:
     core/family_names.py), as the registered backends priced by that cloud declare them

@@ -223,6 +223,9 @@ class BackendConfig:
     # Real instance families of that catalog cloud no catalog lists (retired, dedicated-host, unpriced; data in
     # core/family_names.py): accepted where a family is named, so excluding one is no error.
     unlisted_families: ClassVar[frozenset[str]] = frozenset()
+    # That cloud's previous-generation families (core/family_names.py): out of every search unless
+    # `provider.allow_previous_generation` (CoreSettings.default_exclusions).
+    previous_generation_families: ClassVar[frozenset[str]] = frozenset()
 
     # The `provider.type` of Ray's own provider for this backend's cloud: the one whose defaults.yaml `ray up`
     # merges into a YAML of that type. `bootstrap_config` fills a swapped YAML's missing keys from it

@@ -7,6 +7,7 @@ import yaml
 
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import embedded
+from ray_nodeless.core.family_names import AWS_PREVIOUS_GENERATION
 from ray_nodeless.core.demand import (
     Demand, NodeCapacity, canonical_resources, fits, offering_labels, parse_demand, parse_selector,
 )
@@ -45,7 +46,8 @@ def _cheapest(resources: dict, selector: dict | None = None, capacity=("spot", "
         o = rc.offering(i)
         t = o.instance_type
         if (o.hourly_price is None or o.capacity not in capacity or t.arch != "x86_64" or t.burstable
-                or t.accelerator or (t.gpu_count and t.gpu_model in ("M60", "K80"))):
+                or t.accelerator or (t.gpu_count and t.gpu_model in ("M60", "K80"))
+                or t.family in AWS_PREVIOUS_GENERATION):     # left out by default (allow_previous_generation)
             continue
         if t.gpu_count and not (want.get("GPU") or accel):
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ray_nodeless.core.family_names import AWS_RETIRED_FAMILIES
+from ray_nodeless.core.family_names import AWS_PREVIOUS_GENERATION, AWS_RETIRED_FAMILIES
 from ray_nodeless.core.catalog.refresh import LiveCatalog
 from ray_nodeless.core.node_resources import FillRule
 from ray_nodeless.providers.aws import metadata
@@ -23,6 +23,7 @@ class AwsConfig(BackendConfig):
     cloud = "aws"
     catalog_cloud = "aws"                  # priced by the catalog's aws offerings
     unlisted_families = AWS_RETIRED_FAMILIES
+    previous_generation_families = AWS_PREVIOUS_GENERATION
     ray_provider_type = "aws"              # Ray's own `type: aws` provider (its defaults.yaml)
     settings_model = AwsSettings
     supports_interruption_queue = True          # EventBridge -> SQS spot interruption warnings

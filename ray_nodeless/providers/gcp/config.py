@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ray_nodeless.core.family_names import GCP_RETIRED_FAMILIES
+from ray_nodeless.core.family_names import GCP_PREVIOUS_GENERATION, GCP_RETIRED_FAMILIES
 from ray_nodeless.core.catalog.refresh import LiveCatalog
 from ray_nodeless.core.node_resources import FillRule
 from ray_nodeless.providers.base import BackendConfig
@@ -27,6 +27,7 @@ class GcpConfig(BackendConfig):
     cloud = "gcp"
     catalog_cloud = "gcp"                  # priced by the catalog's gcp offerings
     unlisted_families = GCP_RETIRED_FAMILIES
+    previous_generation_families = GCP_PREVIOUS_GENERATION
     ray_provider_type = "gcp"              # Ray's own `type: gcp` provider (its defaults.yaml)
     settings_model = GcpSettings
 
