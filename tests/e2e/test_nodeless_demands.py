@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ray_nodeless.core.family_names import AWS_PREVIOUS_GENERATION
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.core.demand import fits, offering_labels, parse_selector
 from ray_nodeless.core.node_resources import instance_resources
@@ -69,6 +70,8 @@ def _brute_force(cfg: dict, resources: dict, selector: dict | None) -> tuple[flo
             continue
         if t.burstable or t.accelerator:
             continue      # only when named (README: the planner's documented defaults)
+        if t.family in AWS_PREVIOUS_GENERATION and not core.allow_previous_generation:
+            continue      # previous generation: left out by default (README "How a node type becomes an instance")
         if t.gpu_count and t.gpu_model in excluded_gpus:
             continue
         if t.gpu_count and not (resources.get("GPU") or any(k.startswith("accelerator_type:") for k in resources)):
