@@ -120,6 +120,22 @@ class CatalogValues:
         return [f"{key}: {', '.join(absent)} {what} {self.region} does not offer (another region's, or retired)"
                 f"{rest}"]
 
+    def cloud_regions(self) -> list[str]:
+        """The cloud's regions the embedded catalog knows (and this catalog's own), read only when a name is not
+        this region's."""
+        from ray_nodeless.core.catalog import embedded
+
+        try:
+            return sorted(set(embedded().regions(self.cloud)) | {self.region})
+        except CatalogError:
+            return [self.region]
+
+    def check_regions(self, values: list[str], key: str) -> None:
+        for i, v in enumerate(values):
+            if v != self.region and v not in set(self.cloud_regions()):
+                raise ConfigError(f"{key}[{i}]", f"{v!r} is not {_a(self.cloud)} region"
+                                                 f"{_hint(v, self.cloud_regions())}")
+
     def check_zones(self, values: list[str], key: str) -> None:
         for i, v in enumerate(values):
             if v not in set(self.zones):
@@ -172,6 +188,13 @@ def check_catalog_values(cluster_config: DocumentView, rc: RegionCatalog,
         for i, rule in enumerate(rules):
             if isinstance(rule, Mapping):
                 notes += check_constraints(values, rule, f"provider.rules[{i}]")
+    overrides = provider.get("price_overrides")
+    if isinstance(overrides, list):
+        # A misspelled family, type or region in an override would price nothing, silently.
+        for i, entry in enumerate(overrides):
+            if isinstance(entry, Mapping):
+                check_constraints(values, entry, f"provider.price_overrides[{i}]", EXCLUDE_KEYS)
+                values.check_regions(_names(entry.get("regions")) or [], f"provider.price_overrides[{i}].regions")
     if backend_overrides is not None:
         # Zones the provider block's own keys imply (AWS availability_zone, subnets), named after the key.
         for zone in _names(backend_overrides({}).get("zones")) or []:

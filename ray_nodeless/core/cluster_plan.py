@@ -21,9 +21,10 @@ from ray_nodeless.errors import ConfigError, NoFeasibleOffering
 from ray_nodeless.core.plan import Plan
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.idle import IdleTimeout, cluster_idle_s, idle_timeout
-from ray_nodeless.core.prices import priced
+from ray_nodeless.core.prices import priced, unused_overrides
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY
 from ray_nodeless.core.rules import rule_warnings
+from ray_nodeless.core.yaml_bounds import YamlBoundsError, load_bounded
 from ray_nodeless.core.documents import Document, DocumentView
 
 logger = logging.getLogger(__name__)
@@ -63,10 +64,12 @@ def load_cluster_yaml(path: str | Path) -> Document:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         try:
-            # libyaml's parser when PyYAML has it (a cold `plan` spends ~25 ms in the pure-Python one) ...
-            doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            # libyaml's parser when PyYAML has it (a cold `plan` spends ~25 ms in the pure-Python one), aliases
+            # bounded before anything expands them (core/yaml_bounds.py) ...
+            doc = load_bounded(text)
         except yaml.YAMLError:
-            doc = yaml.safe_load(text)   # ... and the pure-Python one's error message for a broken file
+            yaml.safe_load(text)         # ... and the pure-Python one's error message for a broken file
+            raise
     except OSError as e:
         raise ConfigError(str(path), f"cannot read cluster YAML: {e}") from e
     except UnicodeDecodeError as e:
@@ -75,6 +78,8 @@ def load_cluster_yaml(path: str | Path) -> Document:
         raise ConfigError(str(path), f"not valid YAML: {e}") from e
     except RecursionError as e:
         raise ConfigError(str(path), f"nested too deeply to read (more than {MAX_YAML_DEPTH} levels)") from e
+    except YamlBoundsError as e:
+        raise ConfigError(str(path), f"refused before reading it: {e}") from e
     if not isinstance(doc, dict):
         raise ConfigError(str(path), "a cluster YAML must be a mapping")
     where = too_deep(doc)
@@ -189,6 +194,8 @@ def plan_cluster(cluster_config: DocumentView,
                 for name, nt in node_types.items()}
     rc = catalog.region(settings.price_cloud, settings.region)
     notes = check_catalog_values(cluster_config, rc, backend_overrides, unlisted_families)
+    unused = unused_overrides(settings.price_overrides, rc)
+    notes += [unused] if unused else []
     plans: dict[str, Plan] = {}
     costs = []
     for name, nt in node_types.items():

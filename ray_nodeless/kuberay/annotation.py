@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from ray_nodeless.core.yaml_bounds import YamlBoundsError, load_bounded
 from ray_nodeless.core.schema import suggest_key, unknown_key
 from ray_nodeless.errors import ConfigError, ConfigErrors
 
@@ -89,9 +90,11 @@ def parse_annotation(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ConfigError(annotation_key(), f"must be a string (a YAML or JSON mapping), got "
                                             f"{type(text).__name__}: annotations are strings")
     try:
-        doc = yaml.safe_load(text)
+        doc = load_bounded(text)
     except yaml.YAMLError as e:
         raise ConfigError(annotation_key(), f"not valid YAML/JSON: {e}") from e
+    except YamlBoundsError as e:                 # read from the API server: anyone who may edit the RayCluster
+        raise ConfigError(annotation_key(), f"refused before reading it: {e}") from e
     if doc is None:
         return {}
     if not isinstance(doc, dict):

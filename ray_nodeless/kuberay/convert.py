@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from ray_nodeless.core.yaml_bounds import YamlBoundsError, load_bounded_all
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import ConfigError
@@ -48,9 +49,11 @@ def is_kuberay(doc: Any) -> bool:
 
 def load_documents(text: str, source: str) -> list[Any]:
     try:
-        return list(yaml.safe_load_all(text))
+        return load_bounded_all(text)
     except yaml.YAMLError as e:
         raise ConfigError(source, f"not valid YAML: {e}") from e
+    except YamlBoundsError as e:
+        raise ConfigError(source, f"refused before reading it: {e}") from e
 
 
 def kuberay_indexes(docs: list[Any]) -> list[int]:

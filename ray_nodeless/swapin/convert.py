@@ -27,6 +27,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from ray_nodeless.core.yaml_bounds import YamlBoundsError, load_bounded
 from ray_nodeless.core import catalog as catalog_mod
 from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.core.cost import NodeTypeCost, cluster_cost
@@ -105,9 +106,11 @@ def convert_file(path: str | Path, **kw: Any) -> Conversion:
     except UnicodeDecodeError as e:
         raise ConfigError(str(p), f"not a text file (cluster YAMLs are UTF-8): {e}") from e
     try:
-        doc = yaml.safe_load(text)
+        doc = load_bounded(text)
     except yaml.YAMLError as e:
         raise ConfigError(str(p), f"not valid YAML: {e}") from e
+    except YamlBoundsError as e:
+        raise ConfigError(str(p), f"refused before reading it: {e}") from e
     if not isinstance(doc, dict):
         raise ConfigError(str(p), "a cluster YAML must be a mapping")
     return convert(doc, source_text=text, source_name=p.name, **kw)

@@ -139,3 +139,58 @@ def test_max_hourly_price_and_the_cost_cap_read_effective_prices():
     cfg["available_node_types"]["gpu_worker"]["node_config"] = {"max_hourly_price": 0.35,
                                                                 "instance_types": ["g5.*"]}
     assert plan_cluster(cfg).plans["gpu_worker"].chosen.instance_type.name == "g5.xlarge"
+
+
+def test_the_index_finds_the_first_match_the_plain_scan_finds():
+    """The PriceBook's index (by family, by literal name, globs, open overrides) against trying every override on
+    every offering in order, on a mixed list of 2,000 overrides over a whole region."""
+    import random
+
+    rc = catalog_mod.embedded().region("aws", "us-west-2")
+    rng = random.Random(7)
+    names = sorted({t.name for t in rc.types})
+    families = sorted({t.family for t in rc.types})
+    entries: list[dict] = []
+    for _ in range(2000):
+        kind = rng.random()
+        e: dict = {"discount": round(rng.random() * 0.9, 2)}
+        if kind < 0.35:
+            e["families"] = rng.sample(families, 2)
+        elif kind < 0.7:
+            e["instance_types"] = [rng.choice(names)]
+        elif kind < 0.9:
+            e["instance_types"] = [rng.choice(families) + ".*large"]
+        if rng.random() < 0.3:
+            e["capacity"] = [rng.choice(["spot", "on-demand"])]
+        if rng.random() < 0.3:
+            e["regions"] = [rng.choice(["us-west-2", "us-east-1"])]
+        entries.append(e)
+    book = parse_price_overrides(entries)
+    for t, c in zip(rc.type_ids, rc.cap_ids):
+        it, cap = rc.types[t], catalog_mod.CAPACITY_TYPES[c]
+        plain = next((i for i, o in enumerate(book.overrides) if o.matches(it, "us-west-2", cap)), None)
+        assert book.which(it, "us-west-2", cap) == plain, (it.name, cap)
+
+
+def test_ten_thousand_overrides_plan_and_the_unused_ones_are_one_note(caplog):
+    """10,000 overrides (each for one instance type of another region) plan, and the ones that price nothing
+    here are named in one note, not 10,000."""
+    entries = [{"instance_types": [f"c5.{s}"], "regions": ["us-east-1"], "discount": 0.1}
+               for _ in range(2500) for s in ("large", "xlarge", "2xlarge", "4xlarge")]
+    entries.append({"families": ["g6"], "discount": 0.2})
+    cp = plan_cluster(cluster(entries))
+    [note] = [w for w in cp.warnings if "price no offering" in w]
+    assert "provider.price_overrides[0]" in note and "and 9995 more" in note and "[10000]" not in note
+    assert cp.plans["gpu_worker"].chosen.instance_type.family in {"g6", "g4dn"}
+
+
+@pytest.mark.parametrize("entry, key, words", [
+    ({"families": ["g4dm"], "discount": 0.2}, "provider.price_overrides[0].families[0]", "did you mean 'g4dn'"),
+    ({"instance_types": ["g4dn.xlarg"], "discount": 0.2}, "provider.price_overrides[0].instance_types[0]",
+     "not an aws instance type"),
+    ({"regions": ["us-west-9"], "discount": 0.2}, "provider.price_overrides[0].regions[0]", "not an aws region"),
+])
+def test_an_override_that_could_match_nothing_is_named(entry, key, words):
+    with pytest.raises(ConfigError) as e:
+        plan_cluster(cluster([entry]))
+    assert e.value.key == key and words in str(e.value)
