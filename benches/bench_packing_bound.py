@@ -101,6 +101,7 @@ def measure(n: int, top: int) -> dict[str, Any]:
         "lp_cuts_spend_per_h": {k: round(v, 4) for k, v in list(cut.spend.items())[:top]},
         "lp_cuts_machines": {k: round(cut.machines[k], 3) for k in list(cut.spend)[:top]},
         "lp_cuts_group_spend_per_h": {k: round(v, 4) for k, v in cut.group_spend.items()},
+        "lp_cuts_placed": cut.placed,
     }
 
 

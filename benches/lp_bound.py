@@ -85,6 +85,7 @@ class Bound:
     machines: dict[str, float] = field(default_factory=dict)    # offering -> fractional machines (x_o > 0)
     spend: dict[str, float] = field(default_factory=dict)       # offering -> $/h in the optimum
     group_spend: dict[str, float] = field(default_factory=dict)  # group -> $/h (the machines' cost by share)
+    placed: dict[str, dict[str, float]] = field(default_factory=dict)   # group -> offering -> demands (y > 0)
 
 
 def group_demands(demands: Iterable[Demand]) -> list[tuple[Demand, int]]:
@@ -210,11 +211,16 @@ def lp_bound(fitter: OpenFitter, demands: Iterable[Demand], own_rule: bool = Fal
     machines = {_name(o): float(x[x_col[o]]) for o in kept if x[x_col[o]] > 1e-9}
     spend = {_name(o): float(x[x_col[o]] * (o.hourly_price or 0.0)) for o in kept if x[x_col[o]] > 1e-9}
     group_spend = _group_spend(groups, y_cols, x[nx:], need, caps, x, x_col)
+    placed: dict[str, dict[str, float]] = {}
+    for (g, o), v in zip(y_cols, x[nx:]):
+        if v > 1e-9:
+            placed.setdefault(groups[g][0].describe(), {})[_name(o)] = round(float(v), 3)
     return Bound(hourly=float(res.fun), groups=len(groups), demands=sum(n for _, n in groups),
                  infeasible_demands=infeasible, offerings_allowed=len(offerings), offerings_in_lp=len(kept),
                  variables=ncol, constraints=len(row) + len(group_row), solve_ms=solve_ms, build_ms=build_ms,
                  machines=dict(sorted(machines.items(), key=lambda kv: -spend[kv[0]])),
-                 spend=dict(sorted(spend.items(), key=lambda kv: -kv[1])), group_spend=group_spend)
+                 spend=dict(sorted(spend.items(), key=lambda kv: -kv[1])), group_spend=group_spend,
+                 placed=placed)
 
 
 def _units(need: dict[str, float], caps: dict[str, float]) -> int:
