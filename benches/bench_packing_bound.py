@@ -9,7 +9,8 @@ The demands are bench_open_types.py's (same generator, same seed: CPU 1/2/4/16, 
 selectors with a fallback, STRICT_SPREAD placement groups) on `cluster-configs/local-nodeless.yaml` (AWS us-west-2
 catalog, spot-first rules, max_workers raised to 5,000). Per size, $/h: (a) every demand's own cheapest fit, summed;
 (b) our Packer's plan (the first `OpenTypes.step`, as bench_open_types.py's (b)); the LP lower bound
-(benches/lp_bound.py: the demands may use any offering the plan may open that holds them), and the same LP with
+(benches/lp_bound.py: the demands may use any offering the plan may open that holds them), the same with the
+machine-count cuts (still a lower bound, tighter for demands only big machines hold), and the LP with
 each demand on the offerings of its own rule only (`own rule`, the issue's literal wording; not a bound of a
 packing that puts CPU work on a GPU machine's spare CPUs, see lp_bound.py). Then (a)'s and (b)'s distance to the
 bound, the LP's build and solve time, and what each spends on (the plan's machines, the LP's fractional machines
