@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.availability import UnavailableOfferings
@@ -115,53 +115,11 @@ class OpenFitter:
     def fit(self, demand: Demand, selector: Selector | None = None, zone: str | None = None,
             quiet: bool = False) -> OpenType:
         """`quiet`: the caller drops the NoFeasibleOffering message (a probe); it may then be a short one."""
-        want = demand.res
-        others = sorted(k for k in want if k not in INSTANCE_RESOURCES and not k.startswith(ACCELERATOR_RESOURCE))
-        if others:
-            raise NoFeasibleOffering(
-                f"{demand.describe()}: no instance offers the resource(s) {others}; declare a node type with them")
-        # The planner's Shape: whole GPUs, the accelerator model as a resource; memory as RAM (node memory is
-        # TASK_MEMORY_FRACTION of it).
-        shape: Document = {"CPU": want.get("CPU", 0.0), "GPU": math.ceil(want.get("GPU", 0.0) - 1e-9)}
-        if demand.accelerator:
-            shape[f"{ACCELERATOR_RESOURCE}{demand.accelerator}"] = 1
-            if not shape["GPU"]:
-                shape["GPU"] = 1     # `accelerator_type` without num_gpus: the machine still has that GPU
-        if want.get("memory"):
-            shape["memory"] = want["memory"]
-        node_config = dict(self.narrowing)
-        if want.get("memory"):
-            ram = want["memory"] / GIB / TASK_MEMORY_FRACTION
-            node_config["min_memory_gib"] = max(float(node_config.get("min_memory_gib", 0) or 0), ram)
-        try:
-            request = self.resolver.request("open", shape, node_config, is_head=False)
-        except ConfigError as e:
-            raise NoFeasibleOffering(f"{demand.describe()}: {e}") from e
-        try:
-            plan = self._plan(request, quiet)
-        except NoFeasibleOffering as e:
-            if quiet:     # a probe: nobody reads the message, so no diagnosis (it re-plans the demand)
-                raise NoFeasibleOffering(f"{demand.describe()}: {e}") from e
-            raise NoFeasibleOffering(f"{demand.describe()}: {self._why_none(request, e, shape, node_config)}") from e
-        unavailable = skipped_labels = 0
-        for o in plan.candidates():
-            if zone is not None and o.zone != zone:
-                continue
-            labels = offering_labels(o)
-            if selector is not None and not selector.matches(labels):
-                skipped_labels += 1
-                continue
-            # An accelerator demand is a fraction of the machine's one `accelerator_type:<model>` unit.
-            held = {k: min(v, 1.0) if k.startswith(ACCELERATOR_RESOURCE) else v
-                    for k, v in _held_as(want, o.instance_type.gpu_model).items()}
-            if not fits(instance_resources(o.instance_type, {}), held):
-                continue
-            if self.unavailable is not None and self.unavailable.reason(o) is not None:
-                unavailable += 1
-                continue
-            return OpenType(name=type_name(o), offering=o, rule=request.rule, resources=ray_int_resources(o),
-                            labels=tuple(sorted(labels.items())), shape=tuple(sorted(shape.items())))
-        nearest = plan.chosen
+        request, shape, plan = self._demand_plan(demand, quiet)
+        skipped = [0, 0]       # offerings left out by the selector, and as recently unavailable
+        for t in self._allowed(demand, request, shape, plan, selector, zone, skipped):
+            return t
+        (skipped_labels, unavailable), nearest = skipped, plan.chosen
         where = f" in zone {zone}" if zone else ""
         why = (f"no offering of rule {request.rule!r}{where} has labels {selector.describe()}" if skipped_labels
                and selector is not None else f"all {unavailable} fitting offerings{where} are recently unavailable"
@@ -169,6 +127,60 @@ class OpenFitter:
         raise NoFeasibleOffering(f"{demand.describe()}: {why} (nearest allowed: {nearest.instance_type.name} "
                                  f"{nearest.zone} {nearest.capacity} ${nearest.hourly_price or 0:.4f}/h)")
 
+    def allowed(self, demand: Demand, selector: Selector | None = None) -> list[OpenType]:
+        """Every offering `fit` chooses from for `demand` under `selector`, in its order (benches/lp_bound.py)."""
+        request, shape, plan = self._demand_plan(demand, quiet=True)      # NoFeasibleOffering as `fit` raises it
+        return list(self._allowed(demand, request, shape, plan, selector, None, [0, 0]))
+
+    def _demand_plan(self, demand: Demand, quiet: bool) -> tuple[Request, Document, Plan]:
+        """The demand's planner request (whole GPUs, the GPU model as a resource, memory as RAM) and its plan."""
+        want = demand.res
+        others = sorted(k for k in want if k not in INSTANCE_RESOURCES and not k.startswith(ACCELERATOR_RESOURCE))
+        if others:
+            raise NoFeasibleOffering(
+                f"{demand.describe()}: no instance offers the resource(s) {others}; declare a node type with them")
+        shape: Document = {"CPU": want.get("CPU", 0.0), "GPU": math.ceil(want.get("GPU", 0.0) - 1e-9)}
+        if demand.accelerator:
+            shape[f"{ACCELERATOR_RESOURCE}{demand.accelerator}"] = 1
+            if not shape["GPU"]:
+                shape["GPU"] = 1     # `accelerator_type` without num_gpus: the machine still has that GPU
+        node_config = dict(self.narrowing)
+        if want.get("memory"):
+            shape["memory"] = want["memory"]
+            ram = want["memory"] / GIB / TASK_MEMORY_FRACTION
+            node_config["min_memory_gib"] = max(float(node_config.get("min_memory_gib", 0) or 0), ram)
+        try:
+            request = self.resolver.request("open", shape, node_config, is_head=False)
+        except ConfigError as e:
+            raise NoFeasibleOffering(f"{demand.describe()}: {e}") from e
+        try:
+            return request, shape, self._plan(request, quiet)
+        except NoFeasibleOffering as e:
+            if quiet:     # a probe: nobody reads the message, so no diagnosis (it re-plans the demand)
+                raise NoFeasibleOffering(f"{demand.describe()}: {e}") from e
+            raise NoFeasibleOffering(f"{demand.describe()}: {self._why_none(request, e, shape, node_config)}") from e
+
+    def _allowed(self, demand: Demand, request: Request, shape: Document, plan: Plan, selector: Selector | None,
+                 zone: str | None, skipped: list[int]) -> Iterator[OpenType]:
+        """The candidates `fit` may take, in order; `skipped` counts those left out by selector and unavailability."""
+        want = demand.res
+        for o in plan.candidates():
+            if zone is not None and o.zone != zone:
+                continue
+            labels = offering_labels(o)
+            if selector is not None and not selector.matches(labels):
+                skipped[0] += 1
+                continue
+            # An accelerator demand is a fraction of the machine's one `accelerator_type:<model>` unit.
+            held = {k: min(v, 1.0) if k.startswith(ACCELERATOR_RESOURCE) else v
+                    for k, v in _held_as(want, o.instance_type.gpu_model).items()}
+            if not fits(instance_resources(o.instance_type, {}), held):
+                continue
+            if self.unavailable is not None and self.unavailable.reason(o) is not None:
+                skipped[1] += 1
+                continue
+            yield OpenType(name=type_name(o), offering=o, rule=request.rule, resources=ray_int_resources(o),
+                           labels=tuple(sorted(labels.items())), shape=tuple(sorted(shape.items())))
 
     def _why_none(self, request: Request, error: NoFeasibleOffering, shape: DocumentView,
                   node_config: DocumentView) -> str:
@@ -221,7 +233,6 @@ class OpenFitter:
         if quiet:
             raise NoFeasibleOffering(f"no offering holds {request.shape.describe()} under rule {request.rule!r}")
         return planner.plan(request)          # the planner's own error, with its explanation
-
 
     def _columns(self, rc: RegionCatalog) -> _Columns:
         hit = self._size_columns.get(id(rc))

@@ -37,11 +37,16 @@ def fitter() -> OpenFitter:
 
 def _cheapest(resources: dict, selector: dict | None = None, capacity=("spot", "on-demand")) -> float:
     """Brute force over the catalog rows: the lowest price of an allowed offering whose machine holds the demand."""
+    return min((o.hourly_price for o in _allowed_rows(resources, selector, capacity)), default=float("inf"))
+
+
+def _allowed_rows(resources: dict, selector: dict | None = None, capacity=("spot", "on-demand")) -> list:
+    """Brute force over the catalog rows: the allowed offerings whose machine holds the demand."""
     sel = parse_selector(selector) if selector else None
     rc = embedded().region("aws", "us-west-2")
     want = {k: v for k, v in resources.items() if not k.startswith("accelerator_type:")}
     accel = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]
-    best = float("inf")
+    out = []
     for i in range(len(rc.type_ids)):
         o = rc.offering(i)
         t = o.instance_type
@@ -54,8 +59,8 @@ def _cheapest(resources: dict, selector: dict | None = None, capacity=("spot", "
         if accel and t.gpu_model != accel[0]:
             continue
         if fits(instance_resources(t, {}), want) and (sel is None or sel.matches(offering_labels(o))):
-            best = min(best, o.hourly_price)
-    return best
+            out.append(o)
+    return out
 
 
 @pytest.mark.parametrize("text", ['{"CPU": 1}', '{"CPU": 16}', '{"CPU": 1, "GPU": 2}', '{"GPU": 1}',
@@ -71,6 +76,20 @@ def test_fit_is_the_catalog_cheapest_that_holds_the_demand(fitter, text):
     if d.accelerator:
         assert node[f"accelerator_type:{d.accelerator}"] == 1
         assert dict(t.labels)["ray.io/accelerator-type"] == d.accelerator
+
+
+@pytest.mark.parametrize("text, selector", [('{"CPU": 1}', None), ('{"CPU": 1, "GPU": 2}', None),
+                                            ('{"GPU": 1, "accelerator_type:L4": 0.001}', None),
+                                            ('{"memory": "64GiB", "CPU": 1}', None),
+                                            ('{"CPU": 2}', {"ray.io/availability-zone": "!in(us-west-2a)"})])
+def test_allowed_is_every_offering_the_fit_chooses_from(fitter, text, selector):
+    # benches/lp_bound.py bounds the packing over these: exactly the brute force's set, the fit first.
+    d = parse_demand(text, [selector] if selector else [])
+    sel = d.selectors[0] if d.selectors else None
+    allowed = fitter.allowed(d, sel)
+    assert allowed[0] == fitter.fit(d, sel)
+    assert {t.offering for t in allowed} == set(_allowed_rows(d.res, selector))
+    assert len({t.offering for t in allowed}) == len(allowed)
 
 
 def test_memory_demand_counts_rays_share_of_the_ram(fitter):
