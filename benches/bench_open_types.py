@@ -55,7 +55,8 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from ray_nodeless.core.demand import Demand, canonical_resources  # noqa: E402
-from ray_nodeless.core.open_plan import OpenFitter, Packer  # noqa: E402
+from ray_nodeless.core.open_pack import Packer  # noqa: E402
+from ray_nodeless.core.open_plan import OpenFitter  # noqa: E402
 from ray_nodeless.core.planner import Planner  # noqa: E402
 from ray_nodeless.core.settings import Resolver  # noqa: E402
 from ray_nodeless.errors import NoFeasibleOffering  # noqa: E402

@@ -52,7 +52,8 @@ from typing import Any, Iterable
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.demand import Demand, NodeCapacity, Selector, fits, offering_labels
 from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.core.open_plan import OpenFitter, OpenType, _bin_view
+from ray_nodeless.core.open_pack import _bin_view
+from ray_nodeless.core.open_plan import OpenFitter, OpenType
 from ray_nodeless.errors import NoFeasibleOffering
 
 SCALE = {"memory": 1 / 1024 ** 3}       # memory rows in GiB: coefficients near the CPUs' keep the LP well scaled

@@ -7,28 +7,19 @@ resources really hold the demand (Ray's `memory` resource is 70 % of the RAM: `i
 labels match the selector. The result is an `OpenType`: one offering (instance type, zone, market) as a Ray node
 type whose labels promise exactly what the machine will be, so a launch never breaks a label promise.
 
-`pack(...)` is first-fit-decreasing in the Karpenter way: demands largest first (GPU, CPU, memory) go onto the free
-capacity of nodes that exist or are launching, then onto machines already opened in this pass, and only then open
-a new machine, the demand's own cheapest fit. A placement group (gang) is placed as a whole: bundles of a
-STRICT_SPREAD gang on distinct machines, a STRICT_PACK gang on one, and all of a gang's new machines in one zone
-(`single_zone_gangs`), trying the zones in the order of the gang's cheapest fit. What no allowed offering can serve
-is returned with the reason (the rule or exclusion that removed its last candidate, from the planner's own
-explanation).
+The packing of many demands onto machines (first-fit-decreasing, gangs) is core/open_pack.py.
 """
 from __future__ import annotations
 
 import math
-from collections import Counter
-from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Mapping
 
 from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Offering, RegionCatalog
 from ray_nodeless.core.gpus import canonical_gpu
-from ray_nodeless.core.demand import (
-    ACCELERATOR_RESOURCE, ACCELERATOR_TYPE, Demand, NodeCapacity, Selector, fits, offering_labels, take,
-)
+from ray_nodeless.core.demand import ACCELERATOR_RESOURCE, Demand, Selector, fits, offering_labels
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.plan import Plan
 from ray_nodeless.core.planner import Planner
@@ -173,7 +164,7 @@ class OpenFitter:
                 continue
             # An accelerator demand is a fraction of the machine's one `accelerator_type:<model>` unit.
             held = {k: min(v, 1.0) if k.startswith(ACCELERATOR_RESOURCE) else v
-                    for k, v in _held_as(want, o.instance_type.gpu_model).items()}
+                    for k, v in held_as(want, o.instance_type.gpu_model).items()}
             if not fits(instance_resources(o.instance_type, {}), held):
                 continue
             if self.unavailable is not None and self.unavailable.reason(o) is not None:
@@ -275,200 +266,7 @@ def _filtered(base: _Base, request: Request, need: _Need, planner: Planner) -> P
                 considered=plan.considered, _attribute=lambda: planner.plan(request).rejected)
 
 
-@dataclass
-class Packing:
-    """What one pass decided: machines to open per generated type, and demands nothing allowed can serve."""
-
-    new: Counter[str] = field(default_factory=Counter)          # type name -> machines
-    types: dict[str, OpenType] = field(default_factory=dict)
-    infeasible: dict[Demand, str] = field(default_factory=dict)  # demand -> why (the planner's reason)
-
-    @property
-    def hourly(self) -> float:
-        return sum(self.types[n].price * c for n, c in self.new.items())
-
-
-def _size_key(d: Demand) -> tuple[object, ...]:
-    """Demands with label selectors first (they can use fewer machines), then largest first."""
-    r = d.res
-    return (not d.selectors, -r.get("GPU", 0.0), -r.get("CPU", 0.0), -r.get("memory", 0.0), d.resources,
-            tuple(s.describe() for s in d.selectors))
-
-
-class Packer:
-    """First-fit-decreasing over nodes that exist, are launching, or are opened in this pass."""
-
-    def __init__(self, fitter: OpenFitter, single_zone_gangs: bool = True):
-        self.fitter = fitter
-        self.single_zone_gangs = single_zone_gangs
-
-    def pack(self, demands: Iterable[Demand], nodes: Iterable[NodeCapacity]) -> Packing:
-        out = Packing()
-        bins = [NodeCapacity(n.name, dict(n.free), dict(n.labels), n.node_type, n.zone, set(n.hosts), n.has_gpu)
-                for n in sorted(nodes, key=lambda n: n.name)]
-        gangs: dict[str, list[Demand]] = {}
-        singles: list[Demand] = []
-        for d in demands:
-            (gangs.setdefault(d.gang, []) if d.gang else singles).append(d)
-        for gid in sorted(gangs):
-            self._gang(gid, gangs[gid], bins, out)
-        for d in sorted(singles, key=_size_key):
-            remaining = max(1, d.count)
-            while remaining > 0:
-                placed = self._single(d, bins, out, remaining)
-                if not placed:
-                    break
-                remaining -= placed
-        return out
-
-    # ----- one demand --------------------------------------------------------------------------------------------
-
-    def _single(self, d: Demand, bins: list[NodeCapacity], out: Packing, remaining: int) -> int:
-        """Place one unit of `d` on free capacity, else open the machine that serves `remaining` units of it
-        cheapest per unit (one bigger machine may cost less than several small ones). Returns units placed."""
-        want = d.res
-        needs_gpu = want.get("GPU", 0) > 0 or bool(d.accelerator)
-        # As Ray's v2 scheduler does: a demand goes on a node that exists or is being launched before any new one
-        # (spare room on a machine launched anyway costs nothing); work without GPUs tries non-GPU nodes first.
-        order = bins if needs_gpu else sorted(bins, key=lambda b: b.has_gpu)
-        for sel in d.selectors or (None,):
-            for b in order:
-                if sel is not None and not sel.matches(b.labels):
-                    continue
-                view = _bin_view(want, b)
-                if fits(b.free, view):
-                    take(b.free, view)
-                    return 1
-        t = self._open(d, out)
-        if t is None:
-            return 0
-        best, units = t, 1
-        for m in _group_sizes(remaining):
-            group = Demand(tuple((k, v * m if not k.startswith(ACCELERATOR_RESOURCE) else v) for k, v in d.resources),
-                           d.selectors, 1)
-            try:
-                g = self._open_quiet(group)
-            except NoFeasibleOffering:
-                continue
-            if g.price / m < best.price / units - 1e-12:
-                best, units = g, m
-        b = self._new_bin(best, out, bins)
-        n = 0
-        view = _bin_view(want, b)
-        while n < units and fits(b.free, view):
-            take(b.free, view)
-            n += 1
-        return max(n, 1)
-
-    def _open_quiet(self, d: Demand) -> OpenType:
-        for sel in d.selectors or (None,):
-            try:
-                return self.fitter.fit(d, sel, quiet=True)
-            except NoFeasibleOffering:
-                continue
-        raise NoFeasibleOffering(d.describe())
-
-    def _open(self, d: Demand, out: Packing, zone: str | None = None) -> OpenType | None:
-        first_error = ""
-        for sel in d.selectors or (None,):
-            try:
-                return self.fitter.fit(d, sel, zone)
-            except NoFeasibleOffering as e:
-                first_error = first_error or str(e)
-        if zone is None:
-            out.infeasible[_without_count(d)] = first_error
-        return None
-
-    @staticmethod
-    def _new_bin(t: OpenType, out: Packing, bins: list[NodeCapacity]) -> NodeCapacity:
-        out.types[t.name] = t
-        out.new[t.name] += 1
-        b = NodeCapacity(f"new:{t.name}:{out.new[t.name]}", {k: float(v) for k, v in t.resources},
-                         dict(t.labels), t.name, t.offering.zone, has_gpu=t.offering.instance_type.gpu_count > 0)
-        bins.append(b)
-        return b
-
-    # ----- a gang ------------------------------------------------------------------------------------------------
-
-    def _gang(self, gid: str, bundles: list[Demand], bins: list[NodeCapacity], out: Packing) -> None:
-        if any(b.packed for b in bundles):    # STRICT_PACK: one machine holds the sum
-            total: dict[str, float] = {}
-            for b in bundles:
-                for k, v in b.resources:
-                    total[k] = total.get(k, 0.0) + v * max(1, b.count)
-            units = [Demand(tuple(sorted(total.items())), bundles[0].selectors, 1, gid)]
-        else:
-            units = [Demand(b.resources, b.selectors, 1, gid, b.spread) for b in bundles
-                     for _ in range(max(1, b.count))]
-        units.sort(key=_size_key)
-        spread = any(b.spread for b in bundles)
-        zones: list[str | None] = [None]
-        if self.single_zone_gangs:
-            first = self._open(units[0], out)
-            if first is None:
-                return
-            seen: Counter[str] = Counter(b.zone for b in bins if b.zone and b.node_type)
-            by_use = sorted(seen, key=lambda z: (-seen[z], z != first.offering.zone, z))
-            zones = list(by_use)
-            if first.offering.zone not in zones:
-                zones.append(first.offering.zone)
-            zones += sorted({o.zone for o in self._zones_of(units[0])} - set(zones))
-        for zone in zones:
-            trial = self._place_gang(gid, units, bins, zone, spread, out)
-            if trial is not None:
-                for placed_on, want in trial[0]:
-                    take(placed_on.free, want)
-                    placed_on.hosts.add(gid)
-                for t in trial[1]:
-                    nb = self._new_bin(t, out, bins)
-                    take(nb.free, _bin_view(dict(t.shape), nb))
-                    nb.hosts.add(gid)
-                return
-        out.infeasible[_without_count(units[0])] = (
-            f"placement group {gid}: its {len(units)} bundle(s) fit no single zone"
-            + (" (single_zone_gangs: true)" if self.single_zone_gangs else ""))
-
-    def _zones_of(self, d: Demand) -> list[Offering]:
-        try:
-            req = self.fitter.resolver.request("open", {"CPU": d.res.get("CPU", 0)}, {}, is_head=False)
-            return list(self.fitter.planner.plan(req).top(50))
-        except (ConfigError, NoFeasibleOffering):
-            return []
-
-    def _place_gang(self, gid: str, units: list[Demand], bins: list[NodeCapacity], zone: str | None, spread: bool,
-                    out: Packing) -> tuple[list[tuple[NodeCapacity, dict[str, float]]], list[OpenType]] | None:
-        free = {id(b): dict(b.free) for b in bins}
-        used: set[int] = set()
-        placed: list[tuple[NodeCapacity, dict[str, float]]] = []
-        opened: list[OpenType] = []
-        for u in units:
-            want = u.res
-            spot: NodeCapacity | None = None
-            view: dict[str, float] = {}
-            for b in bins:
-                if zone is not None and b.zone != zone:
-                    continue
-                if spread and (id(b) in used or gid in b.hosts):
-                    continue
-                if not u.accepts(b.labels):
-                    continue
-                view = _bin_view(want, b)
-                if fits(free[id(b)], view):
-                    spot = b
-                    break
-            if spot is not None:
-                take(free[id(spot)], view)
-                used.add(id(spot))
-                placed.append((spot, view))
-                continue
-            t = self._open(u, out, zone)
-            if t is None:
-                return None
-            opened.append(t)
-        return placed, opened
-
-
-def _group_sizes(remaining: int) -> list[int]:
+def group_sizes(remaining: int) -> list[int]:
     """The group sizes tried when a machine is opened for `remaining` equal demands: remaining, then halving."""
     out: list[int] = []
     m = remaining
@@ -478,7 +276,7 @@ def _group_sizes(remaining: int) -> list[int]:
     return out
 
 
-def _held_as(want: Mapping[str, float], model: str, free: Mapping[str, float] | None = None) -> dict[str, float]:
+def held_as(want: Mapping[str, float], model: str, free: Mapping[str, float] | None = None) -> dict[str, float]:
     """A demand as a machine with GPUs of `model` holds it: an `accelerator_type:<name>` of that model (in any
     spelling the GPU vocabulary knows) is the machine's `accelerator_type:<model>` resource, unless the machine's
     `free` resources have the demand's own spelling."""
@@ -489,12 +287,3 @@ def _held_as(want: Mapping[str, float], model: str, free: Mapping[str, float] | 
             k = f"{ACCELERATOR_RESOURCE}{model}"
         out[k] = v
     return out
-
-
-def _bin_view(want: Mapping[str, float], b: NodeCapacity) -> dict[str, float]:
-    return _held_as(want, b.labels.get(ACCELERATOR_TYPE, ""), b.free)
-
-
-def _without_count(d: Demand) -> Demand:
-    return Demand(d.resources, d.selectors, 1, "", d.spread, d.packed)
-

@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Protocol
 from ray_nodeless.core.documents import Document, DocumentView
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.demand import ACCELERATOR_TYPE, Demand, NodeCapacity, canonical_resources, fits
-from ray_nodeless.core.open_plan import Packer, Packing
+from ray_nodeless.core.open_pack import Packer, Packing
 from ray_nodeless.core.idle import capped_break_even_s, cluster_idle_s
 from ray_nodeless.core.requirements import OPEN_SHAPE_KEY, parse_requirements, split_node_config
 from ray_nodeless.core.settings import CoreSettings

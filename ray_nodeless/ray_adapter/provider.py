@@ -53,7 +53,8 @@ from ray_nodeless.metrics.wiring import ProviderInstruments
 from ray_nodeless.launch.reversion import Reverter
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED, Machine
 from ray_nodeless.ray_adapter import bootstrap
-from ray_nodeless.core.open_plan import OpenFitter, Packer
+from ray_nodeless.core.open_pack import Packer
+from ray_nodeless.core.open_plan import OpenFitter
 from ray_nodeless.launch.open_types import OpenTypes
 from ray_nodeless.ray_compat.demand import autoscaler_event_sink
 from ray_nodeless.ray_compat.ray_status import StatusSlot

@@ -1,7 +1,7 @@
 """Shape-open clusters in a replay: what to launch is decided by the monitor's own packing.
 
 On a shape-open cluster (`launch/open_types.shape_open`) the running monitor packs every pending demand that no
-declared worker node type holds (`OpenTypes.step`) with `core/open_plan.Packer` over the free capacity of the nodes
+declared worker node type holds (`OpenTypes.step`) with `core/open_pack.Packer` over the free capacity of the nodes
 that are up or launching, and Ray launches exactly the machines the packing chose (each generated node type's
 `max_workers` is its live machines plus the planned ones). The replay does the same with the same Packer and
 OpenFitter, built from the cluster's rules as the provider builds them (`NodelessProvider._open_types`), and
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ray_nodeless.core.demand import Demand, NodeCapacity, canonical_resources, fits
-from ray_nodeless.core.open_plan import OpenFitter, OpenType, Packer
+from ray_nodeless.core.open_pack import Packer
+from ray_nodeless.core.open_plan import OpenFitter, OpenType
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import CoreSettings, Resolver
 

@@ -12,7 +12,8 @@ from ray_nodeless.core.demand import (
     Demand, NodeCapacity, canonical_resources, fits, offering_labels, parse_demand, parse_selector,
 )
 from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.core.open_plan import OpenFitter, Packer, type_name
+from ray_nodeless.core.open_pack import Packer
+from ray_nodeless.core.open_plan import OpenFitter, type_name
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import ConfigError, NoFeasibleOffering
@@ -164,6 +165,19 @@ def test_demands_share_open_machines_first_fit_decreasing(fitter):
     gpu_node = NodeCapacity("ray:a-gpu", {"CPU": 4.0, "GPU": 1.0}, {}, has_gpu=True)
     packed = Packer(fitter).pack([Demand(canonical_resources({"CPU": 1}), count=2)], [gpu_node, cpu_node])
     assert not packed.new
+
+
+def test_the_dearest_fit_opens_first_and_the_rest_fill_its_room(fitter):
+    """One A100 task (its cheapest fit a p4d.24xlarge: 8 GPUs) and three 2-GPU tasks: packed by GPU count first, the
+    2-GPU tasks opened machines of their own before the p4d; the dearest fit first, they go on the p4d's seven
+    spare GPUs (benches/bench_packing_bound.py: the LP bound's cover)."""
+    a100 = parse_demand('{"GPU": 1, "accelerator_type:A100": 0.001}')
+    two = Demand(canonical_resources({"GPU": 2}), count=3)
+    packing = Packer(fitter).pack([two, a100], [])
+    [(name, count)] = packing.new.items()
+    assert count == 1 and packing.types[name].offering.instance_type.gpu_model == "A100"
+    assert packing.hourly == pytest.approx(_cheapest(a100.res))
+    assert packing.hourly < _cheapest(a100.res) + 3 * _cheapest({"GPU": 2})
 
 
 def test_selector_demands_are_placed_before_free_ones(fitter):

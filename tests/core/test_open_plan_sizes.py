@@ -11,7 +11,8 @@ import yaml
 
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.demand import Demand, NodeCapacity, canonical_resources, parse_selector
-from ray_nodeless.core.open_plan import OpenFitter, Packer
+from ray_nodeless.core.open_pack import Packer
+from ray_nodeless.core.open_plan import OpenFitter
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import NoFeasibleOffering

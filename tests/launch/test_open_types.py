@@ -9,7 +9,8 @@ import yaml
 
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.demand import Demand, canonical_resources, parse_demand
-from ray_nodeless.core.open_plan import OpenFitter, Packer
+from ray_nodeless.core.open_pack import Packer
+from ray_nodeless.core.open_plan import OpenFitter
 from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.launch.open_types import DROP_AFTER_S, OpenTypes, RayNode, Snapshot, is_open_type

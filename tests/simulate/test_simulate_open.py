@@ -15,7 +15,8 @@ from ray_nodeless.cli import main
 from ray_nodeless.core.catalog import embedded
 from ray_nodeless.core.cluster_plan import load_catalog, planner_for
 from ray_nodeless.core.demand import parse_demand
-from ray_nodeless.core.open_plan import OpenFitter, Packer
+from ray_nodeless.core.open_pack import Packer
+from ray_nodeless.core.open_plan import OpenFitter
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.launch.open_types import OpenTypes, Snapshot
 from ray_nodeless.operate.config import load_provider
