@@ -159,22 +159,50 @@ def parse_selector(text_or_map: object, key: str = "--label-selector") -> Select
     return Selector(tuple(out))
 
 
+# `--demand` in the spellings of Ray's task options (`@ray.remote(num_cpus=..., memory=..., accelerator_type=...)`).
+_RAY_OPTIONS = {"num_cpus": "CPU", "num_gpus": "GPU"}
+# Memory units: Kubernetes' and Ray users' (Gi = 2**30, G = 10**9).
+_MEMORY_UNITS = (("gib", 1024 ** 3), ("gi", 1024 ** 3), ("gb", 10 ** 9), ("g", 10 ** 9), ("mib", 1024 ** 2),
+                 ("mi", 1024 ** 2), ("mb", 10 ** 6), ("m", 10 ** 6))
+# Ray's resource names are case sensitive: a lower-case one is almost surely meant as Ray's.
+_CASE = {"cpu": "CPU", "gpu": "GPU"}
+
+
+def _memory_bytes(v: object, key: str) -> object:
+    if not isinstance(v, str):
+        return v
+    text = v.strip().lower()
+    for unit, scale in _MEMORY_UNITS:
+        if text.endswith(unit):
+            try:
+                return float(text.removesuffix(unit)) * scale
+            except ValueError:
+                break
+    raise ConfigError(key, f"must be bytes or a size like '64Gi', '64GiB' or '64G', got {v!r}")
+
+
 def parse_demand(text_or_map: object, selectors: Iterable[object] = (), key: str = "--demand") -> Demand:
-    """`{"GPU": 2}` (Ray's resource names; memory in bytes or "64GiB") plus label selectors, as one Demand."""
+    """`{"GPU": 2}` (Ray's resource names; memory in bytes or "64Gi"/"64GiB"/"64G") plus label selectors, as one
+    Demand. Ray's task-option spellings are read too: `num_cpus`, `num_gpus`, `accelerator_type: "L4"` (what
+    `@ray.remote(accelerator_type="L4")` asks: `accelerator_type:L4: 0.001`)."""
     data = _json_map(text_or_map, key)
     res: dict[str, float] = {}
     for k, v in data.items():
-        if k == "memory" and isinstance(v, str) and v.lower().endswith(("gib", "gb")):
-            num = v.lower().removesuffix("gib").removesuffix("gb")
-            try:
-                v = float(num) * 1024 ** 3
-            except ValueError:
-                raise ConfigError(f"{key}.memory", f"must be bytes or like '64GiB', got {data[k]!r}") from None
+        name = _RAY_OPTIONS.get(str(k), str(k))
+        if name in _CASE:
+            raise ConfigError(f"{key}.{k}", f"Ray's resource names are case sensitive: write {_CASE[name]!r} (or "
+                                            f"{'num_cpus' if name == 'cpu' else 'num_gpus'}), not {name!r}")
+        if name == "accelerator_type":
+            if not isinstance(v, str) or not v.strip():
+                raise ConfigError(f"{key}.accelerator_type", f"must be a GPU model such as \"L4\", got {v!r}")
+            name, v = f"accelerator_type:{v.strip()}", 0.001
+        if name == "memory":
+            v = _memory_bytes(v, f"{key}.memory")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ConfigError(f"{key}.{k}", f"must be a number >= 0, got {v!r}")
-        res[str(k)] = float(v)
-    if "accelerator_type" in res:
-        raise ConfigError(f"{key}.accelerator_type", "write it as Ray does: {\"accelerator_type:L4\": 0.001}")
+        if name in res:
+            raise ConfigError(f"{key}.{k}", f"{name} is given twice ({k!r} is Ray's {name})")
+        res[name] = float(v)
     return Demand(canonical_resources(res), tuple(parse_selector(s) for s in selectors))
 
 

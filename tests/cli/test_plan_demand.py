@@ -325,3 +325,24 @@ def test_max_hourly_cost_refuses_what_the_launcher_would(tmp_path):
     # After the head's lines, the shape-open header states the cap.
     (header,) = [ln for ln in menu.splitlines() if ln.startswith("shape-open:")]
     assert "max_hourly_cost $1.0000/h" in header, menu
+
+
+@pytest.mark.parametrize("ray_spelling, canonical", [
+    ('{"num_cpus": 2}', '{"CPU": 2}'),
+    ('{"num_gpus": 1, "accelerator_type": "L4"}', '{"GPU": 1, "accelerator_type:L4": 0.001}'),
+    ('{"CPU": 1, "memory": "64Gi"}', '{"CPU": 1, "memory": 68719476736}'),
+    ('{"CPU": 1, "memory": "64G"}', '{"CPU": 1, "memory": 64000000000}'),
+])
+def test_demand_takes_rays_task_option_spellings(ray_spelling, canonical):
+    a, b = run("plan", NODELESS, "--demand", ray_spelling), run("plan", NODELESS, "--demand", canonical)
+    assert a.exit_code == 0 and a.stdout == b.stdout, a.output
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"cpu": 4}', "write 'CPU' (or num_cpus), not 'cpu'"),
+    ('{"CPU": 1, "memory": "lots"}', "like '64Gi', '64GiB' or '64G'"),
+    ('{"num_cpus": 1, "CPU": 2}', "CPU is given twice"),
+])
+def test_a_demand_in_another_spelling_names_the_right_form(text, words):
+    r = run("plan", NODELESS, "--demand", text)
+    assert r.exit_code == 2 and words in r.stderr, r.output

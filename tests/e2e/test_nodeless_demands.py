@@ -45,9 +45,14 @@ DEMANDS = {
                  {"ray.io/market-type": "on-demand"}),
     "zone_b": ({"num_cpus": 1, "label_selector": {"ray.io/availability-zone": "us-west-2b"}}, {"CPU": 1},
                {"ray.io/availability-zone": "us-west-2b"}),
+    # Ray 2.60's fallback_strategy: the primary selector names a zone the region lacks (no allowed offering), so
+    # the demand is served by its fallback, in zone c (the selector the brute force is given).
+    "fallback": ({"num_cpus": 1, "label_selector": {"ray.io/availability-zone": "us-west-2z"},
+                  "fallback_strategy": [{"label_selector": {"ray.io/availability-zone": "us-west-2c"}}]},
+                 {"CPU": 1}, {"ray.io/availability-zone": "us-west-2c"}),
 }
 PG_BUNDLE = {"CPU": 1, "GPU": 1}
-UNIQUE = ("a100", "ondemand", "zone_b")      # demands only their own cheapest fit can serve here
+UNIQUE = ("a100", "ondemand", "zone_b", "fallback")      # demands only their own cheapest fit can serve here
 
 
 def _brute_force(cfg: dict, resources: dict, selector: dict | None) -> tuple[float, set[str]]:
