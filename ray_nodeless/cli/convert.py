@@ -35,11 +35,13 @@ from ray_nodeless.ray_compat.defaults import quiet_config_logs
                                      "(the provider's kubernetes.join), e.g. '{method: eks, cluster: my-eks, ...}'.")
 @click.option("--autoscaler-image", help="KubeRay manifest: the autoscaler container's image (with ray_nodeless "
                                          "installed); default: autoscalerOptions.image, else the head's image.")
+@click.option("--ray-image", help="KubeRay manifest: the image of every Ray container (head, worker groups; the "
+                                  "autoscaler's too unless --autoscaler-image), e.g. rayproject/ray:2.60.0.")
 @click.option("--ray-up", "ray_up", type=click.Path(dir_okay=False),
               help="KubeRay manifest: also write a `ray up` YAML (VM head, registration: kubernetes) here.")
 def convert_command(ray_yaml: str, output: str | None, free_instance_types: bool, project_id: str | None,
                     as_json: bool, cloud: str | None, region: str | None, join: str | None,
-                    autoscaler_image: str | None, ray_up: str | None) -> None:
+                    autoscaler_image: str | None, ray_image: str | None, ray_up: str | None) -> None:
     """Convert a Ray cluster YAML (type: aws or gcp) into a ray_nodeless one, or a KubeRay manifest for the
     ray_nodeless bridge, and show what changes."""
     from ray_nodeless.core.files import write_atomic
@@ -50,10 +52,11 @@ def convert_command(ray_yaml: str, output: str | None, free_instance_types: bool
         manifest = _manifest(ray_yaml)
         if manifest is not None:
             _convert_manifest(ray_yaml, manifest, output, as_json, free_instance_types, project_id, cloud, region,
-                              join, autoscaler_image, ray_up)
+                              join, autoscaler_image, ray_up, ray_image)
             return
         for name, value in (("--cloud", cloud), ("--region", region), ("--join", join),
-                            ("--autoscaler-image", autoscaler_image), ("--ray-up", ray_up)):
+                            ("--autoscaler-image", autoscaler_image), ("--ray-image", ray_image),
+                            ("--ray-up", ray_up)):
             if value is not None:
                 raise click.UsageError(f"{name} applies to KubeRay manifests only (this is a Ray cluster YAML)")
         with quiet_config_logs():
@@ -106,7 +109,7 @@ def _manifest(path: str) -> list | None:
 
 def _convert_manifest(path: str, docs: list, output: str | None, as_json: bool, free: bool, project_id: str | None,
                       cloud: str | None, region: str | None, join: str | None, image: str | None,
-                      ray_up: str | None) -> None:
+                      ray_up: str | None, ray_image: str | None = None) -> None:
     import yaml
 
     from ray_nodeless.errors import ConfigError
@@ -125,7 +128,7 @@ def _convert_manifest(path: str, docs: list, output: str | None, as_json: bool, 
     with quiet_config_logs():
         conv = KC.convert_manifest(docs, source_name=Path(path).name, cloud=cloud, region=region,
                                    project_id=project_id, join=join_map, autoscaler_image=image,
-                                   ray_up=ray_up is not None)
+                                   ray_up=ray_up is not None, ray_image=ray_image)
     if output:
         _write(output, conv.text)
     if ray_up:

@@ -30,6 +30,7 @@ from ray_nodeless.errors import ConfigError
 from ray_nodeless.kuberay import annotation as K
 from ray_nodeless.kuberay import scheduling as S
 from ray_nodeless.kuberay import shape
+from ray_nodeless.kuberay.images import settle_ray_images
 from ray_nodeless.swapin.convert import NodeTypeChange, Side, _summary
 
 AUTOSCALER_COMMAND = ["ray-nodeless"]
@@ -163,7 +164,7 @@ class ManifestConversion:
 def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud: str | None = None,
                      region: str | None = None, project_id: str | None = None, join: Mapping[str, Any] | None = None,
                      autoscaler_image: str | None = None, ray_up: bool = False,
-                     catalog: catalog_mod.Catalog | None = None) -> ManifestConversion:
+                     catalog: catalog_mod.Catalog | None = None, ray_image: str | None = None) -> ManifestConversion:
     idx = kuberay_indexes(docs)
     if not idx:
         raise ConfigError("kind", "no RayCluster, RayJob or RayService document in the file")
@@ -189,6 +190,8 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
                                                           "(its pods become ray_nodeless machines)")
     for j, g in enumerate(workers):
         shape.check_group(g, f"{spec_key}.workerGroupSpecs[{j}]")
+    shape.head_image(spec, spec_key)                             # the head group checked, then its Ray images
+    notes += settle_ray_images(spec, spec_key, ray_image)
     image_of_head = shape.head_image(spec, spec_key)
     shape.check_autoscaler_options(spec, spec_key)
     # The cloud: the option, else the annotation, else the one the groups' node labels name.
@@ -259,7 +262,7 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
 
     spec["enableInTreeAutoscaling"] = True
     opts = dict(spec.get("autoscalerOptions") or {})
-    image = autoscaler_image or opts.get("image") or image_of_head
+    image = autoscaler_image or ray_image or opts.get("image") or image_of_head
     if image:
         opts["image"] = image
     opts["command"] = list(AUTOSCALER_COMMAND)

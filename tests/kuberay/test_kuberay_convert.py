@@ -385,3 +385,28 @@ def test_ored_terms_on_types_convert_and_plan(tmp_path):
     t = cp.plans["small-group"].chosen.instance_type
     assert t.family == "c7g" or t.name == "m7g.large"
     assert run(plan_command, str(tmp_path / "out.yaml")).exit_code == 0
+
+
+def test_convert_notes_ray_images_of_another_version_and_ray_image_sets_them_all():
+    """KubeRay's samples pin Ray 2.52 images; ray_nodeless runs with the installed Ray: each Ray container on
+    another version is a note naming its key, and --ray-image sets the head's, every worker group's and the
+    autoscaler's."""
+    from ray_nodeless.kuberay.images import installed_ray, ray_version_of
+
+    text = (SAMPLES / "ray-cluster.autoscaler.yaml").read_text()
+    docs = KC.load_documents(text, "ray-cluster.autoscaler.yaml")
+    conv = KC.convert_manifest(docs, cloud="aws", region="us-west-2")
+    stale = [n for n in conv.notes if f"ray_nodeless runs with Ray {installed_ray()}" in n]
+    assert [n.split(":")[0] for n in stale] == ["spec.headGroupSpec.template.spec.containers[0].image",
+                                               "spec.workerGroupSpecs[0].template.spec.containers[0].image"]
+    image = f"rayproject/ray:{installed_ray()}"
+    conv = KC.convert_manifest(KC.load_documents(text, "x.yaml"), cloud="aws", region="us-west-2", ray_image=image)
+    [rc] = [d for d in conv.documents if isinstance(d, dict) and d.get("kind") == "RayCluster"]
+    spec = rc["spec"]
+    images = [spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"],
+              spec["autoscalerOptions"]["image"]]
+    images += [g["template"]["spec"]["containers"][0]["image"] for g in spec["workerGroupSpecs"]]
+    assert set(images) == {image}
+    assert not [n for n in conv.notes if "ray_nodeless runs with Ray" in n]
+    assert ray_version_of("rayproject/ray-ml:2.52.0-py311-gpu") == "2.52.0"
+    assert ray_version_of("rayproject/ray:latest") is None and ray_version_of("registry:5000/ray") is None
