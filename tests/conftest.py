@@ -3,6 +3,7 @@ durations file, and the servers tests share (moto, the Kubernetes control plane,
 
 Hypothesis profiles: CI replays a fixed set of examples (a red CI must mean a change broke something, not that
 a new random example was drawn); developers explore with fresh random examples. HYPOTHESIS_PROFILE overrides."""
+import logging
 import os
 from pathlib import Path
 from typing import Iterator
@@ -52,6 +53,23 @@ def k8s_plane(tmp_path_factory: pytest.TempPathFactory):
         yield shared
     finally:
         shared.stop()
+
+
+# Loggers whose level a test (or a command it runs in-process: `kuberay-autoscaler` sets ray_nodeless to INFO, as
+# the bridge's process wants; tests/swapin quiets ray.autoscaler) may change: each test starts with their level as
+# the session had it, so what one test captures does not depend on which tests ran before it in the worker. Not
+# Ray's own `ray` logger: Ray configures it once at import, and undoing that would change Ray's logging.
+_KEPT_LOGGERS = ("ray_nodeless", "ray.autoscaler")
+
+
+@pytest.fixture(autouse=True)
+def _logger_levels() -> Iterator[None]:
+    loggers = [logging.getLogger(n) for n in _KEPT_LOGGERS]
+    saved = [(lg.level, lg.disabled) for lg in loggers]
+    yield
+    for lg, (level, disabled) in zip(loggers, saved):
+        lg.setLevel(level)
+        lg.disabled = disabled
 
 
 @pytest.fixture(autouse=True, scope="session")

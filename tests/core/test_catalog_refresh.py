@@ -132,7 +132,9 @@ def test_a_failed_refresh_uses_the_stale_disk_copy_with_a_warning(cloud, tmp_pat
         r = resolve(cloud, tmp_path, clock)
     assert (r.source, r.age_s, price(r), cloud.reads) == ("stale-disk", 2 * TTL, 0.1, 2)
     assert r.warnings == ("aws catalog refresh for us-east-1 failed: PermissionError: UnauthorizedOperation",)
-    [record] = caplog.records
+    # Warnings only: the first read's INFO line is captured too when an earlier test in the worker left the
+    # ray_nodeless logger at INFO (the kuberay-autoscaler command does, as the bridge's process wants).
+    [record] = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
     assert record.levelname == "WARNING" and "using the last good cache file" in record.getMessage()
     assert str(r.path) in record.getMessage() and "7200 s old" in record.getMessage()
 
@@ -143,7 +145,7 @@ def test_no_disk_copy_and_a_failed_refresh_use_the_embedded_catalog_with_a_warni
         r = resolve(cloud, tmp_path, clock)
     assert (r.source, r.age_s, r.catalog.name) == ("embedded", None, "embedded-stand-in")
     assert "no cache file at" in r.reason and "endpoint unreachable" in r.reason
-    assert [rec.levelname for rec in caplog.records] == ["WARNING"]
+    assert [rec.levelname for rec in caplog.records if rec.levelno >= logging.WARNING] == ["WARNING"]
     assert not r.path.exists()
 
 
