@@ -207,3 +207,78 @@ def test_kuberay_bridge_scale_up_edit_kill_idle_restart_delete(world, tmp_path: 
             op.delete(name)
         shutil.rmtree(default_state_dir(name, "-kubelet"), ignore_errors=True)   # the played kubelets' records
         admin.close()
+
+
+CPU6_TASK = """
+    @ray.remote(num_cpus=6)
+    def f():
+        return os.environ["RAY_CLOUD_INSTANCE_ID"]
+    print("RESULT", ray.get(f.remote()))
+"""
+
+
+def test_kuberay_bridge_serves_a_demand_no_group_declares(world, tmp_path: Path) -> None:
+    """Shape-open under the bridge: with `open_shapes: true` in the RayCluster's annotation, a task no worker group
+    holds ({CPU: 6}; the groups hold 1 CPU, and 4 CPUs with a GPU) gets its cheapest-fit machine as a generated node
+    type (the rule an open demand matches), which registers as a Node and runs the task in a Ray pod of the default
+    template; deleting the RayCluster ends machine, Node and pod."""
+    import yaml
+
+    admin = world.api_client()
+    core = client.CoreV1Api(admin)
+    op = Operator(admin)
+    name = f"ro-{os.getpid() % 10000}-{int(time.time()) % 100000}"
+    port = free_port()
+    gcs = f"127.0.0.1:{port}"
+    rc = raycluster(name, port, tmp_path / "state", world.sa_kubeconfig, world.server)
+    settings = yaml.safe_load(rc["metadata"]["annotations"][K.ANNOTATION])
+    settings["open_shapes"] = True
+    rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump(settings)
+    cfg = K.bridge_config(dict(rc, metadata=dict(rc["metadata"], uid="x")), derive_config(rc))
+    cfg["provider"].pop("kuberay")
+    backend = LocalBackend.from_provider(dict(cfg["provider"]), name)
+    # The planner's cheapest fit for the demand under the rule it matches ({CPU: 6}: `cpu-on-demand`).
+    planned = plan_cluster({**cfg, "head_node_type": "six", "available_node_types": {
+        "six": {"resources": {"CPU": 6}, "node_config": {}}}}).plans["six"]
+    sel = L.cluster_selector(name)
+    bridge = Bridge(name, gcs, world.sa_kubeconfig, world.admin_kubeconfig, tmp_path / "bridge.log")
+    temp_dir = f"/tmp/rnk-{port}"
+    head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    try:
+        os.makedirs(temp_dir, exist_ok=True)
+        op.apply(rc)
+        with head_process(head_env, port, temp_dir, ("--no-monitor",)):
+            bridge.start()
+            wait_for(lambda: K.FINALIZER in (op.get(name)["metadata"].get("finalizers") or []), 120,
+                     "the bridge's finalizer", interval=0.5)
+            got = driver(gcs, CPU6_TASK).strip()
+            m = {mm.id: mm for mm in backend.list_machines()}[got]
+            assert m.tags["ray-user-node-type"].startswith("nl-"), m.tags          # a generated node type
+            assert m.tags["nodeless-instance-type"] == planned.chosen.instance_type.name
+            assert m.tags["nodeless-rule"] == "cpu-on-demand"
+            [node] = core.list_node(label_selector=f"{L.MACHINE_ID}={got}").items
+            [pod] = core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={got}").items
+            assert pod.spec.node_name == node.metadata.name and pod.status.phase == "Running"
+            assert pod.metadata.labels["ray.io/cluster"] == name
+            op.delete(name)
+            wait_for(lambda: op.get(name) is None, 180, "the RayCluster gone", interval=1)
+            assert not backend.list_machines() and not core.list_node(label_selector=sel).items
+            assert bridge.proc.wait(timeout=60) == 0, bridge.tail()
+            wait_for(lambda: not processes_of(got), 30, "no Ray process of the machine left")
+    except BaseException:
+        print(bridge.tail())
+        raise
+    finally:
+        bridge.stop()
+        ids = [mm.id for mm in backend.list_machines()]
+        if ids:
+            backend.terminate(ids)
+        for n in core.list_node(label_selector=sel).items:
+            core.delete_node(n.metadata.name)
+        core.delete_collection_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}", grace_period_seconds=0)
+        rc_left = op.get(name)
+        if rc_left is not None:
+            op.patch(name, {"metadata": {"finalizers": []}})
+            op.delete(name)
+        shutil.rmtree(default_state_dir(name, "-kubelet"), ignore_errors=True)
+        admin.close()
