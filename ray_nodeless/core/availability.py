@@ -88,7 +88,7 @@ class UnavailableOfferings:
                 failures = 1 if e is None else e.failures + 1
                 if e is not None and e.probes:
                     self.wasted_probes += 1
-                block = min(self.ttl_s * 2 ** (failures - 1), self.cap_s)
+                block = self._backoff_s(failures)
                 self._entries[offering.key] = _Entry(reason, failures, now + block)
                 self._bound()
                 e = self._entries[offering.key]
@@ -106,7 +106,7 @@ class UnavailableOfferings:
             if e is not None and now < e.until:
                 return e.until - now, e.failures
             failures = 1 if e is None else e.failures + 1
-            return min(self.ttl_s * 2 ** (failures - 1), self.cap_s), failures
+            return self._backoff_s(failures), failures
 
     def claim(self, offering: Keyed) -> bool:
         """Whether a launch call may try this offering now; a probing offering counts the call as one of its
@@ -116,7 +116,7 @@ class UnavailableOfferings:
             e = self._live(offering.key, now)
             if e is None:
                 return True
-            if now < e.until or (self.probes and e.probes >= self.probes):
+            if self._skipped(e, now):
                 return False
             e.probes += 1
             return True
@@ -144,19 +144,14 @@ class UnavailableOfferings:
         now = self.clock()
         with self._lock:
             e = self._live(offering.key, now)
-            if e is None:
-                return None
-            if now < e.until or (self.probes and e.probes >= self.probes):
-                return e.reason
-            return None
+            return e.reason if e is not None and self._skipped(e, now) else None
 
     def snapshot(self) -> dict[Key, str]:
         """The offerings skipped right now and why, sorted."""
         now = self.clock()
         with self._lock:
             keys = sorted(self._entries)
-            return {k: e.reason for k in keys if (e := self._live(k, now)) is not None
-                    and (now < e.until or (self.probes and e.probes >= self.probes))}
+            return {k: e.reason for k in keys if (e := self._live(k, now)) is not None and self._skipped(e, now)}
 
     def states(self) -> dict[Key, OfferingState]:
         """Every remembered offering (backing off or probing), sorted: what `status` shows."""
@@ -167,6 +162,14 @@ class UnavailableOfferings:
                     for k in keys if (e := self._live(k, now)) is not None}
 
     # ----- inside ------------------------------------------------------------------------------------------------
+
+    def _skipped(self, e: _Entry, now: float) -> bool:
+        """Backing off, or probing with every probe out."""
+        return now < e.until or bool(self.probes and e.probes >= self.probes)
+
+    def _backoff_s(self, failures: int) -> float:
+        """The skip of the `failures`-th capacity error in a row."""
+        return min(self.ttl_s * 2.0 ** (failures - 1), self.cap_s)
 
     def _live(self, key: Key, now: float) -> _Entry | None:
         """The entry of `key`, forgotten first when it has been quiet for cap_s since its backoff ended."""

@@ -8,7 +8,7 @@ the checks of `bootstrap_config`) loads only that.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 from ray_nodeless.core.schema import Section
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers.base import BackendConfig, MachineBackend
@@ -69,23 +69,24 @@ def price_clouds() -> list[str]:
 def previous_generation_families(catalog_cloud: str) -> frozenset[str]:
     """The previous-generation families of `catalog_cloud` (core/family_names.py), as the registered backends
     priced by that cloud declare them (`BackendConfig.previous_generation_families`)."""
-    out: set[str] = set()
-    for name in backend_names():
-        config = backend_config(name)
-        if config.catalog_cloud == catalog_cloud:
-            out |= config.previous_generation_families
-    return frozenset(out)
+    return _families_of(catalog_cloud, lambda c: c.previous_generation_families)
 
 
 def unlisted_families(catalog_cloud: str) -> frozenset[str]:
     """The real instance families of `catalog_cloud` no catalog lists (retired, dedicated-host or unpriced ones:
     core/family_names.py), as the registered backends priced by that cloud declare them
     (`BackendConfig.unlisted_families`)."""
+    return _families_of(catalog_cloud, lambda c: c.unlisted_families)
+
+
+def _families_of(catalog_cloud: str, declared: Callable[[type[BackendConfig] | type[MachineBackend]], frozenset[str]]
+                 ) -> frozenset[str]:
+    """The union of what every registered backend priced by `catalog_cloud` declares."""
     out: set[str] = set()
     for name in backend_names():
         config = backend_config(name)
         if config.catalog_cloud == catalog_cloud:
-            out |= config.unlisted_families
+            out |= declared(config)
     return frozenset(out)
 
 
