@@ -68,13 +68,22 @@ def _children(node: yaml.Node) -> Iterator[yaml.Node]:
 
 def load_bounded_all(text: str) -> list[object]:
     """Every document of `text`, after each passed the bounds. Raises yaml.YAMLError (not YAML) or YamlBoundsError."""
+    # One parse: each document's node graph is measured, then constructed from that same graph.
+    loader = _LOADER(text)
     try:
-        for node in yaml.compose_all(text, Loader=_LOADER):
-            if node is not None:
-                _measure(node)
-        return list(yaml.load_all(text, Loader=_LOADER))
+        docs: list[object] = []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                docs.append(None)
+                continue
+            _measure(node)
+            docs.append(loader.construct_document(node))
+        return docs
     except RecursionError:       # the pure-Python composer (PyYAML without libyaml) on a deep text
         raise YamlBoundsError(f"nested more than {MAX_YAML_DEPTH} levels deep") from None
+    finally:
+        loader.dispose()
 
 
 def load_bounded(text: str) -> object:
