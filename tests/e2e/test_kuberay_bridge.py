@@ -21,15 +21,19 @@ machine, Node and pod gone, then the RayCluster and its head pod).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+import yaml
 from kubernetes import client
 
 from ray_nodeless.core.cluster_plan import plan_cluster
@@ -61,45 +65,44 @@ def driver(gcs: str, body: str, timeout: float = 300) -> str:
     return next(line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith("RESULT "))
 
 
-GPU_TASK = """
-    @ray.remote(num_gpus=1)
-    def f():
-        return os.environ["RAY_CLOUD_INSTANCE_ID"]
-    print("RESULT", ray.get(f.remote()))
-"""
+@dataclass
+class KubeRayCluster:
+    """One RayCluster of a test on the shared control plane, its head (a real Ray head), its bridge and what to
+    check them with."""
+
+    name: str
+    gcs: str
+    cfg: dict
+    core: client.CoreV1Api
+    op: Operator
+    backend: LocalBackend
+    bridge: Bridge
+    sel: str
 
 
-def test_kuberay_bridge_scale_up_edit_kill_idle_restart_delete(world, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def kuberay_cluster(world, tmp_path: Path, prefix: str, annotation: dict | None = None) -> Iterator[KubeRayCluster]:
+    """Apply a RayCluster (KubeRay's autoscaler sample with a GPU group; `annotation`: provider keys added to its
+    annotation), start its head and the bridge as the autoscaler container runs it, and wait for the bridge's
+    finalizer. Afterwards, whatever happened: the bridge stopped, and every machine, Node, pod and the RayCluster
+    of the test gone."""
     admin = world.api_client()
     core = client.CoreV1Api(admin)
     op = Operator(admin)
-    name = f"rc-{os.getpid() % 10000}-{int(time.time()) % 100000}"
+    name = f"{prefix}-{os.getpid() % 10000}-{int(time.time()) % 100000}"
     port = free_port()
     gcs = f"127.0.0.1:{port}"
     rc = raycluster(name, port, tmp_path / "state", world.sa_kubeconfig, world.server)
+    if annotation:
+        settings = yaml.safe_load(rc["metadata"]["annotations"][K.ANNOTATION])
+        rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump({**settings, **annotation})
     cfg = K.bridge_config(dict(rc, metadata=dict(rc["metadata"], uid="x")), derive_config(rc))
     cfg["provider"].pop("kuberay")
     backend = LocalBackend.from_provider(dict(cfg["provider"]), name)
-    # The planner's own choice for the group (the head is KubeRay's pod, not a machine: plan the workers only)
-    planned = plan_cluster({**cfg, "head_node_type": "small-group", "available_node_types": {
-        k: v for k, v in cfg["available_node_types"].items() if k != "headgroup"}}).plans["gpu-group"]
     sel = L.cluster_selector(name)
-    kuberay_pods = f"ray.io/cluster={name},ray.io/node-type=worker"
-    seen: set[str] = set()
     bridge = Bridge(name, gcs, world.sa_kubeconfig, world.admin_kubeconfig, tmp_path / "bridge.log")
     temp_dir = f"/tmp/rnk-{port}"
     head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-
-    t0 = time.monotonic()
-
-    def step(what: str) -> None:      # the module's time per step, for the report (a figure, not an assertion)
-        print(f"\nSTEP {time.monotonic() - t0:6.1f} s  {what}", flush=True)
-
-    def machines() -> dict:
-        ms = {m.id: m for m in backend.list_machines()}
-        seen.update(ms)
-        return ms
-
     try:
         os.makedirs(temp_dir, exist_ok=True)
         op.apply(rc)
@@ -108,88 +111,7 @@ def test_kuberay_bridge_scale_up_edit_kill_idle_restart_delete(world, tmp_path: 
             # The bridge marks the RayCluster: deleting it ends the machines first.
             wait_for(lambda: K.FINALIZER in (op.get(name)["metadata"].get("finalizers") or []), 120,
                      "the bridge's finalizer", interval=0.5)
-
-            step("bridge up, finalizer set")
-            # 1. A GPU task: the cheapest-fit machine, its Node, the group's Ray pod; the task runs in it.
-            first = driver(gcs, GPU_TASK).strip()
-            m = machines()[first]
-            assert m.tags["nodeless-instance-type"] == planned.chosen.instance_type.name
-            assert m.tags["nodeless-rule"] == "gpu-workers-spot-first"
-            assert m.tags["ray-user-node-type"] == "gpu-group"
-            [node] = core.list_node(label_selector=f"{L.MACHINE_ID}={first}").items
-            assert node.metadata.labels[L.INSTANCE_TYPE] == planned.chosen.instance_type.name
-            [pod] = core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={first}").items
-            labels = pod.metadata.labels
-            assert labels["ray.io/cluster"] == name and labels["ray.io/node-type"] == "worker"
-            assert labels[K.GROUP_LABEL] == "gpu-group" and labels["team"] == "ml"
-            assert "ray.io/group" not in labels      # the operator counts (and deletes) a group's pods by it
-            assert pod.metadata.owner_references[0].kind == "RayCluster"
-            assert pod.spec.node_name == node.metadata.name and pod.status.phase == "Running"
-            assert pod.spec.service_account_name == SA
-            # the group's template env (the played kubelet runs the Ray process, not the image: read the pod)
-            assert {e.name: e.value for e in pod.spec.containers[0].env}["MODEL"] == "v1"
-            assert len(processes_of(first, "raylet")) == 1
-
-            step("1 scale-up done")
-            # 2. The RayCluster edited while running: the group's template (MODEL) and its maxReplicas.
-            spec = op.get(name)["spec"]
-            groups = spec["workerGroupSpecs"]
-            groups[1]["template"]["spec"]["containers"][0]["env"] = [{"name": "MODEL", "value": "v2"}]
-            groups[1]["maxReplicas"] = 2
-            op.patch(name, {"spec": {"workerGroupSpecs": groups}})
-
-            step("2 edited")
-            # 3. The worker's pod killed: its machine ends (pod, Node, machine); the next task gets a replacement
-            # built from the edited template.
-            core.delete_namespaced_pod(pod.metadata.name, NS, grace_period_seconds=0)
-            wait_for(lambda: first not in machines() and not core.list_node(
-                label_selector=f"{L.MACHINE_ID}={first}").items, 120, "the killed pod's machine and Node gone",
-                interval=0.5)
-            second = driver(gcs, GPU_TASK).strip()
-            assert second != first
-            [pod2] = core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={second}").items
-            assert {e.name: e.value for e in pod2.spec.containers[0].env}["MODEL"] == "v2"   # the edited template
-
-            step("3 killed pod replaced")
-            # 4. Idle: the worker goes (pod, Node, machine, process).
-            wait_for(lambda: not machines() and not core.list_node(label_selector=sel).items
-                     and not core.list_namespaced_pod(NS, label_selector=kuberay_pods).items, 180,
-                     "the idle worker gone", interval=1)
-            wait_for(lambda: not processes_of(second), 30, "its Ray processes gone", interval=1)
-
-            step("4 idle gone")
-            # 5. The autoscaler killed mid-launch and restarted: one machine, its pod, the task runs; nothing leaks.
-            before = set(seen)
-            task = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-                import os, ray
-                ray.init(address="{gcs}", logging_level="ERROR", log_to_driver=False)
-            """) + textwrap.dedent(GPU_TASK)], env=RAY_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            launched = wait_for(lambda: sorted(set(machines()) - before), 120, "a launch", interval=0.05)
-            pod_before_kill = bool(core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={launched[0]}").items)
-            bridge.kill()
-            bridge.start()
-            out, err = task.communicate(timeout=300)
-            assert task.returncode == 0, err[-3000:]
-            third = next(line.split()[1] for line in out.splitlines() if line.startswith("RESULT "))
-            assert launched == [third], (launched, third)
-            assert sorted(set(seen) - before) == [third], "a duplicate machine was launched across the restart"
-            assert len(core.list_namespaced_pod(NS, label_selector=kuberay_pods).items) == 1
-            print(f"\nFIGURES kuberay bridge: autoscaler killed {'after' if pod_before_kill else 'before'} the "
-                  f"pod was created; one machine, one pod")
-
-            step("5 restart done")
-            # 6. The RayCluster deleted (background, as kubectl does): the bridge ends every machine, Node and pod,
-            # drops its finalizer, Kubernetes deletes the RayCluster and (garbage collector) its head pod.
-            op.delete(name)
-            wait_for(lambda: op.get(name) is None, 180, "the RayCluster gone", interval=1)
-            assert not machines()
-            assert not core.list_node(label_selector=sel).items
-            assert not core.list_namespaced_pod(NS, label_selector=kuberay_pods).items
-            wait_for(lambda: not core.list_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}").items, 120,
-                     "the head pod garbage-collected", interval=1)
-            assert bridge.proc.wait(timeout=60) == 0, bridge.tail()
-            wait_for(lambda: not any(processes_of(mid) for mid in seen), 30, "no Ray process of a machine left")
-            step("6 deleted")
+            yield KubeRayCluster(name, gcs, cfg, core, op, backend, bridge, sel)
     except BaseException:
         print(bridge.tail())
         raise
@@ -209,6 +131,116 @@ def test_kuberay_bridge_scale_up_edit_kill_idle_restart_delete(world, tmp_path: 
         admin.close()
 
 
+GPU_TASK = """
+    @ray.remote(num_gpus=1)
+    def f():
+        return os.environ["RAY_CLOUD_INSTANCE_ID"]
+    print("RESULT", ray.get(f.remote()))
+"""
+
+
+def test_kuberay_bridge_scale_up_edit_kill_idle_restart_delete(world, tmp_path: Path) -> None:
+    seen: set[str] = set()
+    t0 = time.monotonic()
+
+    def step(what: str) -> None:      # the module's time per step, for the report (a figure, not an assertion)
+        print(f"\nSTEP {time.monotonic() - t0:6.1f} s  {what}", flush=True)
+
+    with kuberay_cluster(world, tmp_path, "rc") as c:
+        name, gcs, core, op, bridge, sel = c.name, c.gcs, c.core, c.op, c.bridge, c.sel
+        # The planner's own choice for the group (the head is KubeRay's pod, not a machine: plan the workers only)
+        planned = plan_cluster({**c.cfg, "head_node_type": "small-group", "available_node_types": {
+            k: v for k, v in c.cfg["available_node_types"].items() if k != "headgroup"}}).plans["gpu-group"]
+        kuberay_pods = f"ray.io/cluster={name},ray.io/node-type=worker"
+
+        def machines() -> dict:
+            ms = {m.id: m for m in c.backend.list_machines()}
+            seen.update(ms)
+            return ms
+
+        step("bridge up, finalizer set")
+        # 1. A GPU task: the cheapest-fit machine, its Node, the group's Ray pod; the task runs in it.
+        first = driver(gcs, GPU_TASK).strip()
+        m = machines()[first]
+        assert m.tags["nodeless-instance-type"] == planned.chosen.instance_type.name
+        assert m.tags["nodeless-rule"] == "gpu-workers-spot-first"
+        assert m.tags["ray-user-node-type"] == "gpu-group"
+        [node] = core.list_node(label_selector=f"{L.MACHINE_ID}={first}").items
+        assert node.metadata.labels[L.INSTANCE_TYPE] == planned.chosen.instance_type.name
+        [pod] = core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={first}").items
+        labels = pod.metadata.labels
+        assert labels["ray.io/cluster"] == name and labels["ray.io/node-type"] == "worker"
+        assert labels[K.GROUP_LABEL] == "gpu-group" and labels["team"] == "ml"
+        assert "ray.io/group" not in labels      # the operator counts (and deletes) a group's pods by it
+        assert pod.metadata.owner_references[0].kind == "RayCluster"
+        assert pod.spec.node_name == node.metadata.name and pod.status.phase == "Running"
+        assert pod.spec.service_account_name == SA
+        # the group's template env (the played kubelet runs the Ray process, not the image: read the pod)
+        assert {e.name: e.value for e in pod.spec.containers[0].env}["MODEL"] == "v1"
+        assert len(processes_of(first, "raylet")) == 1
+
+        step("1 scale-up done")
+        # 2. The RayCluster edited while running: the group's template (MODEL) and its maxReplicas.
+        spec = op.get(name)["spec"]
+        groups = spec["workerGroupSpecs"]
+        groups[1]["template"]["spec"]["containers"][0]["env"] = [{"name": "MODEL", "value": "v2"}]
+        groups[1]["maxReplicas"] = 2
+        op.patch(name, {"spec": {"workerGroupSpecs": groups}})
+
+        step("2 edited")
+        # 3. The worker's pod killed: its machine ends (pod, Node, machine); the next task gets a replacement
+        # built from the edited template.
+        core.delete_namespaced_pod(pod.metadata.name, NS, grace_period_seconds=0)
+        wait_for(lambda: first not in machines() and not core.list_node(
+            label_selector=f"{L.MACHINE_ID}={first}").items, 120, "the killed pod's machine and Node gone",
+            interval=0.5)
+        second = driver(gcs, GPU_TASK).strip()
+        assert second != first
+        [pod2] = core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={second}").items
+        assert {e.name: e.value for e in pod2.spec.containers[0].env}["MODEL"] == "v2"   # the edited template
+
+        step("3 killed pod replaced")
+        # 4. Idle: the worker goes (pod, Node, machine, process).
+        wait_for(lambda: not machines() and not core.list_node(label_selector=sel).items
+                 and not core.list_namespaced_pod(NS, label_selector=kuberay_pods).items, 180,
+                 "the idle worker gone", interval=1)
+        wait_for(lambda: not processes_of(second), 30, "its Ray processes gone", interval=1)
+
+        step("4 idle gone")
+        # 5. The autoscaler killed mid-launch and restarted: one machine, its pod, the task runs; nothing leaks.
+        before = set(seen)
+        task = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import os, ray
+            ray.init(address="{gcs}", logging_level="ERROR", log_to_driver=False)
+        """) + textwrap.dedent(GPU_TASK)], env=RAY_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        launched = wait_for(lambda: sorted(set(machines()) - before), 120, "a launch", interval=0.05)
+        pod_before_kill = bool(core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={launched[0]}").items)
+        bridge.kill()
+        bridge.start()
+        out, err = task.communicate(timeout=300)
+        assert task.returncode == 0, err[-3000:]
+        third = next(line.split()[1] for line in out.splitlines() if line.startswith("RESULT "))
+        assert launched == [third], (launched, third)
+        assert sorted(set(seen) - before) == [third], "a duplicate machine was launched across the restart"
+        assert len(core.list_namespaced_pod(NS, label_selector=kuberay_pods).items) == 1
+        print(f"\nFIGURES kuberay bridge: autoscaler killed {'after' if pod_before_kill else 'before'} the "
+              f"pod was created; one machine, one pod")
+
+        step("5 restart done")
+        # 6. The RayCluster deleted (background, as kubectl does): the bridge ends every machine, Node and pod,
+        # drops its finalizer, Kubernetes deletes the RayCluster and (garbage collector) its head pod.
+        op.delete(name)
+        wait_for(lambda: op.get(name) is None, 180, "the RayCluster gone", interval=1)
+        assert not machines()
+        assert not core.list_node(label_selector=sel).items
+        assert not core.list_namespaced_pod(NS, label_selector=kuberay_pods).items
+        wait_for(lambda: not core.list_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}").items, 120,
+                 "the head pod garbage-collected", interval=1)
+        assert bridge.proc.wait(timeout=60) == 0, bridge.tail()
+        wait_for(lambda: not any(processes_of(mid) for mid in seen), 30, "no Ray process of a machine left")
+        step("6 deleted")
+
+
 CPU6_TASK = """
     @ray.remote(num_cpus=6)
     def f():
@@ -222,63 +254,21 @@ def test_kuberay_bridge_serves_a_demand_no_group_declares(world, tmp_path: Path)
     holds ({CPU: 6}; the groups hold 1 CPU, and 4 CPUs with a GPU) gets its cheapest-fit machine as a generated node
     type (the rule an open demand matches), which registers as a Node and runs the task in a Ray pod of the default
     template; deleting the RayCluster ends machine, Node and pod."""
-    import yaml
-
-    admin = world.api_client()
-    core = client.CoreV1Api(admin)
-    op = Operator(admin)
-    name = f"ro-{os.getpid() % 10000}-{int(time.time()) % 100000}"
-    port = free_port()
-    gcs = f"127.0.0.1:{port}"
-    rc = raycluster(name, port, tmp_path / "state", world.sa_kubeconfig, world.server)
-    settings = yaml.safe_load(rc["metadata"]["annotations"][K.ANNOTATION])
-    settings["open_shapes"] = True
-    rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump(settings)
-    cfg = K.bridge_config(dict(rc, metadata=dict(rc["metadata"], uid="x")), derive_config(rc))
-    cfg["provider"].pop("kuberay")
-    backend = LocalBackend.from_provider(dict(cfg["provider"]), name)
-    # The planner's cheapest fit for the demand under the rule it matches ({CPU: 6}: `cpu-on-demand`).
-    planned = plan_cluster({**cfg, "head_node_type": "six", "available_node_types": {
-        "six": {"resources": {"CPU": 6}, "node_config": {}}}}).plans["six"]
-    sel = L.cluster_selector(name)
-    bridge = Bridge(name, gcs, world.sa_kubeconfig, world.admin_kubeconfig, tmp_path / "bridge.log")
-    temp_dir = f"/tmp/rnk-{port}"
-    head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-    try:
-        os.makedirs(temp_dir, exist_ok=True)
-        op.apply(rc)
-        with head_process(head_env, port, temp_dir, ("--no-monitor",)):
-            bridge.start()
-            wait_for(lambda: K.FINALIZER in (op.get(name)["metadata"].get("finalizers") or []), 120,
-                     "the bridge's finalizer", interval=0.5)
-            got = driver(gcs, CPU6_TASK).strip()
-            m = {mm.id: mm for mm in backend.list_machines()}[got]
-            assert m.tags["ray-user-node-type"].startswith("nl-"), m.tags          # a generated node type
-            assert m.tags["nodeless-instance-type"] == planned.chosen.instance_type.name
-            assert m.tags["nodeless-rule"] == "cpu-on-demand"
-            [node] = core.list_node(label_selector=f"{L.MACHINE_ID}={got}").items
-            [pod] = core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={got}").items
-            assert pod.spec.node_name == node.metadata.name and pod.status.phase == "Running"
-            assert pod.metadata.labels["ray.io/cluster"] == name
-            op.delete(name)
-            wait_for(lambda: op.get(name) is None, 180, "the RayCluster gone", interval=1)
-            assert not backend.list_machines() and not core.list_node(label_selector=sel).items
-            assert bridge.proc.wait(timeout=60) == 0, bridge.tail()
-            wait_for(lambda: not processes_of(got), 30, "no Ray process of the machine left")
-    except BaseException:
-        print(bridge.tail())
-        raise
-    finally:
-        bridge.stop()
-        ids = [mm.id for mm in backend.list_machines()]
-        if ids:
-            backend.terminate(ids)
-        for n in core.list_node(label_selector=sel).items:
-            core.delete_node(n.metadata.name)
-        core.delete_collection_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}", grace_period_seconds=0)
-        rc_left = op.get(name)
-        if rc_left is not None:
-            op.patch(name, {"metadata": {"finalizers": []}})
-            op.delete(name)
-        shutil.rmtree(default_state_dir(name, "-kubelet"), ignore_errors=True)
-        admin.close()
+    with kuberay_cluster(world, tmp_path, "ro", annotation={"open_shapes": True}) as c:
+        # The planner's cheapest fit for the demand under the rule it matches ({CPU: 6}: `cpu-on-demand`).
+        planned = plan_cluster({**c.cfg, "head_node_type": "six", "available_node_types": {
+            "six": {"resources": {"CPU": 6}, "node_config": {}}}}).plans["six"]
+        got = driver(c.gcs, CPU6_TASK).strip()
+        m = {mm.id: mm for mm in c.backend.list_machines()}[got]
+        assert m.tags["ray-user-node-type"].startswith("nl-"), m.tags          # a generated node type
+        assert m.tags["nodeless-instance-type"] == planned.chosen.instance_type.name
+        assert m.tags["nodeless-rule"] == "cpu-on-demand"
+        [node] = c.core.list_node(label_selector=f"{L.MACHINE_ID}={got}").items
+        [pod] = c.core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={got}").items
+        assert pod.spec.node_name == node.metadata.name and pod.status.phase == "Running"
+        assert pod.metadata.labels["ray.io/cluster"] == c.name
+        c.op.delete(c.name)
+        wait_for(lambda: c.op.get(c.name) is None, 180, "the RayCluster gone", interval=1)
+        assert not c.backend.list_machines() and not c.core.list_node(label_selector=c.sel).items
+        assert c.bridge.proc.wait(timeout=60) == 0, c.bridge.tail()
+        wait_for(lambda: not processes_of(got), 30, "no Ray process of the machine left")
