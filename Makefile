@@ -31,11 +31,11 @@ wheel: $(BIN)/python
 	$(BIN)/python -m pip wheel --no-deps -q -w $(WHEEL_DIR) .
 	@ls $(WHEEL_DIR)/ray_nodeless-*.whl
 
-# A real kube-apiserver, scheduler, controller-manager and etcd for the Kubernetes tests, built from Debian's sources
-# once and cached in ~/.cache/ray-nodeless/k8s (the first build takes 5-20 minutes on 2 cores; then it is instant),
-# and a real node beside it (kubelet + kubeadm from the same source, containerd + runc from Debian, the pause image:
-# build_node.sh, cached in ~/.cache/ray-nodeless/k8s/node; it runs build.sh itself, keeping the source tree and Go
-# build cache for the kubelet's compile, and cleans them up after).
+# A current Kubernetes for the Kubernetes tests (kube-apiserver, scheduler, controller-manager, kubelet, kubeadm of the
+# release in scripts/k8s/versions.env), etcd, the KubeRay operator and kwok, built from the Go module proxy by
+# build_go.sh into ~/.cache/ray-nodeless/k8s-go (about 15-25 minutes the first time on 2 cores; then instant), and a
+# real node beside it (that kubelet + kubeadm, containerd + runc + CNI from Debian, the pause image: build_node.sh,
+# cached in ~/.cache/ray-nodeless/k8s-node; it runs build_go.sh itself).
 k8s:
 	bash scripts/k8s/build_node.sh
 

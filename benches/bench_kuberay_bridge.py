@@ -65,7 +65,7 @@ class KubeRay(lat.Bench):
         self.op = Operator(self.admin)
         self.selector = L.cluster_selector(self.cluster)
         self.timeline = kreg.Timeline(self.admin, self.cluster)
-        self.bridge = Bridge(self.cluster, self.gcs, sa_kubeconfig, cp.admin_kubeconfig, work / "bridge.log")
+        self.bridge = Bridge.command(self.cluster, self.gcs, sa_kubeconfig, cp.admin_kubeconfig, work / "bridge.log")
         self._head = None
         self.instance_type = ""
 

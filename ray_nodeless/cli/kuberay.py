@@ -1,5 +1,5 @@
-"""`ray-nodeless kuberay-autoscaler`: the command KubeRay's autoscaler container runs (`autoscalerOptions.command`),
-in place of `ray kuberay-autoscaler` (kuberay/bridge.py; README "KubeRay")."""
+"""`ray-nodeless kuberay-autoscaler`: the command the head pod's `ray-nodeless-autoscaler` container runs (convert
+writes it: kuberay/sidecar.py), in place of KubeRay's `ray kuberay-autoscaler` (kuberay/bridge.py; README "KubeRay")."""
 from __future__ import annotations
 
 import os
@@ -14,11 +14,13 @@ from ray_nodeless.cli.errors import user_errors
               help="The RayCluster's name (KubeRay sets RAY_CLUSTER_NAME in the autoscaler container).")
 @click.option("--cluster-namespace", default=lambda: os.environ.get("RAY_CLUSTER_NAMESPACE"),
               show_default="$RAY_CLUSTER_NAMESPACE", help="The RayCluster's namespace.")
-@click.option("--gcs-address", default=None, help="The head's GCS (default: this pod's address on the head's `port` "
-                                                  "rayStartParam, else 6379, as Ray's own KubeRay autoscaler). Not "
-                                                  "needed in the head pod: `convert` writes no flags.")
-@click.option("--kubeconfig", default=None, help="Reach the API server with this kubeconfig instead of the pod's "
-                                                 "ServiceAccount (out-of-cluster runs and tests).")
+@click.option("--gcs-address", default=None, envvar="RAY_NODELESS_GCS_ADDRESS", show_envvar=True,
+              help="The head's GCS (default: this pod's address on the head's `port` rayStartParam, else 6379, as "
+                   "Ray's own KubeRay autoscaler). Not needed in the head pod: `convert` writes no flags; for a run "
+                   "outside the head pod's network namespace.")
+@click.option("--kubeconfig", default=None, envvar="KUBECONFIG", show_envvar=True,
+              help="Reach the API server with this kubeconfig (one path) instead of the pod's ServiceAccount "
+                   "(out-of-cluster runs and tests).")
 def kuberay_autoscaler_command(cluster_name: str | None, cluster_namespace: str | None, gcs_address: str | None,
                                kubeconfig: str | None) -> None:
     """Run Ray's autoscaler for a KubeRay RayCluster with ray_nodeless as its provider."""

@@ -2,8 +2,9 @@
 `spec.rayClusterConfig`; multi-document files, other documents kept as they are).
 
 What it writes, per KubeRay document (README "KubeRay manifests"):
-- the manifest patched for the bridge: `enableInTreeAutoscaling: true`, `autoscalerOptions` running
-  `ray-nodeless kuberay-autoscaler` (image, command, args; the user's other options kept), each worker group's
+- the manifest patched for the bridge: KubeRay's in-tree autoscaler off and a container of the head pod running
+  `ray-nodeless kuberay-autoscaler` (kuberay/sidecar.py: KubeRay v1.5.0 cannot run another command in its own
+  autoscaler container), each worker group's
   `replicas` / `minReplicas` set to 0 (the KubeRay operator creates clamp(replicas, minReplicas, maxReplicas) x
   numOfHosts pods of a group itself; its GetWorkerGroupDesiredReplicas), and the `ray-nodeless.io/config`
   annotation: cloud, region, the group's minimum (`groups.<g>.minWorkers`); the groups' pod scheduling stays in
@@ -29,12 +30,10 @@ from ray_nodeless.core.cluster_plan import ClusterPlan
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.kuberay import annotation as K
 from ray_nodeless.kuberay import scheduling as S
-from ray_nodeless.kuberay import shape
+from ray_nodeless.kuberay import shape, sidecar
 from ray_nodeless.kuberay.images import settle_ray_images
 from ray_nodeless.swapin.convert import NodeTypeChange, Side, _summary
 
-AUTOSCALER_COMMAND = ["ray-nodeless"]
-AUTOSCALER_ARGS = ["kuberay-autoscaler"]
 # Planning a manifest needs no cluster, but the provider block must be complete: when the annotation has no
 # `kubernetes.join` (how machines join: the user's, README "Kubernetes registration"), plan reads it with this one
 # and says so; the bridge itself refuses to start without it.
@@ -260,17 +259,12 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
     if groups_cfg:
         annotation[K.GROUPS] = {n: groups_cfg[n] for n in sorted(groups_cfg)}
 
-    spec["enableInTreeAutoscaling"] = True
-    opts = dict(spec.get("autoscalerOptions") or {})
+    opts = spec.get("autoscalerOptions") or {}
     image = autoscaler_image or ray_image or opts.get("image") or image_of_head
-    if image:
-        opts["image"] = image
-    opts["command"] = list(AUTOSCALER_COMMAND)
-    opts["args"] = list(AUTOSCALER_ARGS)
-    spec["autoscalerOptions"] = opts
+    notes += sidecar.install(spec, spec_key, str(meta.get("name")), image)
     if not autoscaler_image:
-        notes.append(f"{spec_key}.autoscalerOptions.image: {image!r}: the autoscaler container runs "
-                     "`ray-nodeless kuberay-autoscaler`, so this image needs ray_nodeless installed "
+        notes.append(f"{spec_key}.headGroupSpec.template.spec.containers[{sidecar.CONTAINER}].image: {image!r}: it "
+                     "runs `ray-nodeless kuberay-autoscaler`, so this image needs ray_nodeless installed "
                      "(--autoscaler-image names another)")
     meta.setdefault("annotations", {})[K.ANNOTATION] = K.render_annotation(annotation)
 

@@ -1,21 +1,21 @@
 """A real, local Kubernetes control plane for tests: etcd + kube-apiserver + kube-scheduler + kube-controller-manager.
 
 What it is
-    `ControlPlane(workdir)` starts the four server processes of Kubernetes v1.20.2 on 127.0.0.1 (free ports, never
-    fixed ones), with TLS and a static admin token, RBAC (and Node) authorization, and the ServiceAccount admission
-    plugin enabled; the controller-manager's token controller issues ServiceAccount tokens (Secrets of type
-    `kubernetes.io/service-account-token`, as in 1.20). No kubelet runs: tests play the kubelet by creating Nodes and
-    patching their status; the real scheduler binds Pods to them. The controller-manager's node lifecycle controller
-    removes the `node.kubernetes.io/not-ready` taint once a Node reports Ready (and taints it again if its Ready
-    condition / Lease goes stale, 40 s by default).
+    `ControlPlane(workdir)` starts the four server processes of Kubernetes (the release of scripts/k8s/versions.env,
+    1.36.x) on 127.0.0.1 (free ports, never fixed ones), with TLS and a static admin token, RBAC (and Node)
+    authorization, and the ServiceAccount admission plugin enabled; ServiceAccount tokens come from the TokenRequest
+    API (`service_account_token`), as `kubectl create token` gets them (1.24+ makes no token Secrets). No kubelet
+    runs: tests play the kubelet by creating Nodes and patching their status; the real scheduler binds Pods to them.
+    The controller-manager's node lifecycle controller removes the `node.kubernetes.io/not-ready` taint once a Node
+    reports Ready (and taints it again if its Ready condition / Lease goes stale, 40 s by default).
 
 Where the binaries come from
-    `scripts/k8s/build.sh` (in this repository) builds them once from Debian's `kubernetes` source package with
-    Debian's Go 1.19 and extracts etcd from Debian's `etcd-server`, into `$RAY_NODELESS_K8S_CACHE` (default
-    `~/.cache/ray-nodeless/k8s`)/bin. The first build takes 5-20 minutes on 2 cores (about 12 min of CPU time);
-    later runs return at once.
-    `start()` runs the script when the binaries are missing (unless `build=False`); the environment variable
-    `RAY_NODELESS_K8S_BUILD` may name another script.
+    `scripts/k8s/build_go.sh` (in this repository) builds them once from the Go module proxy (k8s.io/kubernetes and
+    etcd by version through a wrapper module, the KubeRay operator and kwok by `go install`) into
+    `$RAY_NODELESS_K8S_GO_CACHE` (default `~/.cache/ray-nodeless/k8s-go`)/v<version>/bin. The first build takes
+    about 25 minutes on 2 cores; later runs return at once (the script's stamp names the recipe).
+    `start()` runs the script once per process (its fast path when built; unless `build=False`); the environment
+    variable `RAY_NODELESS_K8S_BUILD` may name another script.
 
 Use
     with ControlPlane(tmp_path) as cp:
@@ -35,7 +35,6 @@ is importable, else the `openssl` command).
 from __future__ import annotations
 
 import atexit
-import base64
 import json
 import logging
 import os
@@ -53,11 +52,13 @@ from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
 # --------------------------------------------------------------------------------------------------- constants
-# Where build.sh puts the binaries (keep in sync with scripts/k8s/build.sh).
-DEFAULT_CACHE = Path.home() / ".cache" / "ray-nodeless" / "k8s"
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "k8s" / "build.sh"
+# Where build_go.sh puts the binaries: $ROOT/v<K8S_VERSION>/bin (keep in sync with scripts/k8s/build_go.sh).
+DEFAULT_CACHE = Path.home() / ".cache" / "ray-nodeless" / "k8s-go"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "k8s"
+BUILD_SCRIPT = SCRIPTS / "build_go.sh"
+VERSIONS_FILE = SCRIPTS / "versions.env"
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd")
-# A first build takes 5-20 min on 2 cores; this bounds a stuck one (build.sh bounds its own steps too).
+# A first build takes about 25 min on 2 cores; this bounds a stuck one (build_go.sh bounds its own steps too).
 BUILD_TIMEOUT_S = 5400.0
 # The API server is ready about 4 s after start here; the default ServiceAccount and its token follow in ~2 s.
 STARTUP_TIMEOUT_S = 60.0
@@ -68,7 +69,9 @@ APISERVER_RESTART_GRACE_S = 2.0
 POLL_S = 0.2
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 SA_ISSUER = "https://kubernetes.default.svc"
-SA_TOKEN_TYPE = "kubernetes.io/service-account-token"
+# TokenRequest tokens the tests ask for live a day: longer than any test run, and the API server's default cap
+# (--service-account-max-token-expiration unset) allows it.
+SA_TOKEN_SECONDS = 86400
 # When set, every start() appends one line (pid, seconds, workdir) to this file: how a test run counts its control
 # plane starts across xdist workers (tests/k8s_plane.py shares one per worker).
 STARTS_LOG_ENV = "RAY_NODELESS_K8S_STARTS_LOG"
@@ -76,8 +79,24 @@ STARTS_LOG_ENV = "RAY_NODELESS_K8S_STARTS_LOG"
 logger = logging.getLogger(__name__)
 
 
+def versions() -> dict[str, str]:
+    """scripts/k8s/versions.env as a dict (K8S_VERSION, ETCD_VERSION, ...); the environment overrides each, as in
+    build_go.sh."""
+    out: dict[str, str] = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            out[key] = os.environ.get(key) or value
+    return out
+
+
+def k8s_version() -> str:
+    return versions()["K8S_VERSION"]
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get("RAY_NODELESS_K8S_CACHE") or DEFAULT_CACHE)
+    """The build's output directory: $RAY_NODELESS_K8S_GO_CACHE/v<K8S_VERSION> (bin/, kuberay/, .stamp)."""
+    return Path(os.environ.get("RAY_NODELESS_K8S_GO_CACHE") or DEFAULT_CACHE) / f"v{k8s_version()}"
 
 
 def bin_dir() -> Path:
@@ -86,34 +105,41 @@ def bin_dir() -> Path:
 
 def binaries_present() -> bool:
     b = bin_dir()
-    return (b / ".stamp").is_file() and all(os.access(b / n, os.X_OK) for n in BINARIES)
+    return (cache_dir() / ".stamp").is_file() and all(os.access(b / n, os.X_OK) for n in BINARIES)
 
 
 def build_script() -> Path:
     return Path(os.environ.get("RAY_NODELESS_K8S_BUILD") or BUILD_SCRIPT)
 
 
+_checked: set[Path] = set()     # build directories whose script said "built" in this process
+
+
 def ensure_binaries(*, build: bool = True, timeout: float = BUILD_TIMEOUT_S) -> Path:
-    """The directory holding kube-apiserver, kube-scheduler, kube-controller-manager and etcd; builds them if needed."""
-    if binaries_present():
+    """The directory holding kube-apiserver, kube-scheduler, kube-controller-manager and etcd (and kubelet, kubeadm,
+    ray-operator, kwok); builds them if needed. The script runs once per process even when the binaries are there:
+    only it knows whether its stamp names the current recipe (its fast path returns in well under a second)."""
+    if not build:
+        if binaries_present():
+            return bin_dir()
+        raise ControlPlaneError(
+            f"Kubernetes binaries missing in {bin_dir()} and build=False; run {build_script()} first (once)")
+    if cache_dir() in _checked and binaries_present():
         return bin_dir()
     script = build_script()
-    if not build:
-        raise ControlPlaneError(
-            f"Kubernetes binaries missing in {bin_dir()} and build=False; run {script} first (5-20 min, once)")
     if not script.is_file():
         raise ControlPlaneError(f"build script not found: {script} (set RAY_NODELESS_K8S_BUILD)")
-    env = dict(os.environ, RAY_NODELESS_K8S_CACHE=str(cache_dir()))
     try:
-        # stderr (the progress lines) goes to ours; build.sh takes a file lock, so concurrent callers build once
-        subprocess.run(["bash", str(script)], env=env, stdout=subprocess.DEVNULL, check=True, timeout=timeout)
+        # stderr (the progress lines) goes to ours; the script takes a file lock, so concurrent callers build once
+        subprocess.run(["bash", str(script), "all"], stdout=subprocess.DEVNULL, check=True, timeout=timeout)
     except subprocess.CalledProcessError as e:
-        raise ControlPlaneError(f"{script} failed with exit {e.returncode}; see its output above and "
-                                f"{cache_dir() / 'build.log'}") from e
+        raise ControlPlaneError(f"{script} failed with exit {e.returncode}; see its output above and the logs in "
+                                f"{cache_dir().parent}") from e
     except subprocess.TimeoutExpired as e:
         raise ControlPlaneError(f"{script} did not finish within {timeout:.0f} s") from e
     if not binaries_present():
         raise ControlPlaneError(f"{script} succeeded but {bin_dir()} lacks one of {', '.join(BINARIES)}")
+    _checked.add(cache_dir())
     return bin_dir()
 
 
@@ -290,21 +316,16 @@ class ControlPlane:
         return k8s_client.ApiClient(cfg)
 
     def service_account_token(self, namespace: str, name: str, timeout: float = 30) -> str:
-        """The token of ServiceAccount namespace/name, from the Secret the controller-manager's token controller
-        creates (Kubernetes 1.20). Waits up to `timeout` seconds for the account and its token."""
+        """A token of ServiceAccount namespace/name from the TokenRequest API (what `kubectl create token` does;
+        valid a day). Waits up to `timeout` seconds for the account to exist."""
         deadline = time.monotonic() + timeout
         last = "no answer yet"
+        body = {"spec": {"audiences": [SA_ISSUER], "expirationSeconds": SA_TOKEN_SECONDS}}
         with self.api_client() as api:
             core = k8s_client.CoreV1Api(api)
             while True:
                 try:
-                    core.read_namespaced_service_account(name, namespace)
-                    secrets_ = core.list_namespaced_secret(namespace, field_selector=f"type={SA_TOKEN_TYPE}").items
-                    for s in secrets_:
-                        ann = s.metadata.annotations or {}
-                        if ann.get("kubernetes.io/service-account.name") == name and (s.data or {}).get("token"):
-                            return base64.b64decode(s.data["token"]).decode()
-                    last = f"ServiceAccount {namespace}/{name} has no token Secret yet"
+                    return str(core.create_namespaced_service_account_token(name, namespace, body).status.token)
                 except ApiException as e:
                     last = (f"ServiceAccount {namespace}/{name} not found" if e.status == 404
                             else f"API error {e.status}: {e.reason}")
@@ -413,7 +434,7 @@ class ControlPlane:
         return [
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.ports['kube-apiserver']}", "--insecure-port=0",
+            f"--secure-port={self.ports['kube-apiserver']}",
             f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
             f"--client-ca-file={p / 'ca.crt'}", f"--token-auth-file={p / 'tokens.csv'}",
             "--authorization-mode=Node,RBAC",
@@ -453,7 +474,7 @@ class ControlPlane:
     def _common_component_argv(self, name: str) -> list[str]:
         kc = self.workdir / f"{name}.kubeconfig"
         return [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1", "--port=0", "--secure-port=0", "--leader-elect=false"]
+                "--bind-address=127.0.0.1", "--secure-port=0", "--leader-elect=false"]
 
     def _scheduler_argv(self) -> list[str]:
         return self._common_component_argv("kube-scheduler")
@@ -468,7 +489,7 @@ class ControlPlane:
                   else ["--controllers=*,-csrsigning"])]
 
     def _wait_default_service_account(self, deadline: float) -> None:
-        """Pods can be created in `default` once its ServiceAccount and token exist (ServiceAccount admission)."""
+        """Pods can be created in `default` once its ServiceAccount exists (ServiceAccount admission)."""
         while True:
             for n in ("kube-scheduler", "kube-controller-manager"):
                 self._check_alive(n)

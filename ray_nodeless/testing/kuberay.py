@@ -1,9 +1,9 @@
-"""KubeRay's side of the KubeRay bridge's tests and bench, played (the operator cannot be built here: Go modules are
-not reachable): the RayCluster CRD as a 1.20 API server takes it, the autoscaler Role KubeRay gives the head's
-ServiceAccount, the operator's head pod / head service / status (`Operator`), a RayCluster from KubeRay's sample with
-a GPU group under the bridge (`raycluster`), and `ray-nodeless kuberay-autoscaler` as its container runs (`Bridge`).
-Only what the bridge relies on is played (README "KubeRay"); the operator creates no worker pods, as the real one
-creates none for a group with replicas 0 / minReplicas 0."""
+"""KubeRay's side of the KubeRay bridge's tests and bench: KubeRay's CRDs (from the operator's module, unmodified) and
+the RBAC of cluster-configs/kuberay/rbac.yaml (`install_kuberay`), a RayCluster from KubeRay's sample with a GPU group
+as `convert` writes it for the bridge (`raycluster`), the operator's part played for the tests that need no real
+operator (`Operator`: head pod object, head service, status; no worker pods, as the real one creates none for a
+group with replicas 0 / minReplicas 0), and `ray-nodeless kuberay-autoscaler` as a process (`Bridge`). The real
+operator and the head pod's stand-in: testing/kuberay_operator.py."""
 from __future__ import annotations
 
 import copy
@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from ray_nodeless.kuberay import bridge as K
+from ray_nodeless.kuberay import sidecar
 from ray_nodeless.testing.clock import wait_for
 from ray_nodeless.testing.ray_processes import kill_group
 
@@ -31,55 +32,43 @@ RAY_ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
     "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
 
 
-LIST_MAP_KEYS = ("x-kubernetes-list-type", "x-kubernetes-list-map-keys")
+def crd_files() -> list[Path]:
+    """KubeRay's CRDs (RayCluster, RayJob, RayService) from the operator's module at the version the tests build
+    (scripts/k8s/build_go.sh copies them next to the operator), applied unmodified: the API server is current."""
+    from ray_nodeless.testing.k8s_control_plane import cache_dir
 
-
-def strip_validations(obj):
-    """The CRD as a 1.20 API server takes it: without `x-kubernetes-validations` (CEL rules, 1.25+) and without
-    the 146 `default: ""` of name fields (1.20 reads an empty-string default as null: "in body must be of type
-    string"); the lists keyed by such a field (x-kubernetes-list-type: map, which needs the key defaulted) become
-    plain lists. Nothing the bridge reads changes."""
-    if isinstance(obj, dict):
-        if obj.get("x-kubernetes-list-type") == "map":
-            obj = {k: v for k, v in obj.items() if k not in LIST_MAP_KEYS}
-        return {k: strip_validations(v) for k, v in obj.items()
-                if k != "x-kubernetes-validations" and not (k == "default" and v == "")}
-    if isinstance(obj, list):
-        return [strip_validations(v) for v in obj]
-    return obj
-
-
-def kuberay_role(namespace: str, name: str) -> dict:
-    """The Role KubeRay gives the head's ServiceAccount with autoscaling on (common/rbac.go BuildRole)."""
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": name, "namespace": namespace},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
-                      {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "patch"]}]}
+    files = sorted((cache_dir() / "kuberay" / "crd").glob("ray.io_*.yaml"))
+    if not files:
+        raise FileNotFoundError(f"no KubeRay CRDs in {cache_dir() / 'kuberay' / 'crd'}: run scripts/k8s/build_go.sh")
+    return files
 
 
 def install_kuberay(plane, work: Path) -> Path:
-    """On a started ControlPlane: the RayCluster CRD, the namespace, the head's ServiceAccount with KubeRay's Role and
-    cluster-configs/kuberay/rbac.yaml. Returns that ServiceAccount's kubeconfig."""
+    """On a started ControlPlane: KubeRay's CRDs, the namespace and cluster-configs/kuberay/rbac.yaml (the head's
+    ServiceAccount and all the bridge needs). Returns that ServiceAccount's kubeconfig."""
     api = plane.api_client()
     try:
-        crd = strip_validations(yaml.safe_load((DATA / "ray.io_rayclusters.yaml").read_text()))
         ext = client.ApiextensionsV1Api(api)
-        ext.create_custom_resource_definition(crd)
-        wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
-                             ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []),
-                 60, "the CRD established")
+        for path in crd_files():
+            crd = yaml.safe_load(path.read_text())
+            try:
+                ext.create_custom_resource_definition(crd)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            name = crd["metadata"]["name"]
+
+            def established(n: str = name) -> bool:
+                return any(c.type == "Established" and c.status == "True"
+                           for c in ext.read_custom_resource_definition(n).status.conditions or [])
+
+            wait_for(established, 60, f"the CRD {name} established")
         core = client.CoreV1Api(api)
         try:
             core.create_namespace({"metadata": {"name": NS}})
         except ApiException as e:
             if e.status != 409:     # a plane shared with other tests (tests/k8s_plane.py) may have it already
                 raise
-        core.create_namespaced_service_account(NS, {"metadata": {"name": SA}})
-        rbac = client.RbacAuthorizationV1Api(api)
-        rbac.create_namespaced_role(NS, kuberay_role(NS, SA))
-        rbac.create_namespaced_role_binding(NS, {
-            "metadata": {"name": SA}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SA},
-            "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]})
     finally:
         api.close()
     plane.apply_manifest(RBAC)
@@ -87,15 +76,19 @@ def install_kuberay(plane, work: Path) -> Path:
 
 
 class Operator:
-    """The KubeRay operator's part the bridge relies on, played: the RayCluster as applied, the head pod object and
-    head service (owned by the RayCluster, as the operator makes them), the status; no worker pods."""
+    """The RayCluster through the API, and with `played` (the default) the operator's part the bridge relies on:
+    the head pod object and head service (owned by the RayCluster, as the operator makes them), the status; no
+    worker pods. With `played=False` the real operator (testing/kuberay_operator.py) does that part."""
 
-    def __init__(self, api: client.ApiClient):
+    def __init__(self, api: client.ApiClient, *, played: bool = True):
         self.objects = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
+        self.played = played
 
     def apply(self, rc: dict) -> dict:
         rc = self.objects.create_namespaced_custom_object("ray.io", "v1", NS, "rayclusters", rc)
+        if not self.played:
+            return rc
         name, uid = rc["metadata"]["name"], rc["metadata"]["uid"]
         owner = [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": name, "uid": uid, "controller": True,
                   "blockOwnerDeletion": True}]
@@ -146,6 +139,9 @@ def raycluster(name: str, gcs_port: int, state_dir: Path, sa_kubeconfig: Path, s
                   {"name": "cpu-on-demand", "match": {}, "capacity": ["on-demand"]}],
     })}}
     rc["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] = idle_s
+    # Ray's monitor loop every second (its default is 5 s): the walk-through's waits stay short
+    rc["spec"]["autoscalerOptions"]["env"] = [{"name": "AUTOSCALER_UPDATE_INTERVAL_S", "value": "1"}]
+    rc["spec"]["headGroupSpec"].setdefault("rayStartParams", {})["port"] = str(gcs_port)
     rc["spec"]["headGroupSpec"]["template"]["spec"]["serviceAccountName"] = SA
     gpu = copy.deepcopy(rc["spec"]["workerGroupSpecs"][0])
     gpu.update(groupName="gpu-group", replicas=0, minReplicas=0, maxReplicas=1)
@@ -156,20 +152,30 @@ def raycluster(name: str, gcs_port: int, state_dir: Path, sa_kubeconfig: Path, s
     gpu["template"]["metadata"] = {"labels": {"team": "ml"}}
     gpu["template"]["spec"]["serviceAccountName"] = SA     # the template's service account reaches the Ray pods
     rc["spec"]["workerGroupSpecs"].append(gpu)
+    # the head pod as `convert` writes it: KubeRay's in-tree autoscaler off, the bridge's container in the head pod
+    opts = rc["spec"].get("autoscalerOptions") or {}
+    sidecar.install(rc["spec"], "spec", name,
+                    opts.get("image") or rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"])
     return rc
 
 
 class Bridge:
-    """`ray-nodeless kuberay-autoscaler` as the autoscaler container runs it (a process group of its own)."""
+    """`ray-nodeless kuberay-autoscaler` as a process (a process group of its own): `argv` with `env`, its output in
+    `log`. `Bridge.command` builds the command line the bridge tests and bench run it with; HeadPodStandIn
+    (testing/kuberay_operator.py) runs the one the operator's head pod has."""
 
-    def __init__(self, name: str, gcs: str, kubeconfig: Path, admin_kubeconfig: Path, log: Path):
-        self.argv = [str(BIN / "ray-nodeless"), "kuberay-autoscaler", "--cluster-name", name, "--cluster-namespace",
-                     NS, "--gcs-address", gcs, "--kubeconfig", str(kubeconfig)]
-        self.env = RAY_ENV | {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "PYTHONPATH": str(REPO_ROOT),
-                              # the played kubelets register Nodes as a kubelet would, not as the head's account
-                              "RAY_NODELESS_PLAYER_KUBECONFIG": str(admin_kubeconfig)}
-        self.log = log
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path):
+        self.argv, self.env, self.log = list(argv), dict(env), log
         self.proc: subprocess.Popen | None = None
+
+    @classmethod
+    def command(cls, name: str, gcs: str, kubeconfig: Path, admin_kubeconfig: Path, log: Path) -> "Bridge":
+        argv = [str(BIN / "ray-nodeless"), "kuberay-autoscaler", "--cluster-name", name, "--cluster-namespace",
+                NS, "--gcs-address", gcs, "--kubeconfig", str(kubeconfig)]
+        env = RAY_ENV | {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "PYTHONPATH": str(REPO_ROOT),
+                         # the played kubelets register Nodes as a kubelet would, not as the head's account
+                         "RAY_NODELESS_PLAYER_KUBECONFIG": str(admin_kubeconfig)}
+        return cls(argv, env, log)
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
@@ -187,5 +193,3 @@ class Bridge:
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else "(not started)"
-
-

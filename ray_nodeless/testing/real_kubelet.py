@@ -2,9 +2,9 @@
 machine's join user data on containerd): the node binaries, the cluster side of a kubeadm join, a Ray pod template
 the kubelet can run, and a clean-up that works whatever a failed test left.
 
-- `ensure_node_binaries()` runs scripts/k8s/build_node.sh (kubelet + kubeadm v1.20.2 from the control plane's
-  Debian source, containerd + runc + CNI plugins from Debian, the pause and ray-host images), cached in
-  ~/.cache/ray-nodeless/k8s/node: about 8 minutes the first time, instant afterwards.
+- `ensure_node_binaries()` runs scripts/k8s/build_node.sh (kubelet + kubeadm of the control plane's Go build,
+  containerd + runc + CNI plugins from Debian, the pause and ray-host images), cached in
+  ~/.cache/ray-nodeless/k8s-node: seconds once the control plane is built, instant afterwards.
 - `prepare_kubeadm_cluster(cp, workdir)` does on a running `ControlPlane(node_joins=True)` what `kubeadm init` does
   for joining nodes, with the real kubeadm's own phases: `upload-config kubeadm` (ClusterConfiguration),
   `upload-config kubelet` (the KubeletConfiguration every joining kubelet downloads: this host's ports, cgroupfs,
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_nodeless.providers.local.real_kubelet import RealKubeletMachine, cri_socket, node_dir
+from ray_nodeless.testing.k8s_control_plane import k8s_version
 from ray_nodeless.testing.k8s_support import ControlPlaneError
 
 BUILD_NODE_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "k8s" / "build_node.sh"
@@ -87,13 +88,14 @@ def ca_cert_hash(ca_file: Path) -> str:
 
 
 def kubelet_configuration(workdir: Path, ca_file: Path) -> dict[str, Any]:
-    """The KubeletConfiguration every joining kubelet downloads (kubelet-config-1.20): 127.0.0.1 only, this host's
-    ports, cgroupfs (no systemd), swap tolerated, no iptables chains, eviction thresholds a shared test host meets."""
+    """The KubeletConfiguration every joining kubelet downloads (kubeadm's `kubelet-config` ConfigMap): 127.0.0.1 only,
+    this host's ports, cgroupfs (no systemd), cgroup v1 allowed (this host's hierarchy; 1.35+ refuses it unless
+    told), swap tolerated, no iptables chains, eviction thresholds a shared test host meets."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "address": "127.0.0.1", "port": KUBELET_PORT, "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1", "healthzPort": HEALTHZ_PORT,
-        "cgroupDriver": "cgroupfs", "failSwapOn": False, "makeIPTablesUtilChains": False,
+        "cgroupDriver": "cgroupfs", "failSwapOn": False, "makeIPTablesUtilChains": False, "failCgroupV1": False,
         "staticPodPath": str(Path(workdir).resolve() / "kroot" / "etc" / "kubernetes" / "manifests"),
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                            "x509": {"clientCAFile": str(ca_file)}},
@@ -136,12 +138,13 @@ def prepare_kubeadm_cluster(cp: Any, workdir: str | os.PathLike, *, kubeadm: Pat
     os.chmod(admin, 0o600)
     port = int(cp.server.rsplit(":", 1)[1])
     docs = [
-        {"apiVersion": "kubeadm.k8s.io/v1beta2", "kind": "InitConfiguration",
+        {"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "InitConfiguration",
          "bootstrapTokens": [{"token": BOOTSTRAP_TOKEN, "ttl": "2h", "usages": ["signing", "authentication"],
                               "groups": ["system:bootstrappers:kubeadm:default-node-token"]}],
          "localAPIEndpoint": {"advertiseAddress": _host_ip(), "bindPort": port},
-         "nodeRegistration": {"name": PLACEHOLDER_NODE, "criSocket": cri_socket(workdir)}},
-        {"apiVersion": "kubeadm.k8s.io/v1beta2", "kind": "ClusterConfiguration", "kubernetesVersion": "v1.20.2",
+         "nodeRegistration": {"name": PLACEHOLDER_NODE, "criSocket": f"unix://{cri_socket(workdir)}"}},
+        {"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "ClusterConfiguration",
+         "kubernetesVersion": f"v{k8s_version()}",
          "controlPlaneEndpoint": f"127.0.0.1:{port}",
          "networking": {"serviceSubnet": "10.0.0.0/24", "dnsDomain": "cluster.local"}},
         kubelet_configuration(Path(workdir), ca),

@@ -27,10 +27,14 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/../lib/apt.sh"
 LOG_TAG=k8s-go
 
-K8S_VERSION=${K8S_VERSION:-1.36.3}
-ETCD_VERSION=${ETCD_VERSION:-3.6.16}
-KUBERAY_VERSION=${KUBERAY_VERSION:-1.5.0}
-KWOK_VERSION=${KWOK_VERSION:-0.8.0}
+# The versions: scripts/k8s/versions.env (the tests read the same file); the environment may override each.
+_env_k8s=${K8S_VERSION:-} _env_etcd=${ETCD_VERSION:-} _env_kuberay=${KUBERAY_VERSION:-} _env_kwok=${KWOK_VERSION:-}
+# shellcheck source=versions.env
+. "$HERE/versions.env"
+K8S_VERSION=${_env_k8s:-$K8S_VERSION}
+ETCD_VERSION=${_env_etcd:-$ETCD_VERSION}
+KUBERAY_VERSION=${_env_kuberay:-$KUBERAY_VERSION}
+KWOK_VERSION=${_env_kwok:-$KWOK_VERSION}
 ROOT=${RAY_NODELESS_K8S_GO_CACHE:-$HOME/.cache/ray-nodeless/k8s-go}
 OUT=$ROOT/v$K8S_VERSION
 GOROOT_BIN=${GOROOT_BIN:-/usr/local/go/bin}

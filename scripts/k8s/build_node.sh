@@ -1,37 +1,35 @@
 #!/usr/bin/env bash
 # scripts/k8s/build_node.sh - build (once) and cache what a real Kubernetes *node* needs on this host, next to the
-# control plane of build.sh:
-#   kubelet + kubeadm v1.20.2     built from the same Debian `kubernetes` source package as the control plane
-#                                 (the archives build.sh keeps in $CACHE/downloads; Debian's Go 1.19)
+# control plane of build_go.sh:
+#   kubelet + kubeadm             from build_go.sh (k8s.io/kubernetes at scripts/k8s/versions.env's K8S_VERSION)
 #   containerd 1.6.20, runc 1.1.5, the CNI plugins, busybox-static, iptables (nft) + its libraries
 #                                 Debian bookworm debs unpacked with dpkg -x (nothing installed system-wide)
-#   images/pause.tar              the sandbox image (gcc -static of the tree's build/pause/linux/pause.c): no registry
+#   images/pause.tar              the sandbox image (gcc -static of build/pause/linux/pause.c from the same
+#                                 k8s.io/kubernetes module version, in the Go module cache): no registry
 #   images/ray-host.tar           busybox + a usr-merged skeleton: a Ray pod hostPath-mounts /usr and a Python
 #
-# Result: $CACHE/node/{bin,cni/bin,images} and the stamp $CACHE/node/.stamp; the control plane's stamp
-# ($CACHE/bin/.stamp) is never touched, so a cached control plane is not rebuilt.
-#   CACHE=${RAY_NODELESS_K8S_CACHE:-$HOME/.cache/ray-nodeless/k8s}
+# Result: $NODE/{bin,cni/bin,images} and the stamp $NODE/.stamp.
+#   NODE=${RAY_NODELESS_K8S_NODE:-$HOME/.cache/ray-nodeless/k8s-node}
 #
-# Idempotent (fast path: the stamp matches), serialised with build.sh and other callers by flock on $CACHE/.lock (the
-# two share the unpacked source tree and toolchain). It runs build.sh first (KEEP_SRC=1, so a fresh clone compiles
-# the shared packages once); at the end it deletes the source tree, the Go build cache and the unpacked toolchain as
-# build.sh does (KEEP_SRC=1 keeps them).
+# Idempotent (fast path: the stamp matches), serialised by flock on $NODE/.lock. It runs build_go.sh first (which
+# returns at once when built).
 #
 # Usage: scripts/k8s/build_node.sh     (prints the node directory on its last line)
-#        BUILD_TIMEOUT=3600 (seconds for `make`), LOCK_TIMEOUT=5400 (seconds to wait for another builder)
+#        LOCK_TIMEOUT=5400 (seconds to wait for another builder)
 set -euo pipefail
 
 main() {
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CACHE=${RAY_NODELESS_K8S_CACHE:-$HOME/.cache/ray-nodeless/k8s}
-KEEP_SRC=${KEEP_SRC:-0}
-BUILD_TIMEOUT=${BUILD_TIMEOUT:-3600}
+NODE=${RAY_NODELESS_K8S_NODE:-$HOME/.cache/ray-nodeless/k8s-node}
 LOCK_TIMEOUT=${LOCK_TIMEOUT:-5400}
-NODE=$CACHE/node
 STAMP=$NODE/.stamp
-# Change this string whenever the recipe changes: a different stamp forces a rebuild (of the node part only).
-BUILD_ID="node: kubelet+kubeadm v1.20.2 (Debian 1.20.5+really1.20.2) go1.19 reflect2-1.0.2;"
-BUILD_ID+=" containerd runc containernetworking-plugins busybox-static iptables bookworm; pause+ray-host images; v1"
+_env_k8s=${K8S_VERSION:-}
+# shellcheck source=versions.env
+. "$HERE/versions.env"
+K8S_VERSION=${_env_k8s:-$K8S_VERSION}
+# Change this string whenever the recipe changes: a different stamp forces a rebuild.
+BUILD_ID="node: kubelet+kubeadm v$K8S_VERSION (build_go.sh);"
+BUILD_ID+=" containerd runc containernetworking-plugins busybox-static iptables bookworm; pause+ray-host images; v2"
 NODE_FILES=(bin/kubelet bin/kubeadm bin/containerd bin/containerd-shim-runc-v2 bin/ctr bin/runc bin/iptables
             cni/bin/bridge cni/bin/host-local cni/bin/loopback images/pause.tar images/ray-host.tar)
 
@@ -46,67 +44,47 @@ if is_built; then
   exit 0
 fi
 
-# The control plane first (its apt configuration and downloaded archives are reused here). KEEP_SRC=1: when it has
-# to build, its source tree and Go build cache stay for the kubelet's make (shared packages compile once).
-KEEP_SRC=1 bash "$HERE/build.sh" > /dev/null
+# The control plane's build first: it has the kubelet and kubeadm, and the module cache with pause.c.
+GO_OUT=$(bash "$HERE/build_go.sh" all | tail -n 1)
+GO_ROOT=$(dirname "$GO_OUT")
+PAUSE_C=$GO_ROOT/gopath/pkg/mod/k8s.io/kubernetes@v$K8S_VERSION/build/pause/linux/pause.c
 
 LOG_TAG=k8s-node-build
 # shellcheck source=SCRIPTDIR/../lib/apt.sh
 source "$HERE/../lib/apt.sh"
-# shellcheck source=SCRIPTDIR/common.sh
-source "$HERE/common.sh"
 
-lock_cache "$CACHE" "$LOCK_TIMEOUT"
+mkdir -p "$NODE"
+lock_cache "$NODE" "$LOCK_TIMEOUT"
 if is_built; then
   log "built by a concurrent caller"
   echo "$NODE"
   exit 0
 fi
 
-start_steps "$CACHE"
-need_tools apt-get dpkg dpkg-source make timeout gcc python3
+start_steps "$NODE"
+need_tools apt-get dpkg timeout gcc python3
 
-APTD=$CACHE/apt            # build.sh's private apt configuration
-DL=$CACHE/downloads
-DEB=$CACHE/deb
-SRC=$CACHE/src
-GOHOME=$CACHE/gohome
-NDEB=$CACHE/node-deb       # the node's unpacked debs (kept: containerd, runc and iptables run from here)
-apt_use "$APTD"
-k8s_paths
+APTD=$NODE/apt             # private apt configuration (nothing system-wide changes)
+DL=$NODE/downloads         # the .debs (kept: a rebuild needs no network)
+NDEB=$NODE/deb             # the node's unpacked debs (kept: containerd, runc and iptables run from here)
+[ -f "$PAUSE_C" ] || die "pause.c not found at $PAUSE_C (build_go.sh keeps the module cache)"
 
 # ---------------------------------------------------------------------------------------------------------------
-step "1/5 Debian packages: build toolchain (kept by build.sh) + containerd, runc, CNI plugins, busybox, iptables"
-TOOL_PKGS=(golang-1.19-go golang-1.19-src rsync libpopt0 golang-github-modern-go-reflect2-dev)
+step "1/3 Debian packages: containerd, runc, CNI plugins, busybox, iptables (dpkg -x, not installed)"
+apt_private "$APTD"
 NODE_PKGS=(containerd runc containernetworking-plugins busybox-static iptables libip6tc2 libip4tc2 libxtables12
            libnftnl11 libnetfilter-conntrack3 libnfnetlink0 libmnl0)
-apt_fetch "$DL/node" "${NODE_PKGS[@]}"
-if [ ! -x "$GOROOT_DEB/bin/go" ] || [ ! -x "$DEB/usr/bin/rsync" ] || [ ! -f "$R2_DEB/reflect2.go" ]; then
-  rm -rf "$DEB"
-  deb_unpack "$DL" "$DEB" "${TOOL_PKGS[@]}"     # build.sh's archives
-fi
-k8s_rsync_wrapper
+apt_fetch "$DL" "${NODE_PKGS[@]}"
 rm -rf "$NDEB"
-deb_unpack "$DL/node" "$NDEB" "${NODE_PKGS[@]}"
+deb_unpack "$DL" "$NDEB" "${NODE_PKGS[@]}"
 step_done
 
 # ---------------------------------------------------------------------------------------------------------------
-step "2/5 the kubernetes source tree (build.sh's archive; reflect2 1.0.2 swapped in as for the control plane)"
-K=$SRC/kubernetes
-k8s_unpack_source "$DL/source" "$K"      # build.sh downloaded the source package
-step_done
-
-# ---------------------------------------------------------------------------------------------------------------
-step "3/5 make WHAT=\"cmd/kubelet cmd/kubeadm\" (Go 1.19; about 8 min cold on 2 cores)"
-k8s_make "$K" "$CACHE/build-node.log" "cmd/kubelet cmd/kubeadm"
-step_done
-
-# ---------------------------------------------------------------------------------------------------------------
-step "4/5 install into $NODE (binaries, CNI plugins, iptables wrappers, images)"
+step "2/3 install into $NODE (binaries, CNI plugins, iptables wrappers, images)"
 rm -f "$STAMP"
 mkdir -p "$NODE/bin" "$NODE/cni/bin" "$NODE/images"
 inst() { cp "$1" "$2.tmp" && mv -f "$2.tmp" "$2"; }
-for b in kubelet kubeadm; do inst "$K/_output/bin/$b" "$NODE/bin/$b"; done
+for b in kubelet kubeadm; do inst "$GO_OUT/bin/$b" "$NODE/bin/$b"; done
 for b in containerd containerd-shim-runc-v2 ctr; do inst "$NDEB/usr/bin/$b" "$NODE/bin/$b"; done
 inst "$NDEB/usr/sbin/runc" "$NODE/bin/runc"
 for f in "$NDEB"/usr/lib/cni/*; do inst "$f" "$NODE/cni/bin/$(basename "$f")"; done
@@ -116,9 +94,9 @@ for t in iptables iptables-save iptables-restore ip6tables ip6tables-save ip6tab
     "$NDEB/usr/lib/x86_64-linux-gnu/xtables" "$NDEB/usr/sbin/xtables-nft-multi" "$t" > "$NODE/bin/$t"
   chmod +x "$NODE/bin/$t"
 done
-IMG=$CACHE/node-img
+IMG=$NODE/img
 rm -rf "$IMG"; mkdir -p "$IMG/pause" "$IMG/rh"/{bin,proc,sys,dev,etc,tmp,root,usr,run,var}
-gcc -Os -Wall -static -DVERSION=v3.4-local -o "$IMG/pause/pause" "$K/build/pause/linux/pause.c" \
+gcc -Os -Wall -static -DVERSION=v3.4-local -o "$IMG/pause/pause" "$PAUSE_C" \
   || die "gcc -static of pause.c failed (libc6-dev's libc.a is needed)"
 cp "$NDEB/bin/busybox" "$IMG/rh/bin/"
 for a in $("$NDEB/bin/busybox" --list); do [ "$a" = busybox ] || ln -sf busybox "$IMG/rh/bin/$a"; done
@@ -137,10 +115,6 @@ rm -rf "$IMG"
 echo "$BUILD_ID" > "$STAMP.tmp" && mv -f "$STAMP.tmp" "$STAMP"
 step_done
 
-# ---------------------------------------------------------------------------------------------------------------
-step "5/5 clean up (KEEP_SRC=$KEEP_SRC)"
-k8s_clean_up "$KEEP_SRC"
-step_done
 log "built in $((SECONDS - T_ALL)) s: $NODE"
 echo "$NODE"
 }

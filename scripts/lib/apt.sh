@@ -1,4 +1,4 @@
-# scripts/lib/apt.sh - the helpers the cache-building scripts share (scripts/k8s/build.sh, scripts/k8s/build_node.sh,
+# scripts/lib/apt.sh - the helpers the cache-building scripts share (scripts/k8s/build_go.sh, scripts/k8s/build_node.sh,
 # scripts/prometheus/install.sh). Sourced, never run: it only defines functions.
 #
 #   LOG_TAG=name             the prefix of log/die lines (set it before sourcing or calling)

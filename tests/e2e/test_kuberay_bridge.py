@@ -1,23 +1,22 @@
-"""ray_nodeless as KubeRay's autoscaler, end to end, on a REAL Kubernetes control plane (kube-apiserver, scheduler,
-controller-manager with its garbage collector; RBAC on) with KubeRay's RayCluster CRD (tests/data/kuberay, the two
-`x-kubernetes-validations` and the empty-string defaults stripped for the 1.20 server) and KubeRay's autoscaler sample
-plus a GPU group.
+"""ray_nodeless as KubeRay's autoscaler, end to end, on a REAL Kubernetes control plane (the release of
+scripts/k8s/versions.env: kube-apiserver, scheduler, controller-manager with its garbage collector; RBAC on) with
+KubeRay's CRDs unmodified and the REAL KubeRay operator (v1.5.0, built from the Go module proxy), KubeRay's autoscaler
+sample plus a GPU group, converted for the bridge as `ray-nodeless convert` writes it (kuberay/sidecar.py).
 
-The KubeRay operator cannot be built here, so THE TEST PLAYS THE OPERATOR'S PART THE BRIDGE RELIES ON: it creates the
-head pod object (labels ray.io/cluster, ray.io/node-type=head, owned by the RayCluster), the head service and the
-RayCluster's status, its autoscaler Role (KubeRay's BuildRole) for the head's ServiceAccount, and creates no worker
-pod (the operator creates none for a group with replicas 0 / minReplicas 0 and deletes none it does not count).
-A real Ray head process (`ray start --head --no-monitor`, as KubeRay starts the head when the autoscaler runs beside
-it) stands in for the head pod's Ray container; `ray-nodeless kuberay-autoscaler` runs as the autoscaler container
-would, as the head's ServiceAccount (KubeRay's Role + cluster-configs/kuberay/rbac.yaml). Workers are local-backend
-machines whose kubelets are played (kubernetes.played: true): each registers a Node from its kubeadm user data and
-runs its Ray pod as a local Ray node.
+The operator creates the head pod, its service and the RayCluster's status, and reconciles the worker groups all
+along: the tests show it neither deletes nor recreates the pods the bridge makes, and creates none of its own. What
+cannot run here is a container: the head pod's kubelet is played (testing/kuberay_operator.py HeadPodStandIn): the
+scheduler binds the operator's head pod to a Node played for it; its Ray container runs as a real Ray head process
+(`ray start --head --no-monitor` on 127.0.0.1), its `ray-nodeless-autoscaler` container as the pod's own command
+line and env (KUBECONFIG and the GCS address given, as a host process shares no pod network). Workers are
+local-backend machines whose kubelets are played (kubernetes.played: true): each registers a Node from its kubeadm
+user data and runs its Ray pod as a local Ray node.
 
 One cluster walks through: a GPU task -> the cheapest-fit machine, its Node, the group's Ray pod bound by the real
 scheduler, the task runs there; the RayCluster edited while running (the group's template and maxReplicas); the
 worker's pod killed (its machine ends, a replacement runs the next task with the edited template); idle scale-down;
-the autoscaler killed mid-launch and restarted (no duplicate machine, no leak); the RayCluster deleted (every
-machine, Node and pod gone, then the RayCluster and its head pod).
+the autoscaler container killed mid-launch and restarted (no duplicate machine, no leak); the RayCluster deleted
+(every machine, Node and pod gone, then the RayCluster and its head pod).
 """
 from __future__ import annotations
 
@@ -43,17 +42,25 @@ from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
+from ray_nodeless.providers.local.players import PLAYER_KUBECONFIG_ENV
 from ray_nodeless.testing.kuberay import NS, RAY_ENV, SA, Bridge, Operator, raycluster
-from ray_nodeless.testing.ray_processes import free_port, head_process
+from ray_nodeless.testing.kuberay_operator import HEAD_HOST_LABEL, HeadPodStandIn, RealOperator, wait_status_ready
+from ray_nodeless.testing.ray_processes import free_port
 from tests.e2e.clusters import processes_of
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def world(k8s_plane):
-    """The process's shared control plane with KubeRay's CRD and the head's ServiceAccount (tests/k8s_plane.py)."""
-    return k8s_plane.kuberay()
+def world(k8s_plane, tmp_path_factory):
+    """The process's shared control plane with KubeRay's CRDs and the head's ServiceAccount (tests/k8s_plane.py),
+    and the real KubeRay operator on it for this module."""
+    plane = k8s_plane.kuberay()
+    operator = RealOperator(plane, tmp_path_factory.mktemp("ray-operator")).start()
+    try:
+        yield plane
+    finally:
+        operator.stop()
 
 
 def driver(gcs: str, body: str, timeout: float = 300) -> str:
@@ -88,7 +95,7 @@ def kuberay_cluster(world, tmp_path: Path, prefix: str, annotation: dict | None 
     of the test gone."""
     admin = world.api_client()
     core = client.CoreV1Api(admin)
-    op = Operator(admin)
+    op = Operator(admin, played=False)
     name = f"{prefix}-{os.getpid() % 10000}-{int(time.time()) % 100000}"
     port = free_port()
     gcs = f"127.0.0.1:{port}"
@@ -96,27 +103,33 @@ def kuberay_cluster(world, tmp_path: Path, prefix: str, annotation: dict | None 
     if annotation:
         settings = yaml.safe_load(rc["metadata"]["annotations"][K.ANNOTATION])
         rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump({**settings, **annotation})
+    head_spec = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    head_spec["nodeSelector"] = {HEAD_HOST_LABEL: name}      # the Node played for the head pod, and only it
+    head_spec["tolerations"] = [{"key": HEAD_HOST_LABEL, "operator": "Equal", "value": name, "effect": "NoSchedule"}]
     cfg = K.bridge_config(dict(rc, metadata=dict(rc["metadata"], uid="x")), derive_config(rc))
     cfg["provider"].pop("kuberay")
     backend = LocalBackend.from_provider(dict(cfg["provider"]), name)
     sel = L.cluster_selector(name)
-    bridge = Bridge(name, gcs, world.sa_kubeconfig, world.admin_kubeconfig, tmp_path / "bridge.log")
-    temp_dir = f"/tmp/rnk-{port}"
-    head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+    # the played worker kubelets register Nodes as a kubelet would, not as the head's account
+    head = HeadPodStandIn(admin, name, tmp_path, world.sa_kubeconfig,
+                          extra_env={PLAYER_KUBECONFIG_ENV: str(world.admin_kubeconfig)})
+    bridge: Bridge | None = None
     try:
-        os.makedirs(temp_dir, exist_ok=True)
         op.apply(rc)
-        with head_process(head_env, port, temp_dir, ("--no-monitor",)):
-            bridge.start()
+        with head.running():
+            bridge = head.bridge
+            assert bridge is not None
+            wait_status_ready(op.objects, name)
             # The bridge marks the RayCluster: deleting it ends the machines first.
             wait_for(lambda: K.FINALIZER in (op.get(name)["metadata"].get("finalizers") or []), 120,
                      "the bridge's finalizer", interval=0.5)
             yield KubeRayCluster(name, gcs, cfg, core, op, backend, bridge, sel)
     except BaseException:
-        print(bridge.tail())
+        print(bridge.tail() if bridge is not None else "(the bridge's container did not start)")
         raise
     finally:
-        bridge.stop()
+        if bridge is not None:
+            bridge.stop()
         ids = [mm.id for mm in backend.list_machines()]
         if ids:
             backend.terminate(ids)
@@ -179,6 +192,11 @@ def test_kuberay_bridge_scale_up_edit_kill_idle_restart_delete(world, tmp_path: 
         assert {e.name: e.value for e in pod.spec.containers[0].env}["MODEL"] == "v1"
         assert len(processes_of(first, "raylet")) == 1
 
+        # The real operator reconciles the RayCluster all along: it made no worker pod of its own (replicas 0) and
+        # counts none of the bridge's (they carry no ray.io/group label).
+        operators = f"ray.io/cluster={name},ray.io/node-type=worker,ray.io/group"
+        assert not core.list_namespaced_pod(NS, label_selector=operators).items
+
         step("1 scale-up done")
         # 2. The RayCluster edited while running: the group's template (MODEL) and its maxReplicas.
         spec = op.get(name)["spec"]
@@ -186,6 +204,12 @@ def test_kuberay_bridge_scale_up_edit_kill_idle_restart_delete(world, tmp_path: 
         groups[1]["template"]["spec"]["containers"][0]["env"] = [{"name": "MODEL", "value": "v2"}]
         groups[1]["maxReplicas"] = 2
         op.patch(name, {"spec": {"workerGroupSpecs": groups}})
+        # the operator reconciles the edit: its status follows the new generation, the bridge's pod stays as it is
+        wait_for(lambda: (op.get(name).get("status") or {}).get("observedGeneration")
+                 == op.get(name)["metadata"]["generation"], 60, "the operator's status of the edit", interval=0.5)
+        time.sleep(2)
+        assert core.read_namespaced_pod(pod.metadata.name, NS).metadata.uid == pod.metadata.uid
+        assert not core.list_namespaced_pod(NS, label_selector=operators).items
 
         step("2 edited")
         # 3. The worker's pod killed: its machine ends (pod, Node, machine); the next task gets a replacement

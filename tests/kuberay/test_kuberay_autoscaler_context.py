@@ -27,6 +27,7 @@ from kubernetes.config import incluster_config
 
 from ray_nodeless.cli.convert import convert_command
 from ray_nodeless.kuberay import bridge as K
+from ray_nodeless.kuberay import sidecar as KS
 from ray_nodeless.kuberay import convert as KC
 from ray_nodeless.metrics import wiring
 from ray_nodeless.ray_compat import kuberay as ray_kuberay
@@ -125,8 +126,9 @@ def converted_manifest(tmp_path: Path) -> dict:
 
 def test_the_bridge_as_convert_writes_it_acts_on_the_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     manifest = converted_manifest(tmp_path)
-    opts = manifest["spec"]["autoscalerOptions"]
-    command = list(opts["command"]) + list(opts.get("args") or [])
+    container = KS.autoscaler_container(manifest["spec"]["headGroupSpec"]["template"]["spec"])
+    assert container is not None and manifest["spec"]["enableInTreeAutoscaling"] is False
+    command = list(container["command"]) + list(container.get("args") or [])
     # The console script the container runs, as the installed package declares it.
     [script] = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == command[0]]
     cli = script.load()

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from ray_nodeless.cli.convert import convert_command
 from ray_nodeless.cli.plan import plan_command
 from ray_nodeless.ray_compat.kuberay import derive_config
+from ray_nodeless.kuberay import sidecar as KS
 from ray_nodeless.kuberay import annotation as K
 from ray_nodeless.kuberay import convert as KC
 
@@ -87,12 +88,26 @@ def _check_patched(name: str, out: Path, cloud: str, region: str) -> None:
     [i] = KC.kuberay_indexes(docs)
     after, spec_key = KC.ray_cluster(docs[i])
     spec = after["spec"]
-    assert spec["enableInTreeAutoscaling"] is True
-    assert spec["autoscalerOptions"]["command"] == ["ray-nodeless"]
-    assert spec["autoscalerOptions"]["args"] == ["kuberay-autoscaler"]
-    # the user's other autoscaler options are kept
+    # KubeRay's in-tree autoscaler off; the head pod runs the bridge in a container of its own, which has the
+    # user's autoscaler container options; the others stay where Ray's derivation reads them
+    assert spec["enableInTreeAutoscaling"] is False
+    head = spec["headGroupSpec"]
+    assert head["rayStartParams"]["no-monitor"] == "true"
+    pod = head["template"]["spec"]
+    bridge = KS.autoscaler_container(pod)
+    assert bridge is not None and (bridge["command"], bridge["args"]) == (["ray-nodeless"], ["kuberay-autoscaler"])
+    assert [c["name"] for c in pod["containers"]].count(KS.CONTAINER) == 1
     for k, v in (before["spec"].get("autoscalerOptions") or {}).items():
-        assert spec["autoscalerOptions"][k] == v
+        if k in KS.CONTAINER_OPTIONS and k != "env":
+            assert bridge[k] == v, k
+        elif k == "env":
+            assert all(e in bridge["env"] for e in v)
+        else:
+            assert spec["autoscalerOptions"][k] == v
+    # /tmp/ray shared by the Ray container and the bridge's (its session directory)
+    [ray_tmp] = [m["name"] for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/tmp/ray"]
+    assert {"name": ray_tmp, "mountPath": "/tmp/ray"} in bridge["volumeMounts"]
+    assert pod["serviceAccountName"]
     settings = K.parse_annotation(after["metadata"])
     assert (settings["cloud"], settings["region"]) == (cloud, region)
     groups = settings.get("groups", {})
@@ -404,7 +419,7 @@ def test_convert_notes_ray_images_of_another_version_and_ray_image_sets_them_all
     [rc] = [d for d in conv.documents if isinstance(d, dict) and d.get("kind") == "RayCluster"]
     spec = rc["spec"]
     images = [spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"],
-              spec["autoscalerOptions"]["image"]]
+              KS.autoscaler_container(spec["headGroupSpec"]["template"]["spec"])["image"]]
     images += [g["template"]["spec"]["containers"][0]["image"] for g in spec["workerGroupSpecs"]]
     assert set(images) == {image}
     assert not [n for n in conv.notes if "ray_nodeless runs with Ray" in n]

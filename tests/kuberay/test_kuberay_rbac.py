@@ -1,16 +1,16 @@
-"""cluster-configs/kuberay/rbac.yaml beside KubeRay's autoscaler Role is exactly what `ray-nodeless
-kuberay-autoscaler` needs, on a REAL kube-apiserver (v1.20.2, RBAC on) with KubeRay's RayCluster CRD, as the head's
-ServiceAccount (its token), not a mock:
+"""cluster-configs/kuberay/rbac.yaml is exactly what `ray-nodeless kuberay-autoscaler` needs (the converted RayCluster
+turns KubeRay's in-tree autoscaler off, so KubeRay gives the head's account no Role of its own), on a REAL
+kube-apiserver (the release of scripts/k8s/versions.env, RBAC on) with KubeRay's CRDs, as the head's ServiceAccount
+(its token), not a mock:
 
 - sufficient, and every rule used: one full cycle of the bridge's own code as the ServiceAccount (the start's access
   check, the config reader Ray's monitor calls every loop with the RayCluster read and its finalizer patched, the
   provider Ray builds from that config launching a machine whose Node registers and whose Ray pod runs, the machine
   ended, the RayCluster deleted and the bridge's teardown sweep). The API server's own audit log of the
-  ServiceAccount's requests shows no 403, and the (resource, verb) pairs it used are exactly those the two manifests
-  grant, less KubeRay's `pods get` / `pods patch` (its Role's, for Ray's own KubeRay provider; the bridge never uses
-  them, and KubeRay's Role is not ours to trim);
-- minimal: removing any one verb of a rule the bridge uses, from our Role / ClusterRole or from KubeRay's Role, makes
-  the bridge's call that uses it (named below) forbidden (403), and the start's access check fails naming it.
+  ServiceAccount's requests shows no 403, and the (resource, verb) pairs it used are exactly those the manifest
+  grants;
+- minimal: removing any one verb from our Role / ClusterRole makes the bridge's call that uses it (named below)
+  forbidden (403), and the start's access check fails naming it.
 
 The operator's part is played (ray_nodeless/testing/kuberay.py); a real Ray head runs (the played kubelet runs the Ray
 pod as a local Ray node that joins it). The process's shared control plane (tests/k8s_plane.py).
@@ -35,14 +35,12 @@ from ray_nodeless.kuberay import bridge as K
 from ray_nodeless.ray_compat.kuberay import derive_config, node_provider
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
-from ray_nodeless.testing.kuberay import NS, RAY_ENV, RBAC, SA, Operator, kuberay_role, raycluster
+from ray_nodeless.testing.kuberay import NS, RAY_ENV, RBAC, Operator, raycluster
 from ray_nodeless.testing.ray_processes import free_port, head_process
 from tests.k8s_plane import KUBERAY_USER
 
 # The shared plane's API server audits this account's requests (tests/k8s_plane.py: AUDIT_POLICY).
 USER = KUBERAY_USER
-# KubeRay's Role's verbs for Ray's own KubeRay provider (it reads and patches pods); the bridge uses neither.
-KUBERAY_ONLY = {("", "pods", "get"), ("", "pods", "patch")}
 # Resources every authenticated account may use (system:basic-user): the access checks themselves.
 ALWAYS_ALLOWED = {("authorization.k8s.io", "selfsubjectaccessreviews", "create")}
 
@@ -57,7 +55,6 @@ def plane(k8s_plane):
 def _granted() -> dict[tuple[str, str, str], tuple[str, str, int]]:
     """(apiGroup, resource, verb) -> (kind, name, rule index) of the Roles the head's ServiceAccount has."""
     docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d and d["kind"] in ("Role", "ClusterRole")]
-    docs.append(kuberay_role(NS, SA))
     out = {}
     for d in docs:
         for i, rule in enumerate(d["rules"]):
@@ -70,8 +67,6 @@ def _granted() -> dict[tuple[str, str, str], tuple[str, str, int]]:
 
 
 def _role(kind: str, name: str) -> dict:
-    if (kind, name) == ("Role", SA):
-        return kuberay_role(NS, SA)
     [d] = [d for d in yaml.safe_load_all(RBAC.read_text()) if d and (d["kind"], d["metadata"]["name"]) == (kind, name)]
     return d
 
@@ -173,8 +168,7 @@ def test_a_full_bridge_cycle_uses_exactly_the_granted_verbs(plane, monkeypatch):
     used = {k for e in events if (k := _key(e)) is not None} - ALWAYS_ALLOWED
     granted = set(_granted())
     assert used - granted == set(), "used without a grant (allowed by some other role?)"
-    assert used & KUBERAY_ONLY == set(), "the bridge used KubeRay's own verbs"
-    assert sorted(granted - KUBERAY_ONLY - used) == [], "granted, but the full cycle never used them"
+    assert sorted(granted - used) == [], "granted, but the full cycle never used them"
     assert used == set(CALLS), "every verb the cycle used has its named call in the minimality test"
 
 
@@ -245,11 +239,11 @@ class Calls:
                                       dry_run="All")
 
     def pods_list(self):
-        """The registration's pod cache (_list_pods), the sweep's listing (KubeRay's Role grants it)."""
+        """The registration's pod cache (_list_pods), the sweep's listing."""
         self.sa.list_namespaced_pod(NS)
 
     def pods_watch(self):
-        """The registration's pod watch (_watch_loop "pods"; KubeRay's Role grants it)."""
+        """The registration's pod watch (_watch_loop "pods")."""
         _watch_once(self.sa.list_namespaced_pod, NS)
 
     def pods_delete(self):
@@ -300,7 +294,7 @@ def test_each_granted_verb_is_needed_by_a_named_call(plane):
             {"name": "ray-head", "image": "rayproject/ray:2.60.0"}]}}}}})
     calls = Calls(admin, sa, rc_name)
     granted = _granted()
-    assert set(granted) - KUBERAY_ONLY == set(CALLS), "one named call per verb the bridge is granted"
+    assert set(granted) == set(CALLS), "one named call per verb the bridge is granted"
     try:
         for key in sorted(CALLS):
             getattr(calls, CALLS[key])()            # sufficient: each call works as the ServiceAccount
@@ -315,9 +309,6 @@ def test_each_granted_verb_is_needed_by_a_named_call(plane):
                        else lambda n, b: rbac.replace_namespaced_role(n, NS, b))
             replace(role, d)
             try:
-                if key in KUBERAY_ONLY:             # KubeRay's, not the bridge's: the start's check still passes
-                    assert _check_passes(sa), f"{verb} {resource} is not a verb the bridge uses"
-                    continue
                 call = getattr(calls, CALLS[key])
                 wait_for(lambda: _forbidden(call), 10, f"{CALLS[key]} forbidden without {verb} {resource}",
                          interval=0.3)
@@ -325,8 +316,7 @@ def test_each_granted_verb_is_needed_by_a_named_call(plane):
                     K.check_access(sa, NS)
             finally:
                 replace(role, original)
-            if key not in KUBERAY_ONLY:
-                wait_for(lambda: _allowed(call), 10, f"{CALLS[key]} allowed again", interval=0.3)
+            wait_for(lambda: _allowed(call), 10, f"{CALLS[key]} allowed again", interval=0.3)
             wait_for(lambda: _check_passes(sa), 10, "the access check passing again", interval=0.3)
     finally:
         if op.get(rc_name) is not None:

@@ -110,7 +110,7 @@ class RealKubeletSettings(Section):
         local_real_kubelet:
           node_type: cpu_worker          # whose machines get the real kubelet
           workdir: /tmp/rnk-1            # containerd's and the kubelet's state (short: a unix socket lives there)
-          node_dir: ~/.cache/ray-nodeless/k8s/node    # scripts/k8s/build_node.sh's output (the default)
+          node_dir: ~/.cache/ray-nodeless/k8s-node    # scripts/k8s/build_node.sh's output (the default)
           boot_timeout_s: 180            # containerd up + kubeadm configured the kubelet, else the boot fails
     """
 
