@@ -20,7 +20,7 @@ container runtime for a Ray image):
   ServiceAccount's token, in place of the mounted one) and RAY_NODELESS_GCS_ADDRESS (the head's GCS on 127.0.0.1: a
   host process shares no network namespace with the head);
 - the pod's status as a kubelet posts it (Running, podIP 127.0.0.1, every container ready), so the operator marks the
-  RayCluster ready.
+  RayCluster ready; and a kubelet's part in its deletion (SIGTERM to the bridge's container, then the final delete).
 The bridge's container is a `Bridge` (testing/kuberay.py): tests kill and restart it as a kubelet restarts a
 container.
 """
@@ -197,6 +197,31 @@ class HeadPodStandIn:
                                    "started": True, "restartCount": 0, "state": {"running": {"startedAt": now}}}
                                   for c in pod.spec.containers]}})
 
+    def _watch_pod(self) -> None:
+        """A kubelet's part in a pod's deletion: once the pod has a deletionTimestamp (the garbage collector's,
+        after the RayCluster's deletion), the containers get SIGTERM (the bridge's: its process group, SIGKILL after
+        the grace period), then the pod object is removed for good (the kubelet's final delete, grace 0)."""
+        name, uid = self.pod.metadata.name, self.pod.metadata.uid
+        while not self._stop.wait(1.0):
+            try:
+                pod = self.core.read_namespaced_pod(name, NS)
+            except ApiException as e:
+                if e.status == 404:
+                    return
+                continue
+            except Exception:       # an API server restart: look again
+                continue
+            if pod.metadata.uid != uid or not pod.metadata.deletion_timestamp:
+                continue
+            try:
+                if self.bridge is not None:
+                    self.bridge.stop()
+                self.core.delete_namespaced_pod(name, NS, grace_period_seconds=0, body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+                return
+            except Exception as e:      # say why in the test's output, and try again
+                print(f"head pod stand-in: the pod's final delete failed ({type(e).__name__}: {e}); again in 1 s")
+
     def head_port(self) -> int:
         ray = self.pod.spec.containers[0]
         text = " ".join([*(ray.command or []), *(ray.args or [])])
@@ -227,6 +252,8 @@ class HeadPodStandIn:
                 self.mark_running()
                 self.bridge = self.bridge_container()
                 self.bridge.start()
+                watcher = threading.Thread(target=self._watch_pod, name=f"head-pod-{self.cluster}", daemon=True)
+                watcher.start()
                 try:
                     yield self
                 finally:
