@@ -1,12 +1,12 @@
-"""A machine launched by ray_nodeless joins Kubernetes through a REAL kubelet (v1.20.2 on containerd 1.6 + runc,
+"""A machine launched by ray_nodeless joins Kubernetes through a REAL kubelet (1.36.x on containerd 1.6 + runc,
 built by scripts/k8s/build_node.sh), and a Ray task runs in the pod that kubelet runs.
 
 `ray up` of a temp copy of cluster-configs/local-k8s-cpu-head.yaml (local backend, `registration: kubernetes`,
 autoscaler v2) against a real control plane (`ControlPlane(node_joins=True)`: bootstrap tokens, bootstrapsigner,
 CSR signing) readied for kubeadm joins by the real kubeadm's own init phases. The node type `real_worker` has
 `local_real_kubelet` (providers/local/real_kubelet.py): its machine boots the join user data the registration
-generated, unchanged: a `kubeadm join` whose JoinConfiguration is kubeadm.k8s.io/v1beta2 (picked from the API
-server's v1.20.2; kubeadm 1.20 refuses v1beta3) with criSocket = the machine's containerd; kubeadm discovers the
+generated, unchanged: a `kubeadm join` whose JoinConfiguration is kubeadm.k8s.io/v1beta4 (picked from the API
+server's 1.36; v1beta4 from 1.31) with criSocket = the machine's containerd; kubeadm discovers the
 cluster with the bootstrap token, the kubelet TLS-bootstraps (its CSR approved and signed by the real
 controller-manager) and registers the Node with the labels and taint of the user data. The registration then creates
 the Ray pod (pods.ray_pod(), the template of testing/real_kubelet.py: a locally built image, hostNetwork, the venv
@@ -37,6 +37,7 @@ from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.real_kubelet import SYSCTLS, RealKubeletMachine, node_dir
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
+from ray_nodeless.testing.k8s_control_plane import k8s_version
 from tests.e2e.clusters import RAY_ENV, k8s_cluster_copy, ray_down, ray_up, write_config
 from tests.e2e.test_k8s_local_e2e import Timeline, cleanup, scheduled_by
 from tests.registrations.kubernetes.conftest import RBAC, SA
@@ -77,7 +78,7 @@ def real(tmp_path_factory):
 
 def real_config(tmp_path: Path, plane, workdir: Path, keys) -> tuple[dict, Path]:
     from ray_nodeless.testing.real_kubelet import ray_host_pod_template
-    # the join: kubeadm_api auto (the server says v1.20.2 -> v1beta2)
+    # the join: kubeadm_api auto (the server says v1.36.x -> v1beta4)
     cfg = k8s_cluster_copy("rk", plane, keys.join_block(), state_dir=str(tmp_path / "state"),
                            local_real_kubelet={"node_type": REAL_TYPE, "workdir": str(workdir), "boot_timeout_s": 180,
                                                # explicit: the head's command runner gives the monitor its own HOME
@@ -146,14 +147,14 @@ def test_real_kubelet_kubeadm_join_runs_the_ray_pod_and_teardown_leaves_nothing(
         # The machine booted the real kubelet (the one of this host), from its kubeadm user data.
         assert machine.machine_id() == worker and {"kubelet", "containerd"} <= set(machine.live())
         join_doc = yaml.safe_load((workdir / "kroot" / "etc" / "ray-nodeless" / "kubeadm-join.yaml").read_text())
-        assert join_doc["apiVersion"] == "kubeadm.k8s.io/v1beta2"
+        assert join_doc["apiVersion"] == "kubeadm.k8s.io/v1beta4"
         assert join_doc["nodeRegistration"]["criSocket"] == keys.cri_socket
         assert "This node has joined the cluster" in (workdir / "logs" / "join.log").read_text()
 
         # Its Node: the real kubelet's (version, runtime), named and labelled as the user data says, Ready.
         node = core.read_node(worker)
         info = node.status.node_info
-        assert info.kubelet_version == "v1.20.2" and info.container_runtime_version.startswith("containerd://")
+        assert info.kubelet_version == f"v{k8s_version()}" and info.container_runtime_version.startswith("containerd://")
         lab = node.metadata.labels
         assert {k: lab.get(k) for k in (L.MACHINE_ID, L.NODE_TYPE, L.CLUSTER, L.JOIN_METHOD)} == {
             L.MACHINE_ID: worker, L.NODE_TYPE: REAL_TYPE, L.CLUSTER: cluster, L.JOIN_METHOD: "kubeadm"}
