@@ -12,7 +12,7 @@ idle_timeout 0.1 min), which differ only in the provider block:
 - vm: the local backend starts the worker's `ray start --block` itself (local-cpu-head.yaml's provider);
 - kubernetes: the `registration:` / `kubernetes:` keys of cluster-configs/local-k8s-cpu-head.yaml (kubeadm join,
   `played: true`), pointed at a REAL control plane this bench starts (etcd, kube-apiserver, kube-scheduler,
-  kube-controller-manager; ray_nodeless/testing/k8s_control_plane.py, binaries from scripts/k8s/build.sh), the
+  kube-controller-manager; ray_nodeless/testing/k8s_control_plane.py, binaries from scripts/k8s/build_go.sh), the
   provider running as the ServiceAccount of cluster-configs/kubernetes-rbac.yaml. The machine is a process-less
   record; the autoscaler's kubelet player registers its Node from the user data, the controller-manager lifts the
   not-ready taint, the registration's watch creates the Ray pod, the real scheduler binds it, the player runs it as

@@ -9,8 +9,8 @@ machine's launch: Node registered, Ready, schedulable, pod created, bound, Runni
 
 Needs root and the node binaries (scripts/k8s/build_node.sh, `make k8s`). Setup: bench_k8s_registration.py's two
 clusters, the kubernetes one with `local_real_kubelet` for its worker type (providers/local/real_kubelet.py): the
-machine boots its generated kubeadm user data unchanged (JoinConfiguration v1beta2 for the v1.20.2 API server) on
-this host's real kubelet v1.20.2 + containerd 1.6.20, against a control plane with bootstrap-token joins
+machine boots its generated kubeadm user data unchanged (JoinConfiguration v1beta4 for the 1.36 API server) on
+this host's real kubelet 1.36 + containerd 1.6.20, against a control plane with bootstrap-token joins
 (`ControlPlane(node_joins=True)`, kubeadm's init phases by testing/real_kubelet.py prepare_kubeadm_cluster). The Ray
 pod is testing/real_kubelet.py's ray_host_pod_template (local image, hostNetwork, the venv hostPath-mounted). Each
 rep's machine is a new boot: containerd started, images imported, kubeadm join, kubelet TLS bootstrap; between reps

@@ -56,7 +56,6 @@ from kubernetes.client.rest import ApiException
 DEFAULT_CACHE = Path.home() / ".cache" / "ray-nodeless" / "k8s-go"
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts" / "k8s"
 BUILD_SCRIPT = SCRIPTS / "build_go.sh"
-VERSIONS_FILE = SCRIPTS / "versions.env"
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd")
 # A first build takes about 25 min on 2 cores; this bounds a stuck one (build_go.sh bounds its own steps too).
 BUILD_TIMEOUT_S = 5400.0
@@ -77,21 +76,6 @@ SA_TOKEN_SECONDS = 86400
 STARTS_LOG_ENV = "RAY_NODELESS_K8S_STARTS_LOG"
 
 logger = logging.getLogger(__name__)
-
-
-def versions() -> dict[str, str]:
-    """scripts/k8s/versions.env as a dict (K8S_VERSION, ETCD_VERSION, ...); the environment overrides each, as in
-    build_go.sh."""
-    out: dict[str, str] = {}
-    for line in VERSIONS_FILE.read_text().splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and not key.startswith("#"):
-            out[key] = os.environ.get(key) or value
-    return out
-
-
-def k8s_version() -> str:
-    return versions()["K8S_VERSION"]
 
 
 def cache_dir() -> Path:
@@ -145,7 +129,7 @@ def ensure_binaries(*, build: bool = True, timeout: float = BUILD_TIMEOUT_S) -> 
 
 # --------------------------------------------------------------------------------------------------- helpers
 from ray_nodeless.testing.k8s_support import (  # noqa: E402
-    ControlPlaneError, _child_setup, _free_ports, _kill_group, _tail, _write_private, make_pki,
+    ControlPlaneError, _child_setup, _free_ports, _kill_group, _tail, _write_private, k8s_version, make_pki,
 )
 
 

@@ -1,7 +1,8 @@
 """Support for the test control plane (k8s_control_plane.py): its error type, process-group helpers (free ports,
 log tails, start in a new session with a parent-death signal, kill by group), and its certificates and keys (a CA,
 the API server's serving certificate, client certificates, the ServiceAccount signing key), from the
-`cryptography` package when it is installed, else from the `openssl` command line."""
+`cryptography` package when it is installed, else from the `openssl` command line; and the versions the tests
+build (`versions`, `k8s_version`: scripts/k8s/versions.env)."""
 from __future__ import annotations
 
 import ctypes
@@ -18,6 +19,23 @@ from typing import Any, Callable
 
 KILL_GRACE_S = 10.0          # SIGTERM, then this long for a server's group to exit, then SIGKILL
 LOG_TAIL_CHARS = 3000        # how much of a failed server's log an error shows
+# The Kubernetes release and its companions the tests build and run (scripts/k8s/build_go.sh reads the same file).
+VERSIONS_FILE = Path(__file__).resolve().parents[2] / "scripts" / "k8s" / "versions.env"
+
+
+def versions() -> dict[str, str]:
+    """scripts/k8s/versions.env as a dict (K8S_VERSION, ETCD_VERSION, ...); the environment overrides each, as in
+    build_go.sh."""
+    out: dict[str, str] = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            out[key] = os.environ.get(key) or value
+    return out
+
+
+def k8s_version() -> str:
+    return versions()["K8S_VERSION"]
 
 
 class ControlPlaneError(RuntimeError):

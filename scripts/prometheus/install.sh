@@ -5,7 +5,7 @@
 #
 # Only the Debian package registry is used. Nothing is installed system-wide: a private apt configuration (the
 # machine's own Debian sources) lives in the cache and the .deb is unpacked with `dpkg -x` (scripts/lib/apt.sh, which
-# scripts/k8s/build.sh uses too).
+# scripts/k8s/build_node.sh uses too).
 #
 # Result: $CACHE/bin/prometheus, $CACHE/bin/promtool and the stamp $CACHE/bin/.stamp
 #   CACHE=${RAY_NODELESS_PROMETHEUS_CACHE:-$HOME/.cache/ray-nodeless/prometheus}

@@ -51,7 +51,7 @@ SOURCES = (SOURCE_MEMORY, SOURCE_DISK, SOURCE_LIVE, SOURCE_STALE, SOURCE_EMBEDDE
 # not by the hour, and a refresh costs hundreds of paginated calls.
 DEFAULT_TTL_S = 86400.0
 # Where live catalogs are cached: $RAY_NODELESS_CATALOG_CACHE, else $XDG_CACHE_HOME/ray-nodeless/catalog, else
-# ~/.cache/ray-nodeless/catalog (next to the Kubernetes binaries' ~/.cache/ray-nodeless/k8s).
+# ~/.cache/ray-nodeless/catalog (next to the Kubernetes binaries' ~/.cache/ray-nodeless/k8s-go).
 CACHE_DIR_ENV = "RAY_NODELESS_CATALOG_CACHE"
 MEMORY_ENTRIES = 64                 # one per (cloud, region, endpoint, cache dir) a process uses
 

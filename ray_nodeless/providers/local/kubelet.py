@@ -159,7 +159,7 @@ class KubeletPlayer:
             status.update(capacity=capacity, allocatable=capacity,
                           addresses=[{"type": "InternalIP", "address": "127.0.0.1"},
                                      {"type": "Hostname", "address": name}],
-                          nodeInfo={"kubeletVersion": "v1.20.2-played", "architecture": "amd64",
+                          nodeInfo={"kubeletVersion": "v0.0.0-played", "architecture": "amd64",
                                     "operatingSystem": "linux", "machineID": "", "systemUUID": "", "bootID": "",
                                     "kernelVersion": "", "osImage": "played", "containerRuntimeVersion": "played://",
                                     "kubeProxyVersion": ""})

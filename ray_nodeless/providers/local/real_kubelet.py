@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 # build_node.sh's output (keep in sync with scripts/k8s/build_node.sh).
 DEFAULT_NODE_DIR = Path.home() / ".cache" / "ray-nodeless" / "k8s-node"
 NODE_DIR_ENV = "RAY_NODELESS_K8S_NODE"
-# The sysctls the kubelet 1.20 sets at start with no opt-out (vm.overcommit_memory 0->1, kernel.panic 1->10,
+# The sysctls the kubelet sets at start with no opt-out (vm.overcommit_memory 0->1, kernel.panic 1->10,
 # kernel.panic_on_oops 0->1), and three it may touch: saved before it starts, restored on stop.
 SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
            "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
