@@ -4,7 +4,7 @@ Why not KubeRay's own autoscaler container: KubeRay v1.5.0 (its newest release) 
 `autoscalerOptions` image, imagePullPolicy, env, envFrom, resources, volumeMounts and securityContext only. Its
 command is fixed (`ray kuberay-autoscaler ...`, Ray's own autoscaler), and its CRD has no
 `autoscalerOptions.command` / `args`, so the API server prunes them from an applied RayCluster (found against the
-real operator: tests/e2e/test_kuberay_bridge.py). So convert turns KubeRay's in-tree autoscaler off and adds its own
+real operator: tests/e2e/test_kuberay_operator.py). So convert turns KubeRay's in-tree autoscaler off and adds its own
 container to the head pod template, as the operator adds its one:
 - `enableInTreeAutoscaling: false`, and the head's `ray start` gets `--no-monitor` (rayStartParams
   `no-monitor: "true"`, which the operator adds itself when its autoscaler is on): the bridge is the cluster's only
@@ -23,9 +23,10 @@ that account when its autoscaler is on (for a RayJob or RayService: its own name
 from __future__ import annotations
 
 import copy
-from typing import Any, MutableMapping
+from typing import Any, Mapping, MutableMapping
 
 from ray_nodeless.errors import ConfigError
+from ray_nodeless.kuberay import shape
 
 CONTAINER = "ray-nodeless-autoscaler"
 COMMAND = ["ray-nodeless"]
@@ -54,9 +55,46 @@ def autoscaler_container(pod_spec: MutableMapping[str, Any]) -> dict[str, Any] |
     return None
 
 
+def _entries(value: Any, key: str) -> list[Any]:
+    """A list of mappings (null or absent: empty), else ConfigError naming `key`."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise ConfigError(key, f"must be a list of mappings, got {shape._type(value)}")
+    return value
+
+
+def _string(value: Any, key: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(key, f"must be a string, got {shape._type(value)}")
+
+
+def check(spec: Mapping[str, Any], spec_key: str) -> None:
+    """What `install` reads and writes, of the shapes Kubernetes gives them: a ConfigError naming the key first,
+    nothing changed (kuberay/shape.py checked the head group and its first container)."""
+    head = f"{spec_key}.headGroupSpec"
+    pod_key = f"{head}.template.spec"
+    pod = shape._mapping(spec["headGroupSpec"]["template"].get("spec"), pod_key)
+    shape._mapping(spec["headGroupSpec"].get("rayStartParams"), f"{head}.rayStartParams")
+    containers = _entries(pod.get("containers"), f"{pod_key}.containers")
+    if containers:
+        _entries(containers[0].get("volumeMounts"), f"{pod_key}.containers[0].volumeMounts")
+    _entries(pod.get("volumes"), f"{pod_key}.volumes")
+    _string(pod.get("serviceAccountName"), f"{pod_key}.serviceAccountName")
+    opts_key = f"{spec_key}.autoscalerOptions"
+    opts = shape._mapping(spec.get("autoscalerOptions"), opts_key)
+    for k in ("env", "envFrom", "volumeMounts"):
+        _entries(opts.get(k), f"{opts_key}.{k}")
+    for k in ("resources", "securityContext"):
+        shape._mapping(opts.get(k), f"{opts_key}.{k}")
+    _string(opts.get("imagePullPolicy"), f"{opts_key}.imagePullPolicy")
+
+
 def install(spec: MutableMapping[str, Any], spec_key: str, name: str, image: str | None) -> list[str]:
     """Patch a RayCluster spec (already checked by kuberay/shape.py) for the bridge as the module docstring says;
-    the notes for the user. Converting a converted manifest again gives the same result."""
+    the notes for the user. Converting a converted manifest again gives the same result. Bad shapes are refused
+    before anything changes (`check`)."""
+    check(spec, spec_key)
     notes: list[str] = []
     head = spec["headGroupSpec"]
     template = head["template"]

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from ray_nodeless.cli.convert import convert_command
 from ray_nodeless.cli.plan import plan_command
 from ray_nodeless.ray_compat.kuberay import derive_config
+from ray_nodeless.errors import ConfigError
 from ray_nodeless.kuberay import sidecar as KS
 from ray_nodeless.kuberay import annotation as K
 from ray_nodeless.kuberay import convert as KC
@@ -425,3 +426,24 @@ def test_convert_notes_ray_images_of_another_version_and_ray_image_sets_them_all
     assert not [n for n in conv.notes if "ray_nodeless runs with Ray" in n]
     assert ray_version_of("rayproject/ray-ml:2.52.0-py311-gpu") == "2.52.0"
     assert ray_version_of("rayproject/ray:latest") is None and ray_version_of("registry:5000/ray") is None
+
+
+@pytest.mark.parametrize("path,value,key", [
+    (("headGroupSpec", "template", "spec", "containers", 0, "volumeMounts"), 7,
+     "spec.headGroupSpec.template.spec.containers[0].volumeMounts"),
+    (("headGroupSpec", "template", "spec", "volumes"), {"a": 1}, "spec.headGroupSpec.template.spec.volumes"),
+    (("autoscalerOptions", "env"), ["x"], "spec.autoscalerOptions.env"),
+    (("autoscalerOptions", "imagePullPolicy"), 3, "spec.autoscalerOptions.imagePullPolicy"),
+])
+def test_the_head_pods_bridge_container_refuses_bad_shapes_naming_the_key(path, value, key):
+    """What the head pod's bridge container is built from (kuberay/sidecar.py) has the shape Kubernetes gives it,
+    else a ConfigError naming the key, before anything is written (the hostile-manifest test found a TypeError)."""
+    docs = KC.load_documents((SAMPLES / "ray-cluster.autoscaler.yaml").read_text(), "x.yaml")
+    [i] = KC.kuberay_indexes(docs)
+    cur = docs[i]["spec"]
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    with pytest.raises(ConfigError) as e:
+        KC.convert_manifest(docs, cloud="aws", region="us-west-2")
+    assert e.value.key == key

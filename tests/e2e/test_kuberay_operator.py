@@ -210,6 +210,10 @@ def test_kuberay_bridge_scale_up_edit_kill_idle_restart_delete(world, tmp_path: 
         time.sleep(2)
         assert core.read_namespaced_pod(pod.metadata.name, NS).metadata.uid == pod.metadata.uid
         assert not core.list_namespaced_pod(NS, label_selector=operators).items
+        # When it reconciles, its status counts the bridge's worker (Running pods labelled ray.io/node-type=worker).
+        # It does not reconcile for the bridge's pods themselves (it watches the pods it controls): before this
+        # edit its status had no worker count at all.
+        assert (op.get(name).get("status") or {}).get("availableWorkerReplicas") == 1
 
         step("2 edited")
         # 3. The worker's pod killed: its machine ends (pod, Node, machine); the next task gets a replacement
