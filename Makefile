@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint install bench catalog clean k8s wheel prometheus
+.PHONY: demo test test-fast lint install bench catalog clean k8s wheel prometheus karpenter
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,11 @@ wheel: $(BIN)/python
 # cached in ~/.cache/ray-nodeless/k8s-node; it runs build_go.sh itself).
 k8s:
 	bash scripts/k8s/build_node.sh
+
+# Karpenter v1.10.0 with its kwok provider (sigs.k8s.io/karpenter/kwok) for benches/bench_vs_karpenter.py, from the Go
+# module proxy into the same cache (a few minutes, once). Not part of `make test`.
+karpenter: k8s
+	bash scripts/k8s/build_go.sh karpenter
 
 # A real Prometheus (and promtool) for tests/e2e/test_prometheus.py and the dashboard's test: Debian's package, unpacked
 # once into ~/.cache/ray-nodeless/prometheus (seconds; then instant).

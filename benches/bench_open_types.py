@@ -165,8 +165,9 @@ def three_type_config() -> dict[str, Any]:
 class ShapeOpen:
     """The provider's shape-open parts as the monitor builds them (ray_adapter/provider.py `_open_types`)."""
 
-    def __init__(self, vectorized: bool, store: str = "memory", tmp: Path | None = None):
-        config = base_config()
+    def __init__(self, vectorized: bool, store: str = "memory", tmp: Path | None = None,
+                 config: dict[str, Any] | None = None):
+        config = config or base_config()
         bundle = load_provider(config["provider"])
         self.settings = bundle.core
         self.planner = Planner(catalog_for(self.settings), vectorized=vectorized)

@@ -19,7 +19,8 @@
 # cache is removed after a successful build (KEEP_GOCACHE=1 keeps it), the module cache is kept (downloads).
 #
 # Idempotent (fast path: the stamp matches), serialised by flock on the cache's .lock. A progress line a minute.
-# Usage: scripts/k8s/build_go.sh [all|k8s|etcd|kuberay|kwok]   (prints the output directory on its last line)
+# Usage: scripts/k8s/build_go.sh [all|k8s|etcd|kuberay|kwok|karpenter]   (prints the output directory on its last line;
+#        `karpenter` is not part of `all`: Karpenter's kwok provider for benches/bench_vs_karpenter.py)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -29,12 +30,14 @@ LOG_TAG=k8s-go
 
 # The versions: scripts/k8s/versions.env (the tests read the same file); the environment may override each.
 _env_k8s=${K8S_VERSION:-} _env_etcd=${ETCD_VERSION:-} _env_kuberay=${KUBERAY_VERSION:-} _env_kwok=${KWOK_VERSION:-}
+_env_karpenter=${KARPENTER_VERSION:-}
 # shellcheck source=versions.env
 . "$HERE/versions.env"
 K8S_VERSION=${_env_k8s:-$K8S_VERSION}
 ETCD_VERSION=${_env_etcd:-$ETCD_VERSION}
 KUBERAY_VERSION=${_env_kuberay:-$KUBERAY_VERSION}
 KWOK_VERSION=${_env_kwok:-$KWOK_VERSION}
+KARPENTER_VERSION=${_env_karpenter:-$KARPENTER_VERSION}
 ROOT=${RAY_NODELESS_K8S_GO_CACHE:-$HOME/.cache/ray-nodeless/k8s-go}
 OUT=$ROOT/v$K8S_VERSION
 GOROOT_BIN=${GOROOT_BIN:-/usr/local/go/bin}
@@ -152,6 +155,26 @@ build_kuberay() {
   step_done
 }
 
+# Karpenter's core with its kwok provider (sigs.k8s.io/karpenter/kwok, a main package of Karpenter's own module):
+# bin/karpenter-kwok, and karpenter/crd/ (NodePool, NodeClaim, NodeOverlay, KWOKNodeClass from the same module).
+# Only benches/bench_vs_karpenter.py uses it; its own stamp karpenter/.stamp.
+build_karpenter() {
+  local src gobin=$ROOT/karpenter-gobin
+  step "Karpenter v$KARPENTER_VERSION (its kwok provider)"
+  rm -rf "$gobin"
+  run_logged "$ROOT/karpenter.log" env GOBIN="$gobin" go install -trimpath -ldflags "-s -w" \
+    "sigs.k8s.io/karpenter/kwok@v$KARPENTER_VERSION"
+  mv -f "$gobin/kwok" "$OUT/bin/karpenter-kwok"      # go install names it after the package: kwok
+  rm -rf "$gobin"
+  src=$GOMODCACHE/sigs.k8s.io/karpenter@v$KARPENTER_VERSION
+  rm -rf "$OUT/karpenter"
+  mkdir -p "$OUT/karpenter/crd"
+  cp "$src"/kwok/charts/crds/*.yaml "$src"/kwok/apis/crds/*.yaml "$OUT/karpenter/crd/"
+  chmod -R u+w "$OUT/karpenter"
+  echo "karpenter v$KARPENTER_VERSION" > "$OUT/karpenter/.stamp"
+  step_done
+}
+
 build_kwok() {
   step "kwok v$KWOK_VERSION"
   run_logged "$ROOT/kwok.log" env GOBIN="$OUT/bin" go install -trimpath -ldflags "-s -w" \
@@ -166,7 +189,13 @@ case "$WHAT" in
   etcd) build_etcd ;;
   kuberay) build_kuberay ;;
   kwok) build_kwok ;;
-  *) die "usage: $0 [all|k8s|etcd|kuberay|kwok]" ;;
+  karpenter)
+    if [ "$(cat "$OUT/karpenter/.stamp" 2>/dev/null)" != "karpenter v$KARPENTER_VERSION" ] \
+       || [ ! -x "$OUT/bin/karpenter-kwok" ]; then
+      build_karpenter
+      [ "${KEEP_GOCACHE:-0}" = 1 ] || rm -rf "$GOCACHE"
+    fi ;;
+  *) die "usage: $0 [all|k8s|etcd|kuberay|kwok|karpenter]" ;;
 esac
 if [ "$WHAT" = all ]; then
   echo "$BUILD_ID" > "$OUT/.stamp"
