@@ -1,7 +1,7 @@
 """`ray-nodeless kuberay-autoscaler`: ray_nodeless as KubeRay's autoscaler.
 
-KubeRay runs the Ray autoscaler in the head pod (`enableInTreeAutoscaling: true`); `autoscalerOptions.command` /
-`args` point that container at this command instead of `ray kuberay-autoscaler`. It runs Ray's own monitor (v1, or
+The head pod runs this command in a container of its own (`ray-nodeless-autoscaler`, which `convert` adds:
+kuberay/sidecar.py), with KubeRay's in-tree autoscaler off. It runs Ray's own monitor (v1, or
 v2 under RAY_enable_autoscaler_v2: compat/kuberay.py) with a config derived from the live RayCluster every loop, as
 Ray's KubeRay path does, except that the provider is ray_nodeless (`registration: kubernetes`): each worker of a group
 is the cheapest-fit machine for the group's Ray resources, joins the cluster as a Node, and runs one Ray pod built
@@ -18,7 +18,8 @@ Who does what (README "KubeRay"; the operator behaviours relied on are listed th
   (`replicas: 0`, `minReplicas: 0`; the group's minimum for ray_nodeless is `minWorkers` in the annotation): the
   bridge refuses a group that would make the operator create pods of its own.
 - The RayCluster carries the finalizer `ray-nodeless.io/machines`: deleting it ends every machine, Node and pod of the
-  cluster (ray_nodeless's sweep) before Kubernetes deletes the RayCluster, and so the head pod with this container.
+  cluster (ray_nodeless's sweep) before Kubernetes deletes the RayCluster, and so the head pod with this container;
+  suspending it ends the machines too (kuberay/ending.py).
 
 Live edits: Ray re-reads the node types every loop (resources, min/max, labels, idle timeout) and hands each launch
 the group's node_config; the pod templates are handed to the running provider's registration each loop. What is
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 
 from ray_nodeless.errors import CatalogError, ConfigError
-from ray_nodeless.kuberay import annotation, scheduling
+from ray_nodeless.kuberay import annotation, ending, scheduling
 from ray_nodeless.kuberay.scheduling import CatalogFacts
 from ray_nodeless.launch.open_types import is_open_type
 from ray_nodeless.ray_adapter.context import MonitorContext
@@ -370,8 +371,11 @@ class KubeRayBridge:
 
     def __call__(self) -> dict[str, Any]:
         ray_cr = self.rayclusters.get()
-        if ray_cr is None or (ray_cr.get("metadata") or {}).get("deletionTimestamp"):
+        if ray_cr is None or ending.deleted(ray_cr):
             self.teardown(ray_cr)
+            raise SystemExit(0)
+        if ending.suspended(ray_cr):          # the operator deletes every pod of it: the machines are ours to end
+            ending.end_machines(self, ray_cr, why="suspended")
             raise SystemExit(0)
         cfg = self.config(ray_cr)
         self._ensure_finalizer(ray_cr)
@@ -405,28 +409,12 @@ class KubeRayBridge:
             logger.warning("kuberay-autoscaler: cannot set the finalizer %s yet (%s); next loop", FINALIZER, e)
 
     def teardown(self, ray_cr: dict[str, Any] | None) -> None:
-        """The RayCluster is being deleted (or is gone): end every machine, Node and pod of the cluster, then let
-        Kubernetes delete it (drop the finalizer)."""
-        cfg = self.last
-        if cfg is None and ray_cr is not None:
-            cfg = self.config(ray_cr)
-        if cfg is None:
-            logger.error("kuberay-autoscaler: RayCluster %s/%s is gone and this process never read it: nothing "
-                         "known to end (run `ray-nodeless sweep` with the cluster's provider block)",
-                         self.rayclusters.namespace, self.rayclusters.name)
-            return
-        logger.warning("kuberay-autoscaler: RayCluster %s is being deleted: ending its machines, Nodes and pods",
-                       self.rayclusters.name)
-        provider = copy.deepcopy(cfg["provider"])
-        provider.pop("kuberay", None)       # the head pod is the operator's: the sweep ends machines only
-        ok = self.sweep({"cluster_name": cfg["cluster_name"], "provider": provider})
-        if not ok:
-            raise RuntimeError("kuberay-autoscaler: not every machine of the cluster could be ended; the finalizer "
-                               f"{FINALIZER} stays (the next start tries again)")
-        if ray_cr is not None:
+        """The RayCluster is being deleted (or is gone): end every machine, Node and pod of the cluster
+        (kuberay/ending.py), then let Kubernetes delete it (drop the finalizer)."""
+        if ending.end_machines(self, ray_cr, why="being deleted") and ray_cr is not None:
             finalizers = [f for f in (ray_cr.get("metadata") or {}).get("finalizers") or [] if f != FINALIZER]
             self.rayclusters.set_finalizers(ray_cr, finalizers)
-            logger.warning("kuberay-autoscaler: every machine ended; finalizer %s removed", FINALIZER)
+            logger.warning("kuberay-autoscaler: finalizer %s removed", FINALIZER)
 
 
 def sweep_cluster(cluster_config: dict[str, Any]) -> bool:
@@ -493,4 +481,4 @@ def run(cluster_name: str, namespace: str, *, gcs_address: str | None = None, ku
     bridge.context = monitor_context(address, head.logs_dir)
     logger.info("kuberay-autoscaler: GCS %s, logs %s, config file %s", address, head.logs_dir,
                 bridge.context.config_path)
-    ray_kuberay.run_monitor(bridge, head)
+    ending.run_until_terminated(bridge, lambda: ray_kuberay.run_monitor(bridge, head))

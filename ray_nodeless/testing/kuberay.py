@@ -187,9 +187,13 @@ class Bridge:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=30)
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM, then SIGKILL after `grace_s` (kill_group's default when None), as a kubelet stops a container."""
         if self.proc is not None and self.proc.poll() is None:
-            kill_group(self.proc)
+            if grace_s is None:
+                kill_group(self.proc)
+            else:
+                kill_group(self.proc, grace_s)
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else "(not started)"

@@ -214,8 +214,9 @@ class HeadPodStandIn:
             if pod.metadata.uid != uid or not pod.metadata.deletion_timestamp:
                 continue
             try:
-                if self.bridge is not None:
-                    self.bridge.stop()
+                if self.bridge is not None:      # SIGTERM, SIGKILL after the pod's grace period (30 s default)
+                    grace = pod.spec.termination_grace_period_seconds
+                    self.bridge.stop(float(30 if grace is None else grace))
                 self.core.delete_namespaced_pod(name, NS, grace_period_seconds=0, body=client.V1DeleteOptions(
                     grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
                 return

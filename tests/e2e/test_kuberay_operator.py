@@ -300,3 +300,24 @@ def test_kuberay_bridge_serves_a_demand_no_group_declares(world, tmp_path: Path)
         assert not c.backend.list_machines() and not c.core.list_node(label_selector=c.sel).items
         assert c.bridge.proc.wait(timeout=60) == 0, c.bridge.tail()
         wait_for(lambda: not processes_of(got), 30, "no Ray process of the machine left")
+
+
+def test_kuberay_operator_suspend_ends_the_machines(world, tmp_path: Path) -> None:
+    """`spec.suspend: true`: the real operator deletes every pod of the cluster, the head pod (with the bridge's
+    container) among them; the bridge ends the cluster's machines and their Nodes before it goes (on the SIGTERM of
+    its container, or at its next loop), and the operator reports the cluster suspended."""
+    with kuberay_cluster(world, tmp_path, "rs") as c:
+        got = driver(c.gcs, GPU_TASK).strip()
+        assert got in {mm.id for mm in c.backend.list_machines()}
+        c.op.patch(c.name, {"spec": {"suspend": True}})
+        wait_for(lambda: not c.backend.list_machines(), 90, "the suspended cluster's machines ended", interval=0.5)
+        wait_for(lambda: not c.core.list_node(label_selector=c.sel).items, 60, "their Nodes gone", interval=0.5)
+        wait_for(lambda: not c.core.list_namespaced_pod(NS, label_selector=f"ray.io/cluster={c.name}").items, 90,
+                 "every pod of the cluster gone (the operator's deletion)", interval=0.5)
+        wait_for(lambda: c.bridge.proc is not None and c.bridge.proc.poll() is not None, 60,
+                 "the bridge's container stopped", interval=0.5)
+        wait_for(lambda: any(x.get("type") == "RayClusterSuspended" and x.get("status") == "True"
+                             for x in (c.op.get(c.name).get("status") or {}).get("conditions") or []), 60,
+                 "the operator's RayClusterSuspended condition", interval=0.5)
+        wait_for(lambda: not processes_of(got), 30, "no Ray process of the machine left")
+        print(f"\nFIGURES kuberay suspend: bridge exit {c.bridge.proc.returncode}\n{c.bridge.tail()[-1500:]}")
