@@ -15,10 +15,25 @@ from __future__ import annotations
 import copy
 import logging
 import signal
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
-if TYPE_CHECKING:
-    from ray_nodeless.kuberay.bridge import KubeRayBridge
+
+class Ending(Protocol):
+    """What this module needs of the bridge (kuberay/bridge.py's KubeRayBridge), stated here so that the bridge
+    imports this module and not the other way round."""
+    @property
+    def last(self) -> dict[str, Any] | None: ...
+
+    @property
+    def rayclusters(self) -> Any: ...
+
+    @property
+    def sweep(self) -> Callable[[dict[str, Any]], bool]: ...
+
+    def config(self, ray_cr: dict[str, Any]) -> dict[str, Any]: ...
+
+    def teardown(self, ray_cr: dict[str, Any] | None) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +48,7 @@ def deleted(ray_cr: Mapping[str, Any] | None) -> bool:
     return ray_cr is None or bool((ray_cr.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def end_machines(bridge: "KubeRayBridge", ray_cr: dict[str, Any] | None, *, why: str) -> bool:
+def end_machines(bridge: Ending, ray_cr: dict[str, Any] | None, *, why: str) -> bool:
     """Sweep every machine, Node and pod of the cluster (the provider block the bridge last handed Ray, else the one
     the RayCluster gives); False when nothing is known to sweep."""
     cfg = bridge.last
@@ -55,7 +70,7 @@ def end_machines(bridge: "KubeRayBridge", ray_cr: dict[str, Any] | None, *, why:
     return True
 
 
-def on_terminate(bridge: "KubeRayBridge") -> None:
+def on_terminate(bridge: Ending) -> None:
     """SIGTERM (the head pod is going): end the machines when the RayCluster is suspended or deleted; a plain
     restart of the pod ends nothing."""
     try:
@@ -69,7 +84,7 @@ def on_terminate(bridge: "KubeRayBridge") -> None:
         end_machines(bridge, ray_cr, why="suspended")
 
 
-def run_until_terminated(bridge: "KubeRayBridge", monitor: Callable[[], None]) -> None:
+def run_until_terminated(bridge: Ending, monitor: Callable[[], None]) -> None:
     """Run Ray's monitor; on SIGTERM (Ray's v1 monitor turns it into SystemExit(143); v2 installs no handler, so
     the same handler is installed here for this process first) end the machines if the cluster is going."""
     def terminated(signum: int, frame: Any) -> None:

@@ -98,8 +98,15 @@ def test_prometheus_sees_what_status_shows_and_each_injected_fault(tmp_path, aut
         launched = 'sum(ray_nodeless_launches_total{node_type="gpu_worker",result="launched"})'
         wait_for(lambda: _scalar(prom, launched) >= 1, 300, "a GPU launch in Prometheus", interval=1.0)
         request(2)
-        wait_for(lambda: _scalar(prom, 'sum(ray_nodeless_cost_cap_refusals_total{node_type="gpu_worker"})') >= 1,
-                 300, "a cost-cap refusal in Prometheus", interval=1.0)
+        try:
+            wait_for(lambda: _scalar(prom, 'sum(ray_nodeless_cost_cap_refusals_total{node_type="gpu_worker"})') >= 1,
+                     300, "a cost-cap refusal in Prometheus", interval=1.0)
+        except AssertionError as e:     # say what the monitor did meanwhile (a slow CI machine's only witness)
+            logs, _ = clusters.ray_monitor(gcs_port)
+            tail = "".join((logs / n).read_text(errors="replace")[-6000:] for n in ("monitor.log", "monitor.out")
+                           if (logs / n).exists())
+            raise AssertionError(f"{e}\nlaunches: {prom.query('ray_nodeless_launches_total')}\n"
+                                 f"monitor log tail:\n{tail}") from None
 
         # The same moment: a status, a scrape after it, and the same status again (nothing changed in between).
         def same_moment():
