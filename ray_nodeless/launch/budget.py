@@ -4,7 +4,9 @@ The launcher reserves a candidate's price x count under one lock before it calls
 `create_node` calls (Ray v2 runs a request's batches in parallel on its launcher pool) can never sum past the cap:
 the check and the reservation are one step. A reservation ends three ways:
 - the machines came back: they go into the view (`MachineView.launched`, counted from then on) in the same step as
-  the reservation is dropped, so there is no moment at which they count twice or not at all;
+  the reservation is dropped, so there is no moment at which they count twice or not at all (a backend that shows
+  its machines before its launch call returns, MachineBackend.on_created, puts them in the view earlier: a hold
+  counts only those of its machines the view does not show, matched by request token);
 - nothing was made (a capacity error, a request the cloud refused): it is dropped;
 - the outcome is unknown (the answer was lost and the retries failed, a registration failed and so did the
   terminate of its machines): it becomes an *orphan*, counted until a listing shows the machines (from then on they
@@ -91,13 +93,13 @@ class Budget:
         listed_at, machines = self.view.cost_view()
         total = sum(self.price_of(m) for m in machines.values())
         for serial, hold in list(self._holds.items()):
-            if hold.orphan_since is None:
-                total += hold.cost()
-                continue
+            # the machines of the hold the view shows already are counted above (an orphan's once listed; a live
+            # launch's that its backend showed before the call returned, MachineBackend.on_created)
             shown = sum(1 for mid, m in machines.items()
                         if mid in hold.ids or (not hold.ids and m.tags.get(TAG_REQUEST) == hold.token))
-            if shown >= hold.count or listed_at >= hold.orphan_since + ttls.LAUNCH_GRACE_S:
+            if hold.orphan_since is not None and (shown >= hold.count
+                                                  or listed_at >= hold.orphan_since + ttls.LAUNCH_GRACE_S):
                 del self._holds[serial]     # listed (and counted above), or a listing past the lag shows it gone
                 continue
-            total += hold.price * (hold.count - shown)
+            total += hold.price * max(0, hold.count - shown)
         return total

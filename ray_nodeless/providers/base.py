@@ -88,7 +88,7 @@ import abc
 import logging
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, TypeVar
 
 from ray_nodeless.core.catalog import Offering
 from ray_nodeless.core.node_resources import GENERIC_FILL, FillRule
@@ -298,10 +298,29 @@ class MachineBackend(BackendConfig, abc.ABC):
     """A place where machines run: local processes, EC2, Compute Engine. A built-in backend class also derives from
     its BackendConfig (`class AwsBackend(AwsConfig, MachineBackend)`), so both answer the config calls alike."""
 
+    # Set by the caller that shows machines to Ray (ray_adapter/provider.py: the view's `launched`), called by a
+    # backend whose launch call returns only after the machines' Ray is up (local processes; a played cloud's
+    # machines, once the cloud made them and before their players start Ray) with the machines it has made so far,
+    # before it waits. Why: Ray v2's instance manager takes a Ray node whose instance no listing has shown yet for
+    # an unmanaged one, and its own launch request then stays pending for 10 min, counted as capacity on its way
+    # (a second demand is never launched for). A cloud whose launch call returns its ids before they boot never
+    # calls it. `created` is the safe call (a failing hook is logged, never fails the launch).
+    on_created: Callable[[list[Machine]], None] | None = None
+
     def __init__(self, settings: Section, cluster_name: str):
         """`settings`: this backend's provider keys as parsed by the loader (an instance of `settings_model`)."""
         self.settings = settings
         self.cluster_name = cluster_name
+
+    def created(self, machines: list[Machine]) -> None:
+        hook = self.on_created
+        if hook is None or not machines:
+            return
+        try:
+            hook(machines)
+        except Exception as e:      # the view's bookkeeping must never fail a launch that made machines
+            logger.warning("%s: shown-before-ready hook failed for %s: %s", type(self).__name__,
+                           [m.id for m in machines], e)
 
     @classmethod
     def from_provider(cls: type[_Backend], provider: Mapping[str, Any], cluster_name: str) -> _Backend:

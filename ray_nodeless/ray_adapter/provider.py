@@ -117,6 +117,9 @@ class NodelessProvider(NodeProvider):
                                                 probes=self.settings.unavailable_probes)
         self.view = inst.view(MachineView(metered, self.registration, cluster_name, self.settings.list_cache_s,
                                           on_interrupted=inst.on_interrupted(self._on_interrupted)))
+        # Machines a launch call has made before it returns (a backend that waits for their Ray: the local one)
+        # are shown at once, so Ray's v2 never sees their Ray nodes before their instances (base.on_created).
+        self.backend.on_created = self.view.launched
         self.launcher = inst.launcher(Launcher(cluster_name, self._catalog, self.resolver, metered,
                                                self.registration, self.unavailable, terminate=self._terminate,
                                                view=self.view, price_of=machine_price))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import re
 import subprocess
 import threading
@@ -43,7 +44,8 @@ from ray_nodeless.testing.clock import wait_for
 from ray_nodeless.testing.k8s_control_plane import bin_dir
 from ray_nodeless.testing.k8s_support import _child_setup, _free_ports, _kill_group, _tail
 from ray_nodeless.testing.kuberay import NS, RAY_ENV, REPO_ROOT, Bridge
-from ray_nodeless.testing.ray_processes import head_process
+from ray_nodeless.testing.ray_processes import free_port, head_process
+from ray_nodeless.testing.service_network import ServiceNetwork
 
 HEAD_HOST_LABEL = "ray-nodeless.test/head-host"
 HEARTBEAT_S = 10
@@ -53,8 +55,9 @@ STARTUP_TIMEOUT_S = 60
 class RealOperator:
     """`ray-operator` as a process of its own (see the module docstring)."""
 
-    def __init__(self, plane: Any, workdir: Path, namespace: str = NS):
-        self.plane, self.workdir, self.namespace = plane, Path(workdir), namespace
+    def __init__(self, plane: Any, workdir: Path, namespace: str = NS, network: ServiceNetwork | None = None):
+        """`network`: the cluster network it reaches Ray heads' dashboards through (a RayJob's submission)."""
+        self.plane, self.workdir, self.namespace, self.network = plane, Path(workdir), namespace, network
         self.log = self.workdir / "ray-operator.log"
         self.proc: subprocess.Popen | None = None
 
@@ -65,9 +68,13 @@ class RealOperator:
                 "--enable-leader-election=false", f"--watch-namespace={self.namespace}",
                 f"--metrics-addr=127.0.0.1:{metrics}", f"--health-probe-bind-address=127.0.0.1:{health}",
                 "--log-stdout-encoder=console"]
+        env = dict(os.environ)
+        if self.network is not None:     # Go proxies neither loopback nor NO_PROXY: the API server is reached as is
+            env.update(HTTP_PROXY=self.network.url, http_proxy=self.network.url, NO_PROXY="127.0.0.1,localhost",
+                       no_proxy="127.0.0.1,localhost")
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_child_setup(
+            self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup(
                                              threading.current_thread() is threading.main_thread()))
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -129,12 +136,18 @@ class HeadPodStandIn:
     """The head pod's kubelet, played (see the module docstring). `bridge` is the bridge's container once running."""
 
     def __init__(self, api: client.ApiClient, cluster: str, workdir: Path, sa_kubeconfig: Path,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, *, host_label: str | None = None, dashboard: bool = False):
+        """`host_label`: the value of the head host's label and taint the head template selects (default: the
+        cluster's name; a RayJob's template knows its own name only, not the RayCluster's the operator makes of
+        it). `dashboard`: the Ray head runs its dashboard (with the job API) on 127.0.0.1 at the pod's
+        `--dashboard-port`, which a RayJob's submission needs; off otherwise (it costs a second of CPU and memory)."""
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.cluster, self.workdir, self.sa_kubeconfig = cluster, Path(workdir), Path(sa_kubeconfig)
         self.extra_env = dict(extra_env or {})
-        self.node = f"{cluster}-head-host"
+        self.host_label = host_label or cluster
+        self.dashboard = dashboard
+        self.node = f"{self.host_label}-head-host"
         self.bridge: Bridge | None = None
         self.pod: Any = None
         self._stop = threading.Event()
@@ -142,8 +155,8 @@ class HeadPodStandIn:
 
     # ---------------------------------------------------------------- the Node
     def add_node(self) -> None:
-        self.core.create_node({"metadata": {"name": self.node, "labels": {HEAD_HOST_LABEL: self.cluster}},
-                               "spec": {"taints": [{"key": HEAD_HOST_LABEL, "value": self.cluster,
+        self.core.create_node({"metadata": {"name": self.node, "labels": {HEAD_HOST_LABEL: self.host_label}},
+                               "spec": {"taints": [{"key": HEAD_HOST_LABEL, "value": self.host_label,
                                                     "effect": "NoSchedule"}]}})
         capacity = {"cpu": "16", "memory": "64Gi", "pods": "110"}
         now = _now()
@@ -223,11 +236,24 @@ class HeadPodStandIn:
             except Exception as e:      # say why in the test's output, and try again
                 print(f"head pod stand-in: the pod's final delete failed ({type(e).__name__}: {e}); again in 1 s")
 
-    def head_port(self) -> int:
+    def _ray_start(self, flag: str) -> str | None:
+        """A flag's value in the pod's `ray start` command (the operator's rendering of rayStartParams)."""
         ray = self.pod.spec.containers[0]
-        text = " ".join([*(ray.command or []), *(ray.args or [])])
-        m = re.search(r"--port=(\d+)", text)
-        return int(m.group(1)) if m else 6379
+        m = re.search(rf"--{flag}=(\S+)", " ".join([*(ray.command or []), *(ray.args or [])]))
+        return m.group(1) if m else None
+
+    def head_port(self) -> int:
+        return int(self._ray_start("port") or 6379)
+
+    def head_args(self) -> tuple[str, ...]:
+        """The stand-in head's own flags: no monitor (the operator's `--no-monitor` when its autoscaler is off), and
+        the dashboard when asked for, on 127.0.0.1 at the pod's port (8265, Ray's default, if the pod names none)."""
+        if not self.dashboard:
+            return ("--no-monitor",)
+        return ("--no-monitor", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self._ray_start('dashboard-port') or 8265}",
+                f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+                f"--metrics-export-port={free_port()}")
 
     def bridge_container(self) -> Bridge:
         """The bridge's container of the operator's pod, as a process: its command and args unchanged."""
@@ -249,7 +275,7 @@ class HeadPodStandIn:
             temp_dir = f"/tmp/rnk-{port}"
             Path(temp_dir).mkdir(parents=True, exist_ok=True)
             head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-            with head_process(head_env, port, temp_dir, ("--no-monitor",)):
+            with head_process(head_env, port, temp_dir, self.head_args()):
                 self.mark_running()
                 self.bridge = self.bridge_container()
                 self.bridge.start()

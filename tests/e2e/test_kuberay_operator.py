@@ -46,7 +46,9 @@ from ray_nodeless.providers.local.players import PLAYER_KUBECONFIG_ENV
 from ray_nodeless.testing.kuberay import NS, RAY_ENV, SA, Bridge, Operator, raycluster
 from ray_nodeless.testing.kuberay_operator import HEAD_HOST_LABEL, HeadPodStandIn, RealOperator, wait_status_ready
 from ray_nodeless.testing.ray_processes import free_port
+from ray_nodeless.testing.service_network import ServiceNetwork
 from tests.e2e.clusters import processes_of
+from tests.k8s_plane import PlaneView
 
 pytestmark = pytest.mark.e2e
 
@@ -56,11 +58,15 @@ def world(k8s_plane, tmp_path_factory):
     """The process's shared control plane with KubeRay's CRDs and the head's ServiceAccount (tests/k8s_plane.py),
     and the real KubeRay operator on it for this module."""
     plane = k8s_plane.kuberay()
-    operator = RealOperator(plane, tmp_path_factory.mktemp("ray-operator")).start()
+    api = plane.api_client()
+    network = ServiceNetwork(api).start()       # how the operator reaches a head's dashboard (a RayJob's)
+    operator = RealOperator(plane, tmp_path_factory.mktemp("ray-operator"), network=network).start()
     try:
-        yield plane
+        yield PlaneView(plane, operator=operator, network=network)
     finally:
         operator.stop()
+        network.stop()
+        api.close()
 
 
 def driver(gcs: str, body: str, timeout: float = 300) -> str:
@@ -321,3 +327,115 @@ def test_kuberay_operator_suspend_ends_the_machines(world, tmp_path: Path) -> No
                  "the operator's RayClusterSuspended condition", interval=0.5)
         wait_for(lambda: not processes_of(got), 30, "no Ray process of the machine left")
         print(f"\nFIGURES kuberay suspend: bridge exit {c.bridge.proc.returncode}\n{c.bridge.tail()[-1500:]}")
+
+
+JOB_SCRIPT = """
+import os, sys, ray
+ray.init(logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_gpus=1)
+def f():
+    return os.environ["RAY_CLOUD_INSTANCE_ID"]
+
+with open(sys.argv[1], "w") as out:
+    out.write(ray.get(f.remote()))
+"""
+
+
+def test_kuberay_operator_rayjob_runs_on_a_bridge_machine_and_its_end_ends_them(world, tmp_path: Path) -> None:
+    """A RayJob (HTTPMode, `shutdownAfterJobFinishes: true`) of the converted cluster: the real operator creates
+    its RayCluster (the RayJob's annotation copied onto it, its name with the operator's random suffix), submits the
+    job to the head's dashboard (reached through ServiceNetwork, the cluster network an out-of-cluster operator
+    lacks), the job's GPU task runs on the cheapest-fit machine the bridge launches for it, the operator marks the
+    job Complete and deletes the RayCluster: the bridge ends the machine and its Node first, then the cluster and
+    its head pod go. Nothing of the job is played but the head pod's kubelet and the workers' kubelets."""
+    admin = world.api_client()
+    core = client.CoreV1Api(admin)
+    op = Operator(admin, played=False)
+    job = f"rj-{os.getpid() % 10000}-{int(time.time()) % 100000}"
+    port, dash = free_port(), free_port()
+    rc = raycluster(job, port, tmp_path / "state", world.sa_kubeconfig, world.server)
+    head = rc["spec"]["headGroupSpec"]
+    head["rayStartParams"]["dashboard-port"] = str(dash)
+    ray_container = head["template"]["spec"]["containers"][0]
+    ray_container["ports"] = [p if p.get("name") != "dashboard" else {**p, "containerPort": dash}
+                              for p in ray_container["ports"]]
+    head["template"]["spec"]["nodeSelector"] = {HEAD_HOST_LABEL: job}
+    head["template"]["spec"]["tolerations"] = [{"key": HEAD_HOST_LABEL, "operator": "Equal", "value": job,
+                                                "effect": "NoSchedule"}]
+    script, result = tmp_path / "job.py", tmp_path / "job.result"
+    script.write_text(JOB_SCRIPT)
+    rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+              "metadata": {"name": job, "namespace": NS, "annotations": rc["metadata"]["annotations"]},
+              "spec": {"entrypoint": f"{sys.executable} {script} {result}", "submissionMode": "HTTPMode",
+                       "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0,
+                       "rayClusterSpec": rc["spec"]}}
+
+    def get_job() -> dict:
+        return op.objects.get_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", job)
+
+    def clusters() -> list[dict]:
+        return op.objects.list_namespaced_custom_object(
+            "ray.io", "v1", NS, "rayclusters", label_selector=f"ray.io/originated-from-cr-name={job}")["items"]
+
+    backend: LocalBackend | None = None
+    stand_in: HeadPodStandIn | None = None
+    name = ""
+    seen: dict[str, str] = {}
+    try:
+        op.objects.create_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", rayjob)
+        [made] = wait_for(clusters, 60, "the RayJob's RayCluster, made by the operator", interval=0.5)
+        name = made["metadata"]["name"]
+        assert name.startswith(f"{job}-") and made["metadata"]["annotations"][K.ANNOTATION] == \
+            rc["metadata"]["annotations"][K.ANNOTATION]          # the operator copied the RayJob's annotation
+        cfg = K.bridge_config(made, derive_config(made))
+        cfg["provider"].pop("kuberay")
+        backend = LocalBackend.from_provider(dict(cfg["provider"]), name)
+        planned = plan_cluster({**cfg, "head_node_type": "small-group", "available_node_types": {
+            k: v for k, v in cfg["available_node_types"].items() if k != "headgroup"}}).plans["gpu-group"]
+        stand_in = HeadPodStandIn(admin, name, tmp_path, world.sa_kubeconfig, host_label=job, dashboard=True,
+                                  extra_env={PLAYER_KUBECONFIG_ENV: str(world.admin_kubeconfig)})
+        with stand_in.running():
+            def complete() -> dict | None:
+                for m in backend.list_machines():
+                    seen.setdefault(m.id, m.tags["nodeless-instance-type"])
+                st = get_job().get("status") or {}
+                return st if st.get("jobDeploymentStatus") in ("Complete", "Failed") else None
+
+            status = wait_for(complete, 300, "the RayJob finished (the operator's status)", interval=0.5)
+            assert (status["jobDeploymentStatus"], status.get("jobStatus")) == ("Complete", "SUCCEEDED"), status
+            ran_on = result.read_text().strip()
+            assert seen == {ran_on: planned.chosen.instance_type.name}    # one machine, the planned fit, ran it
+            # shutdownAfterJobFinishes: the operator deletes the RayCluster; the bridge ends its machines first.
+            wait_for(lambda: not clusters(), 180, "the RayJob's RayCluster deleted", interval=1)
+            assert not backend.list_machines()
+            assert not core.list_node(label_selector=L.cluster_selector(name)).items
+            wait_for(lambda: not core.list_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}").items, 120,
+                     "the cluster's pods gone", interval=1)
+            bridge = stand_in.bridge
+            assert bridge is not None and bridge.proc is not None
+            assert bridge.proc.wait(timeout=60) == 0, bridge.tail()
+            assert get_job()["status"]["jobDeploymentStatus"] == "Complete"       # the RayJob stays, as KubeRay does
+            wait_for(lambda: not processes_of(ran_on), 30, "no Ray process of the machine left")
+            print(f"\nFIGURES kuberay rayjob: {ran_on} ({seen[ran_on]}); job {status.get('jobId')}; "
+                  f"{world.network.routed} dashboard requests of the operator routed")
+    except BaseException:
+        print(stand_in.bridge.tail() if stand_in is not None and stand_in.bridge is not None else "(no bridge)")
+        print("operator:", world.operator.tail()[-3000:], "\nunroutable:", world.network.refused[-5:])
+        raise
+    finally:
+        with contextlib.suppress(client.ApiException):
+            op.objects.delete_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", job)
+        if backend is not None:
+            ids = [mm.id for mm in backend.list_machines()]
+            if ids:
+                backend.terminate(ids)
+        if name:
+            for n in core.list_node(label_selector=L.cluster_selector(name)).items:
+                core.delete_node(n.metadata.name)
+            core.delete_collection_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}",
+                                                  grace_period_seconds=0)
+            if op.get(name) is not None:
+                op.patch(name, {"metadata": {"finalizers": []}})
+            shutil.rmtree(default_state_dir(name, "-kubelet"), ignore_errors=True)
+        admin.close()

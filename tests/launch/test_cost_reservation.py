@@ -15,7 +15,8 @@ from ray.autoscaler.node_launch_exception import NodeLaunchException
 
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import TransientBackendError
-from ray_nodeless.providers.base import TAG_CLUSTER, TAG_PRICE
+from ray_nodeless.launch.budget import TAG_REQUEST
+from ray_nodeless.providers.base import MACHINE_PENDING, TAG_CLUSTER, TAG_PRICE, Machine
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
 from tests.helpers import FakeClock, cluster_config, wait_for, write_cluster_yaml
@@ -218,3 +219,21 @@ def test_two_provider_objects_launching_at_once_stay_within_the_documented_bound
             p.create_node_with_resources_and_labels({}, tags("after"), 1, GPU, {})
         assert e.value.category == "MaxHourlyCostExceeded"
     assert cloud_cost(cloud) == pytest.approx(cost)
+
+
+def test_a_launch_shown_before_its_call_returns_counts_once(cloud):
+    """A backend that shows its machines before its launch call returns (MachineBackend.on_created: the local
+    backend waits for their Ray) puts them in the view while the launch's hold is live: the hold then counts only
+    those of its machines the view does not show (by request token), before and after the call returns."""
+    p = NodelessProvider(dict(CAPPED), "c1")
+    budget = p.launcher.budget
+    assert budget is not None and p.backend.on_created is not None     # the provider wires the hook to its view
+    price = 0.30
+    hold = budget.reserve("tok-early", price, 2)
+    assert hold is not None and budget.hourly_cost() == pytest.approx(2 * price)
+    early = Machine(id="fake-early", tags={TAG_CLUSTER: "c1", TAG_PRICE: str(price), TAG_REQUEST: "tok-early"},
+                    state=MACHINE_PENDING)
+    p.backend.on_created([early])                 # one of the two shown while the call is still under way
+    assert budget.hourly_cost() == pytest.approx(2 * price)       # counted once: as shown, and the other as held
+    budget.landed(hold, [early, Machine(id="fake-late", tags={**early.tags}, state=MACHINE_PENDING)])
+    assert budget.hourly_cost() == pytest.approx(2 * price)

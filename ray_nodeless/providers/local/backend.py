@@ -69,9 +69,10 @@ class LocalBackend(LocalConfig, MachineBackend):
                     # registration (the kubelet player runs the Ray pod), not from us.
                     self.nodes.add_placeholder(machine_id, spec.node_type, self.head_ip, tags,
                                                resources=spec.resources, request_token=spec.request_token)
-                else:
+                else:      # listed (pending) before its Ray is up, as a cloud lists a booting instance
                     self.nodes.start(machine_id, spec.node_type, spec.resources, spec.labels,
-                                     extra_env=instance_env(spec), tags=tags, request_token=spec.request_token)
+                                     extra_env=instance_env(spec), tags=tags, request_token=spec.request_token,
+                                     on_record=lambda rec: self.created([self._machine(rec)]))
                 new_ids.append(machine_id)
         except BaseException:
             # Contract: never leave a machine behind when raising.
@@ -81,12 +82,13 @@ class LocalBackend(LocalConfig, MachineBackend):
             raise
         return done + new_ids
 
+    @staticmethod
+    def _machine(r: NodeRecord) -> Machine:
+        return Machine(id=r.id, tags=dict(r.tags), state=MACHINE_RUNNING if r.ready else MACHINE_PENDING,
+                       internal_ip=r.ip, external_ip=r.ip, launched_at=r.started_at)
+
     def list_machines(self) -> list[Machine]:
-        return [
-            Machine(id=r.id, tags=dict(r.tags), state=MACHINE_RUNNING if r.ready else MACHINE_PENDING,
-                    internal_ip=r.ip, external_ip=r.ip, launched_at=r.started_at)
-            for r in self.nodes.list() if self._mine(r)
-        ]
+        return [self._machine(r) for r in self.nodes.list() if self._mine(r)]
 
     def recheck(self, machine_ids: list[str] | None) -> Recheck:
         """By id, each node's own record (read afresh from the state dir): live while its record is this

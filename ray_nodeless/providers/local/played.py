@@ -17,12 +17,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
-from ray_nodeless.providers.base import LaunchSpec, Machine, MachineBackend
+from ray_nodeless.providers.base import MACHINE_PENDING, LaunchSpec, Machine, MachineBackend
 from ray_nodeless.providers.local.runner import LocalCommandRunner, runner_marker
 from ray_nodeless.providers.local.scoped_stop import end_marked_processes, marked_pids
 
@@ -87,6 +88,9 @@ class PlayedBackend(MachineBackend):
         ids = self.inner.launch(spec)
         if spec.is_head:
             return ids      # the head's Ray is started by `ray up` through the command runner, not played
+        # The cloud made them: listed now, before their players start Ray (MachineBackend.on_created).
+        self.created([Machine(id=mid, tags=dict(spec.tags), state=MACHINE_PENDING, launched_at=time.time())
+                      for mid in ids])
         try:
             self.player.play(spec, ids)
         except BaseException:

@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from filelock import FileLock
 
@@ -210,9 +211,10 @@ class LocalNodeProcesses:
 
     def start(self, machine_id: str, node_type: str, resources: dict[str, float], labels: dict[str, str],
               extra_env: dict[str, str] | None = None, tags: dict[str, str] | None = None,
-              request_token: str = "") -> NodeRecord:
+              request_token: str = "", on_record: Callable[[NodeRecord], None] | None = None) -> NodeRecord:
         """Start one node and wait (bounded) until Ray reports it started. Raises BackendError (with the log tail)
-        on failure, after killing what was started; CapacityError if the host has no room for another node."""
+        on failure, after killing what was started; CapacityError if the host has no room for another node.
+        `on_record`: called with the node's record once it is persisted (listed, pending), before the wait."""
         check_resources(machine_id, resources)
         if self.min_free_memory_mb > 0:
             avail = pids.mem_available_bytes()
@@ -222,10 +224,11 @@ class LocalNodeProcesses:
                     f"{self.min_free_memory_mb}; not starting {machine_id}", category="InsufficientHostMemory")
         with _START_LOCK:
             return self._start_locked(machine_id, node_type, resources, labels, extra_env or {}, tags or {},
-                                      request_token)
+                                      request_token, on_record)
 
     def _start_locked(self, machine_id: str, node_type: str, resources: dict[str, float], labels: dict[str, str],
-                      extra_env: dict[str, str], tags: dict[str, str], request_token: str) -> NodeRecord:
+                      extra_env: dict[str, str], tags: dict[str, str], request_token: str,
+                      on_record: Callable[[NodeRecord], None] | None) -> NodeRecord:
         if self.records.get(machine_id) is not None:
             raise BackendError(f"local node {machine_id} already has a record in {self.state_dir}")
         slot = self._allocate_slot()
@@ -259,6 +262,8 @@ class LocalNodeProcesses:
         # Persist before waiting: if this process dies mid-start, the node is still found (and can be stopped).
         with self.records.lock:
             self.records.write(rec)
+        if on_record is not None:
+            on_record(rec)
 
         _wait(lambda: self._log_has_ready(rec) or proc.poll() is not None, self.start_timeout_s)
         if not self._log_has_ready(rec):

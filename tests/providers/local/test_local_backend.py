@@ -22,7 +22,7 @@ from ray.autoscaler._private.subprocess_output_util import ProcessRunnerError
 from ray_nodeless.core.catalog import InstanceType, Offering
 from ray_nodeless.errors import BackendError, CapacityError, ForeignMachineError
 from ray_nodeless.operate.config import load_provider
-from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec
+from ray_nodeless.providers.base import MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, LaunchSpec
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.pids import proc_info
 from ray_nodeless.providers.local.played import PlayedBackend
@@ -154,6 +154,25 @@ def test_config_fault_fires_once_then_a_real_worker_launches(backend_config: dic
         be.terminate([mid])
         assert be.list_machines() == []
         wait_for(lambda: mid not in alive_nodes_by_instance(gcs_address), 20, "worker gone from GCS")
+
+
+def test_a_worker_is_shown_pending_before_its_ray_is_up(backend_config: dict, gcs_address: str) -> None:
+    """The local launch call returns once the node's Ray is up; the machine is handed to `on_created` (the view's
+    `launched` in the provider) as soon as its record exists, pending, before Ray knows the node: Ray v2 would
+    otherwise see the Ray node before any listing shows its instance, take it for an unmanaged one, and keep its own
+    launch request pending for 10 min (found by the Prometheus e2e under CI load)."""
+    backend_config.update(gcs_address=gcs_address)
+    seen: list[tuple[list[str], list[str], bool]] = []
+    with _backend(backend_config) as be:
+        be.on_created = lambda ms: seen.append(([m.id for m in ms], [m.state for m in ms],
+                                                 any(m.id in alive_nodes_by_instance(gcs_address) for m in ms)))
+        (mid,) = be.launch(spec(token="early"))
+        assert seen == [([mid], [MACHINE_PENDING], False)]     # once, pending, before its Ray node registered
+        assert [m.state for m in be.list_machines()] == [MACHINE_RUNNING]
+        be.terminate([mid])
+        (head,) = be.launch(spec(is_head=True, token="h"))      # a head (no process of ours): nothing to hand early
+        assert len(seen) == 1
+        be.terminate([head])
 
 
 # ------------------------------------------------------------------ PlayedBackend (registration: local-player)
