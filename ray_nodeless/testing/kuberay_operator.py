@@ -136,17 +136,21 @@ class HeadPodStandIn:
     """The head pod's kubelet, played (see the module docstring). `bridge` is the bridge's container once running."""
 
     def __init__(self, api: client.ApiClient, cluster: str, workdir: Path, sa_kubeconfig: Path,
-                 extra_env: dict[str, str] | None = None, *, host_label: str | None = None, dashboard: bool = False):
+                 extra_env: dict[str, str] | None = None, *, host_label: str | None = None, dashboard: bool = False,
+                 head_env: dict[str, str] | None = None):
         """`host_label`: the value of the head host's label and taint the head template selects (default: the
         cluster's name; a RayJob's template knows its own name only, not the RayCluster's the operator makes of
         it). `dashboard`: the Ray head runs its dashboard (with the job API) on 127.0.0.1 at the pod's
-        `--dashboard-port`, which a RayJob's submission needs; off otherwise (it costs a second of CPU and memory)."""
+        `--dashboard-port`, which a RayJob's submission needs; off otherwise (it costs a second of CPU and memory).
+        `head_env`: added to the Ray head's environment (a RayService's application code on its PYTHONPATH, as an
+        image would hold it)."""
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.cluster, self.workdir, self.sa_kubeconfig = cluster, Path(workdir), Path(sa_kubeconfig)
         self.extra_env = dict(extra_env or {})
         self.host_label = host_label or cluster
         self.dashboard = dashboard
+        self.head_env = dict(head_env or {})
         self.node = f"{self.host_label}-head-host"
         self.bridge: Bridge | None = None
         self.pod: Any = None
@@ -274,7 +278,7 @@ class HeadPodStandIn:
             port = self.head_port()
             temp_dir = f"/tmp/rnk-{port}"
             Path(temp_dir).mkdir(parents=True, exist_ok=True)
-            head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+            head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"} | self.head_env
             with head_process(head_env, port, temp_dir, self.head_args()):
                 self.mark_running()
                 self.bridge = self.bridge_container()

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -43,7 +44,7 @@ from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
 from ray_nodeless.providers.local.players import PLAYER_KUBECONFIG_ENV
-from ray_nodeless.testing.kuberay import NS, RAY_ENV, SA, Bridge, Operator, raycluster
+from ray_nodeless.testing.kuberay import NS, RAY_ENV, REPO_ROOT, SA, Bridge, Operator, raycluster
 from ray_nodeless.testing.kuberay_operator import HEAD_HOST_LABEL, HeadPodStandIn, RealOperator, wait_status_ready
 from ray_nodeless.testing.ray_processes import free_port
 from ray_nodeless.testing.service_network import ServiceNetwork
@@ -329,6 +330,117 @@ def test_kuberay_operator_suspend_ends_the_machines(world, tmp_path: Path) -> No
         print(f"\nFIGURES kuberay suspend: bridge exit {c.bridge.proc.returncode}\n{c.bridge.tail()[-1500:]}")
 
 
+@dataclass
+class MadeCluster:
+    """A RayCluster the real operator made of a RayJob or RayService (`owner`), its head played with the
+    dashboard, the bridge in it, and what to check them with."""
+
+    owner: str
+    name: str
+    core: client.CoreV1Api
+    op: Operator
+    backend: LocalBackend
+    stand_in: HeadPodStandIn
+    planned: str                        # the planner's cheapest fit of the GPU group
+
+    def machines(self) -> dict[str, str]:
+        return {m.id: m.tags["nodeless-instance-type"] for m in self.backend.list_machines()}
+
+    def made(self) -> list[dict]:
+        return made_of(self.op, self.owner)
+
+    def ends_everything(self) -> None:
+        """The owner's end deletes the RayCluster: the bridge ends machines, Nodes and pods first, exits 0."""
+        wait_for(lambda: not self.made(), 180, f"{self.owner}'s RayCluster deleted", interval=1)
+        assert not self.backend.list_machines()
+        assert not self.core.list_node(label_selector=L.cluster_selector(self.name)).items
+        wait_for(lambda: not self.core.list_namespaced_pod(
+            NS, label_selector=f"ray.io/cluster={self.name}").items, 120, "the cluster's pods gone", interval=1)
+        bridge = self.stand_in.bridge
+        assert bridge is not None and bridge.proc is not None
+        assert bridge.proc.wait(timeout=60) == 0, bridge.tail()
+
+
+def made_of(op: Operator, owner: str) -> list[dict]:
+    """The RayClusters the operator made of the RayJob / RayService `owner` (its label on them)."""
+    return op.objects.list_namespaced_custom_object(
+        "ray.io", "v1", NS, "rayclusters", label_selector=f"ray.io/originated-from-cr-name={owner}")["items"]
+
+
+def owned_cluster_spec(world, tmp_path: Path, owner: str, ports: dict[str, int]) -> tuple[dict, dict]:
+    """(the converted RayCluster's annotations, its spec) for a RayJob / RayService named `owner`: the head's
+    dashboard (and any other named container port in `ports`) on a free port, and its pod on the Node played for
+    `owner` (the RayCluster's own name is the operator's to choose)."""
+    rc = raycluster(owner, free_port(), tmp_path / "state", world.sa_kubeconfig, world.server)
+    head = rc["spec"]["headGroupSpec"]
+    head["rayStartParams"]["dashboard-port"] = str(ports["dashboard"])
+    ray_container = head["template"]["spec"]["containers"][0]
+    named = {p["name"]: p for p in ray_container["ports"]}
+    for name, port in ports.items():
+        named[name] = {**named.get(name, {"name": name}), "containerPort": port}
+    ray_container["ports"] = list(named.values())
+    head["template"]["spec"]["nodeSelector"] = {HEAD_HOST_LABEL: owner}
+    head["template"]["spec"]["tolerations"] = [{"key": HEAD_HOST_LABEL, "operator": "Equal", "value": owner,
+                                                "effect": "NoSchedule"}]
+    return rc["metadata"]["annotations"], rc["spec"]
+
+
+@contextlib.contextmanager
+def made_by_operator(world, tmp_path: Path, plural: str, body: dict,
+                     head_env: dict[str, str] | None = None) -> Iterator[MadeCluster]:
+    """Apply `body` (a RayJob or RayService, `plural` its resource), wait for the RayCluster the operator makes of
+    it (its name with the operator's random suffix, the owner's annotations copied onto it), play its head with the
+    dashboard, run the bridge in it. Afterwards, whatever happened: the owner deleted, and every machine, Node and
+    pod of the cluster gone."""
+    admin = world.api_client()
+    core = client.CoreV1Api(admin)
+    op = Operator(admin, played=False)
+    owner = body["metadata"]["name"]
+    backend: LocalBackend | None = None
+    stand_in: HeadPodStandIn | None = None
+    name = ""
+    try:
+        op.objects.create_namespaced_custom_object("ray.io", "v1", NS, plural, body)
+        [made] = wait_for(lambda: made_of(op, owner), 60, f"the RayCluster the operator makes of {owner}", interval=0.5)
+        name = made["metadata"]["name"]
+        assert name.startswith(f"{owner}-")
+        assert made["metadata"]["annotations"][K.ANNOTATION] == body["metadata"]["annotations"][K.ANNOTATION]
+        cfg = K.bridge_config(made, derive_config(made))
+        cfg["provider"].pop("kuberay")
+        backend = LocalBackend.from_provider(dict(cfg["provider"]), name)
+        planned = plan_cluster({**cfg, "head_node_type": "small-group", "available_node_types": {
+            k: v for k, v in cfg["available_node_types"].items() if k != "headgroup"}}).plans["gpu-group"]
+        stand_in = HeadPodStandIn(admin, name, tmp_path, world.sa_kubeconfig, host_label=owner, dashboard=True,
+                                  head_env=head_env,
+                                  extra_env={PLAYER_KUBECONFIG_ENV: str(world.admin_kubeconfig)})
+        with stand_in.running():
+            yield MadeCluster(owner, name, core, op, backend, stand_in, planned.chosen.instance_type.name)
+    except BaseException:
+        print(stand_in.bridge.tail() if stand_in is not None and stand_in.bridge is not None else "(no bridge)")
+        print("operator:", world.operator.tail()[-3000:], "\nunroutable:", world.network.refused[-5:])
+        raise
+    finally:
+        with contextlib.suppress(client.ApiException):
+            op.objects.delete_namespaced_custom_object("ray.io", "v1", NS, plural, owner)
+        if backend is not None:
+            ids = [mm.id for mm in backend.list_machines()]
+            if ids:
+                backend.terminate(ids)
+        if name:
+            for n in core.list_node(label_selector=L.cluster_selector(name)).items:
+                core.delete_node(n.metadata.name)
+            core.delete_collection_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}",
+                                                  grace_period_seconds=0)
+            if op.get(name) is not None:
+                op.patch(name, {"metadata": {"finalizers": []}})
+            shutil.rmtree(default_state_dir(name, "-kubelet"), ignore_errors=True)
+        admin.close()
+
+
+def _owner_name(prefix: str) -> str:
+    return f"{prefix}-{os.getpid() % 10000}-{int(time.time()) % 100000}"
+
+
 JOB_SCRIPT = """
 import os, sys, ray
 ray.init(logging_level="ERROR", log_to_driver=False)
@@ -349,93 +461,105 @@ def test_kuberay_operator_rayjob_runs_on_a_bridge_machine_and_its_end_ends_them(
     lacks), the job's GPU task runs on the cheapest-fit machine the bridge launches for it, the operator marks the
     job Complete and deletes the RayCluster: the bridge ends the machine and its Node first, then the cluster and
     its head pod go. Nothing of the job is played but the head pod's kubelet and the workers' kubelets."""
-    admin = world.api_client()
-    core = client.CoreV1Api(admin)
-    op = Operator(admin, played=False)
-    job = f"rj-{os.getpid() % 10000}-{int(time.time()) % 100000}"
-    port, dash = free_port(), free_port()
-    rc = raycluster(job, port, tmp_path / "state", world.sa_kubeconfig, world.server)
-    head = rc["spec"]["headGroupSpec"]
-    head["rayStartParams"]["dashboard-port"] = str(dash)
-    ray_container = head["template"]["spec"]["containers"][0]
-    ray_container["ports"] = [p if p.get("name") != "dashboard" else {**p, "containerPort": dash}
-                              for p in ray_container["ports"]]
-    head["template"]["spec"]["nodeSelector"] = {HEAD_HOST_LABEL: job}
-    head["template"]["spec"]["tolerations"] = [{"key": HEAD_HOST_LABEL, "operator": "Equal", "value": job,
-                                                "effect": "NoSchedule"}]
+    job = _owner_name("rj")
+    annotations, spec = owned_cluster_spec(world, tmp_path, job, {"dashboard": free_port()})
     script, result = tmp_path / "job.py", tmp_path / "job.result"
     script.write_text(JOB_SCRIPT)
     rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob",
-              "metadata": {"name": job, "namespace": NS, "annotations": rc["metadata"]["annotations"]},
+              "metadata": {"name": job, "namespace": NS, "annotations": annotations},
               "spec": {"entrypoint": f"{sys.executable} {script} {result}", "submissionMode": "HTTPMode",
-                       "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0,
-                       "rayClusterSpec": rc["spec"]}}
-
-    def get_job() -> dict:
-        return op.objects.get_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", job)
-
-    def clusters() -> list[dict]:
-        return op.objects.list_namespaced_custom_object(
-            "ray.io", "v1", NS, "rayclusters", label_selector=f"ray.io/originated-from-cr-name={job}")["items"]
-
-    backend: LocalBackend | None = None
-    stand_in: HeadPodStandIn | None = None
-    name = ""
+                       "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0, "rayClusterSpec": spec}}
     seen: dict[str, str] = {}
-    try:
-        op.objects.create_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", rayjob)
-        [made] = wait_for(clusters, 60, "the RayJob's RayCluster, made by the operator", interval=0.5)
-        name = made["metadata"]["name"]
-        assert name.startswith(f"{job}-") and made["metadata"]["annotations"][K.ANNOTATION] == \
-            rc["metadata"]["annotations"][K.ANNOTATION]          # the operator copied the RayJob's annotation
-        cfg = K.bridge_config(made, derive_config(made))
-        cfg["provider"].pop("kuberay")
-        backend = LocalBackend.from_provider(dict(cfg["provider"]), name)
-        planned = plan_cluster({**cfg, "head_node_type": "small-group", "available_node_types": {
-            k: v for k, v in cfg["available_node_types"].items() if k != "headgroup"}}).plans["gpu-group"]
-        stand_in = HeadPodStandIn(admin, name, tmp_path, world.sa_kubeconfig, host_label=job, dashboard=True,
-                                  extra_env={PLAYER_KUBECONFIG_ENV: str(world.admin_kubeconfig)})
-        with stand_in.running():
-            def complete() -> dict | None:
-                for m in backend.list_machines():
-                    seen.setdefault(m.id, m.tags["nodeless-instance-type"])
-                st = get_job().get("status") or {}
-                return st if st.get("jobDeploymentStatus") in ("Complete", "Failed") else None
+    with made_by_operator(world, tmp_path, "rayjobs", rayjob) as c:
+        def get_job() -> dict:
+            return c.op.objects.get_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", job)
 
-            status = wait_for(complete, 300, "the RayJob finished (the operator's status)", interval=0.5)
-            assert (status["jobDeploymentStatus"], status.get("jobStatus")) == ("Complete", "SUCCEEDED"), status
-            ran_on = result.read_text().strip()
-            assert seen == {ran_on: planned.chosen.instance_type.name}    # one machine, the planned fit, ran it
-            # shutdownAfterJobFinishes: the operator deletes the RayCluster; the bridge ends its machines first.
-            wait_for(lambda: not clusters(), 180, "the RayJob's RayCluster deleted", interval=1)
-            assert not backend.list_machines()
-            assert not core.list_node(label_selector=L.cluster_selector(name)).items
-            wait_for(lambda: not core.list_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}").items, 120,
-                     "the cluster's pods gone", interval=1)
-            bridge = stand_in.bridge
-            assert bridge is not None and bridge.proc is not None
-            assert bridge.proc.wait(timeout=60) == 0, bridge.tail()
-            assert get_job()["status"]["jobDeploymentStatus"] == "Complete"       # the RayJob stays, as KubeRay does
-            wait_for(lambda: not processes_of(ran_on), 30, "no Ray process of the machine left")
-            print(f"\nFIGURES kuberay rayjob: {ran_on} ({seen[ran_on]}); job {status.get('jobId')}; "
-                  f"{world.network.routed} dashboard requests of the operator routed")
-    except BaseException:
-        print(stand_in.bridge.tail() if stand_in is not None and stand_in.bridge is not None else "(no bridge)")
-        print("operator:", world.operator.tail()[-3000:], "\nunroutable:", world.network.refused[-5:])
-        raise
-    finally:
-        with contextlib.suppress(client.ApiException):
-            op.objects.delete_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", job)
-        if backend is not None:
-            ids = [mm.id for mm in backend.list_machines()]
-            if ids:
-                backend.terminate(ids)
-        if name:
-            for n in core.list_node(label_selector=L.cluster_selector(name)).items:
-                core.delete_node(n.metadata.name)
-            core.delete_collection_namespaced_pod(NS, label_selector=f"ray.io/cluster={name}",
-                                                  grace_period_seconds=0)
-            if op.get(name) is not None:
-                op.patch(name, {"metadata": {"finalizers": []}})
-            shutil.rmtree(default_state_dir(name, "-kubelet"), ignore_errors=True)
-        admin.close()
+        def complete() -> dict | None:
+            seen.update(c.machines())
+            st = get_job().get("status") or {}
+            return st if st.get("jobDeploymentStatus") in ("Complete", "Failed") else None
+
+        status = wait_for(complete, 300, "the RayJob finished (the operator's status)", interval=0.5)
+        assert (status["jobDeploymentStatus"], status.get("jobStatus")) == ("Complete", "SUCCEEDED"), status
+        ran_on = result.read_text().strip()
+        assert seen == {ran_on: c.planned}          # one machine, the planned fit, and the job's task ran on it
+        c.ends_everything()                         # shutdownAfterJobFinishes: the operator deletes the RayCluster
+        assert get_job()["status"]["jobDeploymentStatus"] == "Complete"       # the RayJob stays, as KubeRay does
+        wait_for(lambda: not processes_of(ran_on), 30, "no Ray process of the machine left")
+        print(f"\nFIGURES kuberay rayjob: {ran_on} ({seen[ran_on]}); job {status.get('jobId')}; "
+              f"{world.network.routed} dashboard requests of the operator routed so far")
+
+
+def serve_config(port: int, replicas: int) -> str:
+    """serveConfigV2 of tests/e2e/serve_app.py: its HTTP proxy on the head only (every proxy of the host would take
+    the same port), on 127.0.0.1 at the head's `serve` container port."""
+    return yaml.safe_dump({
+        "proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": "where", "route_prefix": "/", "import_path": "tests.e2e.serve_app:app",
+                          "deployments": [{"name": "Where", "num_replicas": replicas}]}]})
+
+
+def test_kuberay_operator_rayservice_replicas_scale_the_machines(world, tmp_path: Path) -> None:
+    """A RayService of the converted cluster (GPU group up to 2 workers): the real operator makes its RayCluster,
+    deploys the Serve application through the head's dashboard and checks its proxy; each GPU replica is a demand
+    the bridge launches the cheapest fit for; the application answers from the machine its replica runs on, and the
+    operator's health check of the head's proxy passes. Two
+    replicas (the serveConfigV2 edited in place, as the operator applies it): two machines; back to one: the idle
+    one goes. The RayService deleted: its RayCluster, machines, Nodes and pods go."""
+    svc = _owner_name("rsv")
+    serve_port = free_port()
+    annotations, spec = owned_cluster_spec(world, tmp_path, svc, {"dashboard": free_port(), "serve": serve_port})
+    spec["workerGroupSpecs"][1]["maxReplicas"] = 2
+    body = {"apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": {"name": svc, "namespace": NS, "annotations": annotations},
+            "spec": {"serveConfigV2": serve_config(serve_port, 1), "rayClusterConfig": spec}}
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def answer() -> str | None:
+        try:
+            with opener.open(f"http://127.0.0.1:{serve_port}/", timeout=5) as r:
+                return r.read().decode().strip() or None
+        except OSError:
+            return None
+
+    with made_by_operator(world, tmp_path, "rayservices", body, head_env={"PYTHONPATH": str(REPO_ROOT)}) as c:
+        def get_svc() -> dict:
+            return c.op.objects.get_namespaced_custom_object("ray.io", "v1", NS, "rayservices", svc)
+
+        def app_status() -> str:
+            st = (get_svc().get("status") or {}).get("activeServiceStatus") or {}
+            return ((st.get("applicationStatuses") or {}).get("where") or {}).get("status", "")
+
+        wait_for(lambda: app_status() == "RUNNING", 300, "the Serve application RUNNING (the operator's status)",
+                 interval=1)
+        first = wait_for(answer, 60, "an answer from the application", interval=0.5)
+        assert c.machines() == {first: c.planned}      # the replica's demand: one machine, the planned fit
+        # The operator's health check of the head's Serve proxy passed: it labels the head pod for the serve
+        # Service. (Its Ready condition counts that Service's endpoints, which the played pod's IP can never be:
+        # Kubernetes refuses a loopback address in an EndpointSlice, core/validation ValidateEndpointIP.)
+        wait_for(lambda: (c.core.list_namespaced_pod(NS, label_selector=f"ray.io/cluster={c.name},"
+                                                      "ray.io/node-type=head,ray.io/serve=true").items), 120,
+                 "the operator's serve label on the head pod (its proxy health check)", interval=1)
+
+        # Two replicas: the second replica's demand gets a second machine.
+        c.op.objects.patch_namespaced_custom_object("ray.io", "v1", NS, "rayservices", svc,
+                                                    {"spec": {"serveConfigV2": serve_config(serve_port, 2)}})
+        two = wait_for(lambda: (lambda ms: ms if len(ms) == 2 else None)(c.machines()), 240,
+                       "a second machine for the second replica", interval=1)
+        assert set(two.values()) == {c.planned} and first in two
+        answers = wait_for(lambda: (lambda got: got if len(got) == 2 else None)(
+            {a for a in (answer() for _ in range(20)) if a}), 120, "answers from both replicas", interval=1)
+        assert answers == set(two)
+
+        # Back to one replica: the idle machine goes (its Ray node idle past the cluster's idle timeout).
+        c.op.objects.patch_namespaced_custom_object("ray.io", "v1", NS, "rayservices", svc,
+                                                    {"spec": {"serveConfigV2": serve_config(serve_port, 1)}})
+        one = wait_for(lambda: (lambda ms: ms if len(ms) == 1 else None)(c.machines()), 240,
+                       "the idle replica's machine ended", interval=1)
+        assert set(one) < set(two)
+        assert answer() in one
+
+        c.op.objects.delete_namespaced_custom_object("ray.io", "v1", NS, "rayservices", svc)
+        c.ends_everything()
+        wait_for(lambda: not any(processes_of(mid) for mid in two), 30, "no Ray process of a machine left")
+        print(f"\nFIGURES kuberay rayservice: 1 replica -> {first}; 2 -> {sorted(two)}; back to 1 -> {sorted(one)}")
