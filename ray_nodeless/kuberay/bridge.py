@@ -408,13 +408,16 @@ class KubeRayBridge:
         except Exception as e:     # a concurrent update (409/422 from the test op): next loop
             logger.warning("kuberay-autoscaler: cannot set the finalizer %s yet (%s); next loop", FINALIZER, e)
 
-    def teardown(self, ray_cr: dict[str, Any] | None) -> None:
+    def teardown(self, ray_cr: dict[str, Any] | None) -> bool:
         """The RayCluster is being deleted (or is gone): end every machine, Node and pod of the cluster
-        (kuberay/ending.py), then let Kubernetes delete it (drop the finalizer)."""
-        if ending.end_machines(self, ray_cr, why="being deleted") and ray_cr is not None:
+        (kuberay/ending.py), then let Kubernetes delete it (drop the finalizer); True once they are ended."""
+        if not ending.end_machines(self, ray_cr, why="being deleted"):
+            return False
+        if ray_cr is not None:
             finalizers = [f for f in (ray_cr.get("metadata") or {}).get("finalizers") or [] if f != FINALIZER]
             self.rayclusters.set_finalizers(ray_cr, finalizers)
             logger.warning("kuberay-autoscaler: finalizer %s removed", FINALIZER)
+        return True
 
 
 def sweep_cluster(cluster_config: dict[str, Any]) -> bool:

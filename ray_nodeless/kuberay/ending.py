@@ -32,7 +32,7 @@ class Ending(Protocol):
 
     def config(self, ray_cr: dict[str, Any]) -> dict[str, Any]: ...
 
-    def teardown(self, ray_cr: dict[str, Any] | None) -> None: ...
+    def teardown(self, ray_cr: dict[str, Any] | None) -> bool: ...
 
 
 logger = logging.getLogger(__name__)
@@ -70,23 +70,25 @@ def end_machines(bridge: Ending, ray_cr: dict[str, Any] | None, *, why: str) -> 
     return True
 
 
-def on_terminate(bridge: Ending) -> None:
-    """SIGTERM (the head pod is going): end the machines when the RayCluster is suspended or deleted; a plain
-    restart of the pod ends nothing."""
+def on_terminate(bridge: Ending) -> bool:
+    """SIGTERM (the head pod is going): end the machines when the RayCluster is suspended or deleted (True once
+    they are ended); a plain restart of the pod ends nothing (False)."""
     try:
         ray_cr = bridge.rayclusters.get()
     except Exception as e:       # the API server unreachable: nothing decided, the next start looks again
         logger.warning("kuberay-autoscaler: terminated, and the RayCluster cannot be read (%s)", e)
-        return
+        return False
     if deleted(ray_cr):
-        bridge.teardown(ray_cr)
-    elif suspended(ray_cr):
-        end_machines(bridge, ray_cr, why="suspended")
+        return bridge.teardown(ray_cr)
+    if suspended(ray_cr):
+        return end_machines(bridge, ray_cr, why="suspended")
+    return False
 
 
 def run_until_terminated(bridge: Ending, monitor: Callable[[], None]) -> None:
     """Run Ray's monitor; on SIGTERM (Ray's v1 monitor turns it into SystemExit(143); v2 installs no handler, so
-    the same handler is installed here for this process first) end the machines if the cluster is going."""
+    the same handler is installed here for this process first) end the machines if the cluster is going, and then
+    exit 0, as the bridge does when it ends them at its own loop."""
     def terminated(signum: int, frame: Any) -> None:
         raise SystemExit(SIGTERM_EXIT)
 
@@ -94,6 +96,11 @@ def run_until_terminated(bridge: Ending, monitor: Callable[[], None]) -> None:
     try:
         monitor()
     except SystemExit as e:
-        if e.code == SIGTERM_EXIT:
-            on_terminate(bridge)
+        if e.code == SIGTERM_EXIT and on_terminate(bridge):
+            raise SystemExit(0) from None       # the cluster is going and its machines are ended: work done
         raise
+    finally:
+        # Exiting: the kubelet's SIGTERM of the head pod's deletion (which the bridge's own teardown lets happen)
+        # changes nothing now. Ignored, not left to Python, which restores the default action at finalization:
+        # a SIGTERM then killed the container (-15) after it had ended everything (a clean-clone CI run).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
