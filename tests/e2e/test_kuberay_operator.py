@@ -563,3 +563,44 @@ def test_kuberay_operator_rayservice_replicas_scale_the_machines(world, tmp_path
         c.ends_everything()
         wait_for(lambda: not any(processes_of(mid) for mid in two), 30, "no Ray process of a machine left")
         print(f"\nFIGURES kuberay rayservice: 1 replica -> {first}; 2 -> {sorted(two)}; back to 1 -> {sorted(one)}")
+
+
+LONG_JOB_SCRIPT = """
+import os, sys, time, ray
+ray.init(logging_level="ERROR", log_to_driver=False)
+
+@ray.remote(num_gpus=1)
+def f(path):
+    with open(path, "w") as out:
+        out.write(os.environ["RAY_CLOUD_INSTANCE_ID"])
+    time.sleep(600)
+
+ray.get(f.remote(sys.argv[1]))
+"""
+
+
+def test_kuberay_operator_rayjob_suspended_ends_the_machines(world, tmp_path: Path) -> None:
+    """`spec.suspend: true` on a running RayJob: the real operator stops the job and deletes its RayCluster
+    (JobDeploymentStatus Suspending -> Suspended); the bridge answers it as any deletion: the job's machine and Node
+    end before the RayCluster goes, and the bridge exits 0."""
+    job = _owner_name("rjs")
+    annotations, spec = owned_cluster_spec(world, tmp_path, job, {"dashboard": free_port()})
+    script, running = tmp_path / "job.py", tmp_path / "job.running"
+    script.write_text(LONG_JOB_SCRIPT)
+    rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+              "metadata": {"name": job, "namespace": NS, "annotations": annotations},
+              "spec": {"entrypoint": f"{sys.executable} {script} {running}", "submissionMode": "HTTPMode",
+                       "shutdownAfterJobFinishes": True, "rayClusterSpec": spec}}
+    with made_by_operator(world, tmp_path, "rayjobs", rayjob) as c:
+        def get_job() -> dict:
+            return c.op.objects.get_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", job)
+
+        wait_for(lambda: running.exists() and running.read_text().strip(), 300, "the job's GPU task running",
+                 interval=0.5)
+        ran_on = running.read_text().strip()
+        assert c.machines() == {ran_on: c.planned}
+        c.op.objects.patch_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", job, {"spec": {"suspend": True}})
+        c.ends_everything()
+        wait_for(lambda: (get_job().get("status") or {}).get("jobDeploymentStatus") == "Suspended", 120,
+                 "the RayJob Suspended (the operator's status)", interval=1)
+        wait_for(lambda: not processes_of(ran_on), 30, "no Ray process of the machine left")
