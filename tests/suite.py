@@ -34,6 +34,7 @@ K8S_MODULES = frozenset({
     "tests/registrations/kubernetes/test_k8s_control_plane.py",
     "tests/registrations/kubernetes/test_k8s_faults.py",
     "tests/kuberay/test_kuberay_rbac.py",
+    "tests/kuberay/test_kuberay_open.py",
 })
 CORPUS_MODULES = frozenset({"tests/config/test_bad_configs.py", "tests/config/test_ray_up_path.py"})
 MARKERS = ("e2e", "k8s", "corpus", "slow")

@@ -7,7 +7,8 @@ With --json the report is one JSON document on stdout (without -o, no YAML is wr
 
 A KubeRay manifest (RayCluster / RayJob / RayService, detected by apiVersion and kind) is converted for the KubeRay
 bridge instead (kuberay/convert.py): OUT is the patched manifest, --ray-up PATH also writes a `ray up` YAML
-with `registration: kubernetes`; --cloud / --region / --join / --autoscaler-image apply to manifests only.
+with `registration: kubernetes`; --cloud / --region / --join / --autoscaler-image / --open (shape-open; a
+RayCluster may then declare no worker group) / --max-workers apply to manifests only.
 """
 from __future__ import annotations
 
@@ -39,9 +40,15 @@ from ray_nodeless.ray_compat.defaults import quiet_config_logs
                                   "autoscaler's too unless --autoscaler-image), e.g. rayproject/ray:2.60.0.")
 @click.option("--ray-up", "ray_up", type=click.Path(dir_okay=False),
               help="KubeRay manifest: also write a `ray up` YAML (VM head, registration: kubernetes) here.")
+@click.option("--open", "open_shapes", is_flag=True,
+              help="KubeRay manifest: shape-open (open_shapes: true): a demand no worker group holds gets its "
+                   "cheapest-fit machine; a RayCluster may then declare no worker group at all.")
+@click.option("--max-workers", type=int, help="KubeRay manifest: the cluster's worker limit (the annotation's "
+                                              "maxWorkers; needed when it declares no worker group).")
 def convert_command(ray_yaml: str, output: str | None, free_instance_types: bool, project_id: str | None,
                     as_json: bool, cloud: str | None, region: str | None, join: str | None,
-                    autoscaler_image: str | None, ray_image: str | None, ray_up: str | None) -> None:
+                    autoscaler_image: str | None, ray_image: str | None, ray_up: str | None,
+                    open_shapes: bool, max_workers: int | None) -> None:
     """Convert a Ray cluster YAML (type: aws or gcp) into a ray_nodeless one, or a KubeRay manifest for the
     ray_nodeless bridge, and show what changes."""
     from ray_nodeless.core.files import write_atomic
@@ -52,11 +59,11 @@ def convert_command(ray_yaml: str, output: str | None, free_instance_types: bool
         manifest = _manifest(ray_yaml)
         if manifest is not None:
             _convert_manifest(ray_yaml, manifest, output, as_json, free_instance_types, project_id, cloud, region,
-                              join, autoscaler_image, ray_up, ray_image)
+                              join, autoscaler_image, ray_up, ray_image, open_shapes, max_workers)
             return
         for name, value in (("--cloud", cloud), ("--region", region), ("--join", join),
                             ("--autoscaler-image", autoscaler_image), ("--ray-image", ray_image),
-                            ("--ray-up", ray_up)):
+                            ("--ray-up", ray_up), ("--open", open_shapes or None), ("--max-workers", max_workers)):
             if value is not None:
                 raise click.UsageError(f"{name} applies to KubeRay manifests only (this is a Ray cluster YAML)")
         with quiet_config_logs():
@@ -109,7 +116,8 @@ def _manifest(path: str) -> list | None:
 
 def _convert_manifest(path: str, docs: list, output: str | None, as_json: bool, free: bool, project_id: str | None,
                       cloud: str | None, region: str | None, join: str | None, image: str | None,
-                      ray_up: str | None, ray_image: str | None = None) -> None:
+                      ray_up: str | None, ray_image: str | None = None, open_shapes: bool = False,
+                      max_workers: int | None = None) -> None:
     import yaml
 
     from ray_nodeless.errors import ConfigError
@@ -128,7 +136,8 @@ def _convert_manifest(path: str, docs: list, output: str | None, as_json: bool, 
     with quiet_config_logs():
         conv = KC.convert_manifest(docs, source_name=Path(path).name, cloud=cloud, region=region,
                                    project_id=project_id, join=join_map, autoscaler_image=image,
-                                   ray_up=ray_up is not None, ray_image=ray_image)
+                                   ray_up=ray_up is not None, ray_image=ray_image, open_shapes=open_shapes,
+                                   max_workers=max_workers)
     if output:
         _write(output, conv.text)
     if ray_up:

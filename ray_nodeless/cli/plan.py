@@ -120,7 +120,7 @@ def _checked(path: str) -> tuple[dict[str, Any], Any, ClusterPlan, OpenPreview]:
     else:
         cfg = prepare_like_ray_up(load_cluster_yaml(path))
         bundle = load_provider(cfg.get("provider"))
-        settle_images(cfg, bundle)    # Ray's default image, as bootstrap_config sets it
+        bundle = settle_images(cfg, bundle)    # Ray's default image, as bootstrap_config sets it
         cp = check_cluster(cfg, bundle=bundle)
     is_open = shape_open(cp.settings, cfg.get("available_node_types") or {}, cp.head_node_type)
     head_price = cp.plans[cp.head_node_type].chosen.hourly_price or 0.0

@@ -23,7 +23,9 @@ there it is the RayJob's / RayService's, which KubeRay copies onto the RayCluste
 Its value is a YAML (or JSON) mapping of provider keys (README "How a node type becomes an instance"), exactly as
 in a cluster YAML's `provider:` block, minus the keys the bridge sets: `type` and `module` (always ray_nodeless's),
 `registration` (always `kubernetes`), `kubernetes.namespace` / `pod_template(s)` (the RayCluster's namespace and
-groups' templates); plus `groups`: per worker group its `minWorkers` and `node_config` (constraint keys). A group's
+groups' templates); plus `groups`: per worker group its `minWorkers` and `node_config` (constraint keys); and
+`maxWorkers`, the cluster's worker limit (Ray's max_workers; without it, the sum of the groups' maxReplicas, as
+Ray derives it), which a RayCluster with no worker group must give. A group's
 `replicas` and `minReplicas` stay 0, since the KubeRay operator itself creates clamp(replicas, minReplicas,
 maxReplicas) x numOfHosts pods of a group (its GetWorkerGroupDesiredReplicas); the minimum moves to `minWorkers`.
 Errors name the key as `metadata.annotations["ray-nodeless.io/config"].<key>`.
@@ -48,6 +50,10 @@ BRIDGE_KEYS = {"type": "external", "module": MODULE, "registration": "kubernetes
 BRIDGE_KUBERNETES_KEYS = ("namespace", "pod_template", "pod_templates")
 GROUPS = "groups"                   # the annotation's per-group settings: {<groupName>: {minWorkers, node_config}}
 GROUP_KEYS = ("minWorkers", "node_config")
+# The cluster's worker limit (Ray's max_workers, which Ray's derivation makes the sum of the groups' maxReplicas):
+# what bounds a RayCluster's generated (shape-open) node types, and required when it declares no worker group.
+MAX_WORKERS = "maxWorkers"
+CLUSTER_KEYS = (GROUPS, MAX_WORKERS)      # annotation keys that are not provider keys
 
 API_VERSION = "ray.io/v1"
 # kind -> where the RayCluster spec is in that kind's `spec` (None: `spec` itself).
@@ -112,6 +118,10 @@ def parse_annotation(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         if k in (kube or {}):
             raise ConfigError(annotation_key(f"kubernetes.{k}"), "comes from the RayCluster (its namespace and each "
                                                                  "worker group's template)")
+    m = doc.get(MAX_WORKERS, 0)
+    if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        raise ConfigError(annotation_key(MAX_WORKERS), f"must be an integer >= 0 (the cluster's worker limit), "
+                                                       f"got {m!r}")
     groups = doc.get(GROUPS, {})
     if not isinstance(groups, dict):
         raise ConfigError(annotation_key(GROUPS), "must map worker group names to {minWorkers, node_config}")
@@ -144,8 +154,9 @@ def check_group_names(groups: Mapping[str, Any], names: list[str]) -> None:
 
 
 def split_groups(annotation: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the provider keys, the `groups` settings) of a parsed annotation."""
-    provider = {k: v for k, v in annotation.items() if k != GROUPS}
+    """(the provider keys, the `groups` settings) of a parsed annotation (`maxWorkers` in neither: bridge_config
+    reads it)."""
+    provider = {k: v for k, v in annotation.items() if k not in CLUSTER_KEYS}
     return provider, dict(annotation.get(GROUPS) or {})
 
 

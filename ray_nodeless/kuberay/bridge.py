@@ -58,6 +58,7 @@ KUBERAY_NODE_TYPE = "ray.io/node-type"
 KUBERAY_IS_RAY_NODE = "ray.io/is-ray-node"
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 PROVIDER_MODULE = "ray_nodeless.kuberay.provider.KubeRayNodelessProvider"
+HEAD_POD_ENV = "RAY_HEAD_POD_NAME"   # the head pod's name, in the bridge's container (sidecar.OPERATOR_ENV)
 RESTART_EXIT = 3          # provider keys changed: Kubernetes restarts the container with them
 DEFAULT_GCS_PORT = 6379
 MONITOR_KEY = "monitor"   # provider.kuberay.monitor: the bridge's MonitorContext (kuberay/provider.py)
@@ -120,7 +121,7 @@ def catalog_and_facts(settings: Mapping[str, Any], catalog: Catalog | None = Non
     falls back to, so the bridge's loop does no cloud I/O for it). Errors name the annotation's key."""
     from ray_nodeless.operate.config import catalog_for, load_provider
 
-    provider = {k: v for k, v in settings.items() if k not in ("kubernetes", annotation.GROUPS)}
+    provider = {k: v for k, v in settings.items() if k not in ("kubernetes", *annotation.CLUSTER_KEYS)}
     try:         # the core keys only: how machines join plays no part in which types exist
         core = load_provider(provider, planning=True).core
         catalog = catalog if catalog is not None else catalog_for(core)
@@ -179,6 +180,31 @@ def worker_pod_template(ray_cr: Mapping[str, Any], group: Mapping[str, Any]) -> 
     return t
 
 
+def head_worker_template(ray_cr: Mapping[str, Any]) -> dict[str, Any]:
+    """The Ray pod template of a RayCluster that declares no worker group (shape-open: every worker is a generated
+    node type), made of the head group's template as a worker group's would be (worker_pod_template): the head's
+    image, env, volumes and service account, so a worker runs what the head runs. Left out: the head's other
+    containers (the bridge's own among them), its ports, tolerations and rayStartParams (the head's `port`,
+    `dashboard-host` or `num-cpus: "0"` are not a worker's), and the group label (there is no group). A user who
+    wants another template declares a worker group: generated types then take the first group's."""
+    head = (ray_cr.get("spec") or {}).get("headGroupSpec") or {}
+    t = worker_pod_template(ray_cr, {"template": head.get("template") or {}})
+    t["metadata"]["labels"].pop(GROUP_LABEL, None)
+    spec = t["spec"]
+    spec.pop("tolerations", None)
+    containers = [dict(c) for c in spec.get("containers") or []][:1]
+    for c in containers:
+        c.pop("ports", None)
+    spec["containers"] = containers
+    mounted = {m.get("name") for c in containers for m in c.get("volumeMounts") or [] if isinstance(m, dict)}
+    volumes = [v for v in spec.get("volumes") or [] if isinstance(v, dict) and v.get("name") in mounted]
+    if volumes:
+        spec["volumes"] = volumes
+    else:
+        spec.pop("volumes", None)
+    return t
+
+
 def head_gcs_address(ray_cr: Mapping[str, Any]) -> str:
     """The head's GCS as the workers reach it: the operator's head service (status.head.serviceName, else
     `<cluster>-head-svc`) in the cluster's namespace, on the head's `port` rayStartParam (default 6379)."""
@@ -190,20 +216,29 @@ def head_gcs_address(ray_cr: Mapping[str, Any]) -> str:
 
 
 def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip: str = "",
-                  facts: CatalogFacts | None = None, context: MonitorContext | None = None) -> dict[str, Any]:
+                  facts: CatalogFacts | None = None, context: MonitorContext | None = None,
+                  head_id: str = "") -> dict[str, Any]:
     """Ray's autoscaling config of the RayCluster (`derived`, Ray's own derivation) with the provider swapped for
     ray_nodeless: the annotation's provider keys, `registration: kubernetes` in the cluster's namespace, one pod
     template per worker group, each group's node_config (its scheduling resolved against `facts`:
     catalog_and_facts) and minimum from the annotation; `context`, the bridge's MonitorContext, in the provider
     block's `kuberay.monitor` (kuberay/provider.py hands it to NodelessProvider). Pure."""
     settings = annotation_settings(ray_cr)
-    groups_cfg = settings.pop("groups", {}) or {}
+    groups_cfg = settings.pop(annotation.GROUPS, {}) or {}
+    max_workers = settings.pop(annotation.MAX_WORKERS, None)
     meta = ray_cr.get("metadata") or {}
     spec = ray_cr.get("spec") or {}
     workers = list(spec.get("workerGroupSpecs") or [])
     names = [str(g.get("groupName")) for g in workers]
     annotation.check_group_names(groups_cfg, names)     # a typo gets its nearest group name
     config = copy.deepcopy(dict(derived))
+    if max_workers is not None:
+        config["max_workers"] = max_workers
+    elif not workers:
+        raise ConfigError(annotation.annotation_key(annotation.MAX_WORKERS),
+                          "missing: a RayCluster with no worker group needs the cluster's worker limit (Ray's "
+                          "max_workers; each worker is the cheapest fit of a demand, a generated node type), e.g. "
+                          "maxWorkers: 10 (and max_hourly_cost for a cost cap)")
     types = config["available_node_types"]
     templates: dict[str, dict[str, Any]] = {}
     for i, g in enumerate(workers):
@@ -233,8 +268,9 @@ def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip
         templates[name] = worker_pod_template(ray_cr, g)
     kube = dict(settings.pop("kubernetes", None) or {})
     kube.update(namespace=meta.get("namespace"), pod_templates=templates)
-    if templates:
-        kube["pod_template"] = templates[names[0]]
+    # The template of generated (shape-open) node types: the first group's, else, with no group at all, the head's
+    # made a worker's.
+    kube["pod_template"] = templates[names[0]] if templates else head_worker_template(ray_cr)
     provider = {k: v for k, v in (derived.get("provider") or {}).items() if k in _RAY_PROVIDER_KEYS}
     provider.update(type="external", module=PROVIDER_MODULE, registration="kubernetes", disable_node_updaters=True)
     provider.update(settings)
@@ -242,7 +278,10 @@ def bridge_config(ray_cr: Mapping[str, Any], derived: Mapping[str, Any], head_ip
     provider["kubernetes"] = kube
     provider["node_type_resources"] = {n: dict(t.get("resources") or {}) for n, t in sorted(types.items())}
     # KubeRay's head pod, listed as the head node (kuberay_provider.py): its IP is the one the monitor serves
-    provider["kuberay"] = {"head_id": f"kuberay-head-{meta.get('name')}", "head_ip": head_ip,
+    # The head's id: its pod's name where the bridge knows it (run: RAY_HEAD_POD_NAME), the id Ray's v2 autoscaler
+    # knows the head's Ray node by (the operator sets RAY_CLOUD_INSTANCE_ID to it in the head's Ray container), so
+    # v2 sees its head running and scales; a stable stand-in name otherwise.
+    provider["kuberay"] = {"head_id": head_id or f"kuberay-head-{meta.get('name')}", "head_ip": head_ip,
                            "head_node_type": config["head_node_type"]}
     if context is not None:
         provider["kuberay"][MONITOR_KEY] = context.to_mapping()
@@ -334,9 +373,11 @@ class KubeRayBridge:
     _warned: str = ""
     _facts: tuple[str, CatalogFacts] | None = None              # (the annotation they were loaded for, the facts)
     context: MonitorContext | None = None                       # set by `run` once the head answers
+    head_id: str = ""                                           # the head pod's name (bridge_config)
 
     def config(self, ray_cr: dict[str, Any]) -> dict[str, Any]:
-        return bridge_config(ray_cr, self.derive(ray_cr), self.head_ip, self.catalog_facts(ray_cr), self.context)
+        return bridge_config(ray_cr, self.derive(ray_cr), self.head_ip, self.catalog_facts(ray_cr), self.context,
+                             self.head_id)
 
     def with_open_types(self, cfg: dict[str, Any]) -> dict[str, Any]:
         """`cfg` with the shape-open node types the provider keeps in the context's config file, written back to
@@ -478,7 +519,8 @@ def run(cluster_name: str, namespace: str, *, gcs_address: str | None = None, ku
         raise ConfigError("--cluster-name", f"RayCluster {namespace}/{cluster_name} does not exist")
     address = gcs_address or gcs_address_of(ray_cr, ray_kuberay.node_ip())
     bridge = KubeRayBridge(rayclusters, address.rsplit(":", 1)[0], ray_kuberay.derive_config,
-                           ray_kuberay.node_provider, sweep_cluster)
+                           ray_kuberay.node_provider, sweep_cluster,
+                           head_id=os.environ.get(HEAD_POD_ENV, ""))   # the operator's env of our container
     bridge.config(ray_cr)      # a ConfigError names the key before anything runs
     head = ray_kuberay.connect(address)
     bridge.context = monitor_context(address, head.logs_dir)

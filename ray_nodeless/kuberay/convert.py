@@ -31,6 +31,7 @@ from ray_nodeless.errors import ConfigError
 from ray_nodeless.kuberay import annotation as K
 from ray_nodeless.kuberay import scheduling as S
 from ray_nodeless.kuberay import shape, sidecar
+from ray_nodeless.kuberay.crd_defaults import with_defaults
 from ray_nodeless.kuberay.images import settle_ray_images
 from ray_nodeless.swapin.convert import NodeTypeChange, Side, _summary
 
@@ -90,6 +91,8 @@ def bridge_cluster_config(ray_cr: Mapping[str, Any], spec_key: str = "spec", *, 
     from ray_nodeless.kuberay.bridge import annotation_settings, bridge_config, catalog_and_facts
 
     cr = copy.deepcopy(dict(ray_cr))
+    if isinstance(cr.get("spec"), Mapping):
+        cr["spec"] = with_defaults(cr["spec"])        # as the API server stores it (Ray's derivation needs them)
     settings = K.parse_annotation(cr.get("metadata"))
     if planning and not (settings.get("kubernetes") or {}).get("join"):
         settings.setdefault("kubernetes", {})
@@ -132,7 +135,7 @@ def plan_manifest(ray_cr: Mapping[str, Any], spec_key: str = "spec", catalog: ca
         bundle = load_provider(cfg["provider"])
     except ConfigError as e:
         raise K.rekey(e) from e
-    settle_images(cfg, bundle)    # the cloud's default image, as `plan` and bootstrap_config set it
+    bundle = settle_images(cfg, bundle)    # the cloud's default image, as `plan` and bootstrap_config set it
     return cfg, check_cluster(cfg, catalog=catalog, bundle=bundle)
 
 
@@ -163,7 +166,11 @@ class ManifestConversion:
 def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud: str | None = None,
                      region: str | None = None, project_id: str | None = None, join: Mapping[str, Any] | None = None,
                      autoscaler_image: str | None = None, ray_up: bool = False,
-                     catalog: catalog_mod.Catalog | None = None, ray_image: str | None = None) -> ManifestConversion:
+                     catalog: catalog_mod.Catalog | None = None, ray_image: str | None = None,
+                     open_shapes: bool = False, max_workers: int | None = None) -> ManifestConversion:
+    """`open_shapes` (--open): shape-open node types on (a demand no worker group holds gets its cheapest fit as a
+    generated node type), which a RayCluster with no worker group needs; `max_workers` (--max-workers): the
+    annotation's `maxWorkers`, the cluster's worker limit, which a RayCluster with no worker group needs."""
     idx = kuberay_indexes(docs)
     if not idx:
         raise ConfigError("kind", "no RayCluster, RayJob or RayService document in the file")
@@ -183,10 +190,30 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
     notes: list[str] = []
 
     workers = spec.get("workerGroupSpecs")
-    if not isinstance(workers, list) or not workers:
+    if workers is None:
+        workers = []
+    if not isinstance(workers, list):
+        raise ConfigError(f"{spec_key}.workerGroupSpecs", f"must be a list of worker groups, got "
+                                                          f"{shape._type(workers)}")
+    if max_workers is not None:
+        if max_workers < 0:
+            raise ConfigError("--max-workers", f"must be >= 0, got {max_workers}")
+        existing[K.MAX_WORKERS] = max_workers
+    open_shapes = open_shapes or provider.get("open_shapes") is True
+    if not workers and not open_shapes:
         raise ConfigError(f"{spec_key}.workerGroupSpecs", "no worker group: the head pod runs everything and "
                                                           "ray_nodeless would launch nothing; add a worker group "
-                                                          "(its pods become ray_nodeless machines)")
+                                                          "(its pods become ray_nodeless machines), or pass --open "
+                                                          "(shape-open: each demand gets its cheapest-fit machine)")
+    if not workers and K.MAX_WORKERS not in existing:
+        raise ConfigError("--max-workers", f"a RayCluster with no worker group needs the cluster's worker limit: "
+                                           f"pass --max-workers N (written as {K.annotation_key(K.MAX_WORKERS)})")
+    if open_shapes:
+        provider["open_shapes"] = True
+    for j, g in enumerate(workers):
+        if isinstance(g, Mapping) and "maxReplicas" not in g:
+            notes.append(f"{spec_key}.workerGroupSpecs[{j}].maxReplicas: not set: KubeRay's default is 2147483647 "
+                         f"(no limit); set it, or the annotation's maxWorkers / max_hourly_cost")
     for j, g in enumerate(workers):
         shape.check_group(g, f"{spec_key}.workerGroupSpecs[{j}]")
     shape.head_image(spec, spec_key)                             # the head group checked, then its Ray images
@@ -256,6 +283,8 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
         its = gr.node_config.get("instance_types") or []
         before_types[name] = its[0] if len(its) == 1 else None
     annotation = dict(provider)
+    if K.MAX_WORKERS in existing:
+        annotation[K.MAX_WORKERS] = existing[K.MAX_WORKERS]
     if groups_cfg:
         annotation[K.GROUPS] = {n: groups_cfg[n] for n in sorted(groups_cfg)}
 
@@ -340,7 +369,7 @@ def _ray_up(conv: ManifestConversion, ray_cr: Mapping[str, Any], cfg: Mapping[st
                                     "README \"Kubernetes registration\"), or set kubernetes.join in the annotation")
     ray_provider = {"type": annotation["cloud"], "region": annotation["region"]}
     ray_provider.update({k: v for k, v in annotation.items()
-                         if k not in ("cloud", "region", K.GROUPS, "kubernetes")})
+                         if k not in ("cloud", "region", "kubernetes", *K.CLUSTER_KEYS)})
     ray_provider["registration"] = "kubernetes"
     ray_provider["kubernetes"] = {**{k: v for k, v in (annotation.get("kubernetes") or {}).items()}, **kube}
     head = cfg["head_node_type"]

@@ -14,6 +14,11 @@ container to the head pod template, as the operator adds its one:
   resources (500m CPU, 512Mi); the user's autoscalerOptions image / imagePullPolicy / env / envFrom / resources /
   volumeMounts / securityContext move to it (idleTimeoutSeconds, upscalingMode and version stay: Ray's derivation
   reads them);
+- Ray's v2 autoscaler, where the manifest asks for it (`autoscalerOptions.version: v2`, or the head's Ray container
+  env `RAY_enable_autoscaler_v2`): the head's rayStartParams `system-config` gets `enable_autoscaler_v2: true`, and
+  the env is dropped. The operator refuses that env with its autoscaler off ("cannot be set to '1' when
+  enableInTreeAutoscaling is false": ray-operator utils/validation.go, found against the real operator) and sets it
+  for `version: v2` only with its autoscaler on; the bridge's monitor asks the head's GCS which version runs;
 - /tmp/ray is shared between the Ray container and it (an emptyDir, as the operator shares its `ray-logs`): the
   bridge reads the head's session directory there and writes its config file into it.
 The operator then gives the head's ServiceAccount no autoscaler Role either: cluster-configs/kuberay/rbac.yaml grants
@@ -23,12 +28,16 @@ that account when its autoscaler is on (for a RayJob or RayService: its own name
 from __future__ import annotations
 
 import copy
+import json
+import shlex
 from typing import Any, Mapping, MutableMapping
 
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.kuberay import shape
 
 CONTAINER = "ray-nodeless-autoscaler"
+V2_ENV = "RAY_enable_autoscaler_v2"
+SYSTEM_CONFIG = "system-config"
 COMMAND = ["ray-nodeless"]
 ARGS = ["kuberay-autoscaler"]
 VOLUME = "ray-nodeless-tmp"
@@ -90,6 +99,45 @@ def check(spec: Mapping[str, Any], spec_key: str) -> None:
     _string(opts.get("imagePullPolicy"), f"{opts_key}.imagePullPolicy")
 
 
+def _autoscaler_v2(spec: MutableMapping[str, Any], spec_key: str, params: MutableMapping[str, Any]) -> list[str]:
+    """Ray's v2 autoscaler as the module docstring says: the notes for the user."""
+    containers = spec["headGroupSpec"]["template"]["spec"].get("containers") or []
+    if not containers or not isinstance(containers[0], dict):
+        return []           # install refuses it, naming the key
+    ray = containers[0]
+    env = [e for e in ray.get("env") or [] if isinstance(e, dict)]
+    by_env = [e for e in env if e.get("name") == V2_ENV]
+    by_version = (spec.get("autoscalerOptions") or {}).get("version") == "v2"
+    if not by_env and not by_version:
+        return []
+    notes = []
+    if by_env:
+        ray["env"] = [e for e in ray.get("env") or [] if not (isinstance(e, dict) and e.get("name") == V2_ENV)]
+        if not ray["env"]:
+            del ray["env"]
+        if str(by_env[-1].get("value", "")).lower() not in ("1", "true"):
+            return [f"{spec_key}.headGroupSpec.template.spec.containers[0].env.{V2_ENV}: dropped (the operator "
+                    f"refuses it when its autoscaler is off)"]
+    key = f"{spec_key}.headGroupSpec.rayStartParams.{SYSTEM_CONFIG}"
+    given = params.get(SYSTEM_CONFIG)
+    system: dict[str, Any] = {}
+    if given not in (None, ""):
+        text = str(given).strip()
+        try:
+            system = json.loads(shlex.split(text)[0] if text[:1] in "'\"" else text)
+        except ValueError as e:
+            raise ConfigError(key, f"must be a JSON object (Ray's system config), got {given!r}: {e}") from None
+        if not isinstance(system, dict):
+            raise ConfigError(key, f"must be a JSON object (Ray's system config), got {given!r}")
+    if system.get("enable_autoscaler_v2") is not True:
+        notes.append(f"{key}: enable_autoscaler_v2 (Ray's v2 autoscaler under the bridge; the operator refuses "
+                     f"{V2_ENV} with its own autoscaler off)")
+    system["enable_autoscaler_v2"] = True
+    # single-quoted: the operator puts `--system-config=<value>` into the head's shell command as is
+    params[SYSTEM_CONFIG] = shlex.quote(json.dumps(system, separators=(",", ":"), sort_keys=True))
+    return notes
+
+
 def install(spec: MutableMapping[str, Any], spec_key: str, name: str, image: str | None) -> list[str]:
     """Patch a RayCluster spec (already checked by kuberay/shape.py) for the bridge as the module docstring says;
     the notes for the user. Converting a converted manifest again gives the same result. Bad shapes are refused
@@ -117,6 +165,7 @@ def install(spec: MutableMapping[str, Any], spec_key: str, name: str, image: str
         spec.pop("autoscalerOptions", None)
     params = head.setdefault("rayStartParams", {})
     params["no-monitor"] = "true"
+    notes += _autoscaler_v2(spec, spec_key, params)
 
     containers = [c for c in pod.get("containers") or [] if not (isinstance(c, dict) and c.get("name") == CONTAINER)]
     if not containers:

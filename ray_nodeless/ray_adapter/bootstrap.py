@@ -44,7 +44,7 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     bundle = load_provider(config.get("provider"))
     provider = config["provider"]
     try:
-        bundle.backend_config.fill_default_images(bundle.backend_settings, config)
+        bundle = settle_images(config, bundle)
         cp = check_cluster(config, bundle=bundle)
         # The registration's live services (Kubernetes: kubeconfig, API server, RBAC, namespace, a dry run of the
         # pod) before anything of the cloud is touched: `ray up` then fails before the head is created.
@@ -90,10 +90,13 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def settle_images(config: dict[str, Any], bundle: ProviderBundle) -> None:
+def settle_images(config: dict[str, Any], bundle: ProviderBundle) -> ProviderBundle:
     """Static, before planning: a node type's image as Ray would default it (the backend's `fill_default_images`;
-    AWS: Ray's default AMI per region). For `plan`, which has the loader's bundle but no backend."""
+    AWS: Ray's default AMI per region). The bundle to go on with: read again when the provider block changed (a
+    shape-open cluster's template, `provider.open.node_config`, is the provider's own setting)."""
+    before = copy.deepcopy(config.get("provider"))
     bundle.backend_config.fill_default_images(bundle.backend_settings, config)
+    return load_provider(config["provider"]) if config.get("provider") != before else bundle
 
 
 def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:

@@ -47,6 +47,10 @@ def derive_config(ray_cr: dict[str, Any]) -> dict[str, Any]:
     import jsonschema
     from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
 
+    spec = ray_cr.get("spec")
+    if isinstance(spec, dict) and spec.get("workerGroupSpecs") is None:
+        # no worker group (shape-open): Ray's derivation indexes the key, which the CRD leaves out when unset
+        ray_cr = {**ray_cr, "spec": {**spec, "workerGroupSpecs": []}}
     try:
         return _derive_autoscaling_config_from_ray_cr(ray_cr)
     except jsonschema.ValidationError as e:

@@ -30,6 +30,7 @@ import contextlib
 import datetime as dt
 import os
 import re
+import shlex
 import subprocess
 import threading
 import urllib.request
@@ -252,12 +253,23 @@ class HeadPodStandIn:
     def head_args(self) -> tuple[str, ...]:
         """The stand-in head's own flags: no monitor (the operator's `--no-monitor` when its autoscaler is off), and
         the dashboard when asked for, on 127.0.0.1 at the pod's port (8265, Ray's default, if the pod names none)."""
+        # Ray's system config as the pod's command gives it (convert's `enable_autoscaler_v2` for Ray's v2
+        # autoscaler: kuberay/sidecar.py), unquoted as the pod's shell would
+        system = self._ray_start("system-config")
+        own = ("--no-monitor", *([f"--system-config={shlex.split(system)[0]}"] if system else []))
         if not self.dashboard:
-            return ("--no-monitor",)
-        return ("--no-monitor", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+            return own
+        return (*own, "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={self._ray_start('dashboard-port') or 8265}",
                 f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
                 f"--metrics-export-port={free_port()}")
+
+    def identity(self) -> dict[str, str]:
+        """The Ray node's identity as the operator's env of the pod's Ray container gives it (RAY_CLOUD_INSTANCE_ID:
+        the pod's name; RAY_NODE_TYPE_NAME: its group), resolved as a kubelet resolves fieldRefs. The rest of that
+        env (RAY_ADDRESS, RAY_PORT, ...) names the pod's network, which a host process lacks."""
+        env = container_env(self.pod, self.pod.spec.containers[0])
+        return {k: env[k] for k in ("RAY_CLOUD_INSTANCE_ID", "RAY_NODE_TYPE_NAME") if k in env}
 
     def bridge_container(self) -> Bridge:
         """The bridge's container of the operator's pod, as a process: its command and args unchanged."""
@@ -278,7 +290,7 @@ class HeadPodStandIn:
             port = self.head_port()
             temp_dir = f"/tmp/rnk-{port}"
             Path(temp_dir).mkdir(parents=True, exist_ok=True)
-            head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"} | self.head_env
+            head_env = RAY_ENV | {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"} | self.identity() | self.head_env
             with head_process(head_env, port, temp_dir, self.head_args()):
                 self.mark_running()
                 self.bridge = self.bridge_container()

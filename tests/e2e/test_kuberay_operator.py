@@ -21,6 +21,7 @@ the autoscaler container killed mid-launch and restarted (no duplicate machine, 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -30,16 +31,21 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import yaml
 from kubernetes import client
 
+from ray_nodeless.core.catalog import embedded
 from ray_nodeless.core.cluster_plan import plan_cluster
+from ray_nodeless.core.demand import fits, parse_selector
+from ray_nodeless.core.node_resources import instance_resources
+from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_ZONE
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.settings import default_state_dir
 from ray_nodeless.kuberay import bridge as K
+from ray_nodeless.kuberay import sidecar
 from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.registrations.kubernetes import labels as L
 from ray_nodeless.testing.clock import wait_for
@@ -48,6 +54,7 @@ from ray_nodeless.testing.kuberay import NS, RAY_ENV, REPO_ROOT, SA, Bridge, Ope
 from ray_nodeless.testing.kuberay_operator import HEAD_HOST_LABEL, HeadPodStandIn, RealOperator, wait_status_ready
 from ray_nodeless.testing.ray_processes import free_port
 from ray_nodeless.testing.service_network import ServiceNetwork
+from tests.e2e.cheapest import cheapest_fit
 from tests.e2e.clusters import processes_of
 from tests.k8s_plane import PlaneView
 
@@ -95,11 +102,12 @@ class KubeRayCluster:
 
 
 @contextlib.contextmanager
-def kuberay_cluster(world, tmp_path: Path, prefix: str, annotation: dict | None = None) -> Iterator[KubeRayCluster]:
+def kuberay_cluster(world, tmp_path: Path, prefix: str, annotation: dict | None = None,
+                    edit: Callable[[dict], None] | None = None) -> Iterator[KubeRayCluster]:
     """Apply a RayCluster (KubeRay's autoscaler sample with a GPU group; `annotation`: provider keys added to its
-    annotation), start its head and the bridge as the autoscaler container runs it, and wait for the bridge's
-    finalizer. Afterwards, whatever happened: the bridge stopped, and every machine, Node, pod and the RayCluster
-    of the test gone."""
+    annotation; `edit`: changes it in place before), start its head and the bridge as the autoscaler container runs
+    it, and wait for the bridge's finalizer. Afterwards, whatever happened: the bridge stopped, and every machine,
+    Node, pod and the RayCluster of the test gone."""
     admin = world.api_client()
     core = client.CoreV1Api(admin)
     op = Operator(admin, played=False)
@@ -110,6 +118,8 @@ def kuberay_cluster(world, tmp_path: Path, prefix: str, annotation: dict | None 
     if annotation:
         settings = yaml.safe_load(rc["metadata"]["annotations"][K.ANNOTATION])
         rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump({**settings, **annotation})
+    if edit is not None:
+        edit(rc)
     head_spec = rc["spec"]["headGroupSpec"]["template"]["spec"]
     head_spec["nodeSelector"] = {HEAD_HOST_LABEL: name}      # the Node played for the head pod, and only it
     head_spec["tolerations"] = [{"key": HEAD_HOST_LABEL, "operator": "Equal", "value": name, "effect": "NoSchedule"}]
@@ -307,6 +317,95 @@ def test_kuberay_bridge_serves_a_demand_no_group_declares(world, tmp_path: Path)
         assert not c.backend.list_machines() and not c.core.list_node(label_selector=c.sel).items
         assert c.bridge.proc.wait(timeout=60) == 0, c.bridge.tail()
         wait_for(lambda: not processes_of(got), 30, "no Ray process of the machine left")
+
+
+GIB = 1024 ** 3
+# name -> (Ray task options, the demand as Ray reports it, its label selector)
+NO_GROUP_DEMANDS = {
+    "cpu": ({"num_cpus": 6}, {"CPU": 6}, None),
+    "gpu": ({"num_cpus": 1, "num_gpus": 1}, {"CPU": 1, "GPU": 1}, None),
+    "l4": ({"num_cpus": 1, "num_gpus": 1, "accelerator_type": "L4"},
+           {"CPU": 1, "GPU": 1, "accelerator_type:L4": 0.001}, None),
+    "mem": ({"num_cpus": 1, "memory": 64 * GIB}, {"CPU": 1, "memory": 64 * GIB}, None),
+    "zone_b": ({"num_cpus": 1, "label_selector": {"ray.io/availability-zone": "us-west-2b"}}, {"CPU": 1},
+               {"ray.io/availability-zone": "us-west-2b"}),
+}
+NO_GROUP_UNIQUE = ("l4", "zone_b")      # only their own cheapest fit can serve them (a GPU model, a zone)
+
+
+def _no_worker_groups(rc: dict) -> None:
+    """No worker group at all (shape-open: every worker a generated node type), and Ray's v2 autoscaler (label
+    selectors are a v2 feature) asked for as a KubeRay user asks, `autoscalerOptions.version: v2`, then converted
+    again as `convert` writes it (sidecar.install: the head's system config); the cluster's worker limit in the
+    annotation (`maxWorkers`, which a RayCluster with no group needs)."""
+    rc["spec"]["workerGroupSpecs"] = []
+    rc["spec"].setdefault("autoscalerOptions", {})["version"] = "v2"
+    settings = yaml.safe_load(rc["metadata"]["annotations"][K.ANNOTATION])
+    rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump({**settings, "maxWorkers": 8})
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]
+    sidecar.install(rc["spec"], "spec", rc["metadata"]["name"], sidecar.autoscaler_container(head)["image"])
+
+
+def test_kuberay_raycluster_with_no_worker_group_serves_each_demand_on_its_cheapest_fit(world, tmp_path) -> None:
+    """A RayCluster that declares no worker group: a CPU, a GPU, a GPU-model, a memory and a label-selector demand
+    at once. Each runs on a machine that holds it and carries the labels it asked for; the GPU model's and the
+    zone's run on their own cheapest fit (a brute force over the catalog, not the planner); every machine launched
+    is some demand's cheapest fit, and all of them cost no more than the demands' own cheapest fits together (Ray's
+    scheduler may put a demand on another's machine). Each is a Node, its Ray pod made of the head's template (the
+    head's image; no group label), Running on it; deleting the RayCluster ends them all."""
+    with kuberay_cluster(world, tmp_path, "rn", edit=_no_worker_groups) as c:
+        assert list(c.cfg["available_node_types"]) == ["headgroup"], c.cfg["available_node_types"]
+        tasks = "\n".join(f"refs[{n!r}] = probe.options(**{o!r}).remote()" for n, (o, _, _) in NO_GROUP_DEMANDS.items())
+        got = json.loads(driver(c.gcs, textwrap.dedent("""
+            import json
+            @ray.remote
+            def probe():
+                time.sleep(15)      # hold the machine while the others come up
+                return {"machine": os.environ["RAY_CLOUD_INSTANCE_ID"],
+                        "labels": ray.get_runtime_context().get_node_labels()}
+            refs = {}
+        """) + tasks + textwrap.dedent("""
+            print("RESULT", json.dumps({n: ray.get(r, timeout=400) for n, r in refs.items()}))
+        """), timeout=600))
+        machines = {m.id: m.tags for m in c.backend.list_machines()}
+        own_cheapest, planned = 0.0, set()
+        for name, r in sorted(got.items()):
+            _, want, selector = NO_GROUP_DEMANDS[name]
+            tags = machines[r["machine"]]
+            assert tags["ray-user-node-type"].startswith("nl-"), (name, tags)      # a generated node type
+            itype = tags[TAG_INSTANCE_TYPE]
+            price, cheapest = cheapest_fit(c.cfg, want, selector)
+            own_cheapest += price
+            planned |= cheapest
+            t = embedded().instance_type("aws", itype)
+            assert fits(instance_resources(t, {}), {k: v for k, v in want.items()
+                                                    if not k.startswith("accelerator_type:")}), (name, itype)
+            if name in NO_GROUP_UNIQUE:
+                assert itype in cheapest, f"{name}: got {itype}, the catalog's cheapest fit is {sorted(cheapest)}"
+            labels = r["labels"]
+            assert labels["ray.io/market-type"] == tags[TAG_CAPACITY], (name, labels)
+            assert labels["ray.io/availability-zone"] == tags[TAG_ZONE], (name, labels)
+            if t.gpu_count:
+                assert labels["ray.io/accelerator-type"] == t.gpu_model, (name, labels)
+            if selector:
+                assert parse_selector(selector).matches(labels), (name, labels)
+        assert {tags[TAG_INSTANCE_TYPE] for tags in machines.values()} <= planned, (machines, planned)
+        launched = sum(float(tags[TAG_PRICE]) for tags in machines.values())
+        assert launched <= own_cheapest + 1e-6, (launched, own_cheapest)
+        head_image = c.op.get(c.name)["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+        for mid in machines:
+            [node] = c.core.list_node(label_selector=f"{L.MACHINE_ID}={mid}").items
+            [pod] = c.core.list_namespaced_pod(NS, label_selector=f"{L.MACHINE_ID}={mid}").items
+            assert pod.spec.node_name == node.metadata.name and pod.status.phase == "Running"
+            assert pod.spec.containers[0].image == head_image and len(pod.spec.containers) == 1
+            assert K.GROUP_LABEL not in pod.metadata.labels and pod.metadata.labels["ray.io/cluster"] == c.name
+            assert node.metadata.labels[L.INSTANCE_TYPE] == machines[mid][TAG_INSTANCE_TYPE]
+        print(f"\nFIGURES kuberay no worker group: {len(got)} demands on {len(machines)} machines, "
+              f"${launched:.4f}/h vs ${own_cheapest:.4f}/h for each demand's own cheapest fit: "
+              + ", ".join(f"{n}->{machines[r['machine']][TAG_INSTANCE_TYPE]}" for n, r in sorted(got.items())))
+        c.op.delete(c.name)
+        wait_for(lambda: c.op.get(c.name) is None, 180, "the RayCluster gone", interval=1)
+        assert not c.backend.list_machines() and not c.core.list_node(label_selector=c.sel).items
 
 
 def test_kuberay_operator_suspend_ends_the_machines(world, tmp_path: Path) -> None:
