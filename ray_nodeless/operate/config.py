@@ -141,6 +141,37 @@ def check_node_types(cluster_config: DocumentView, bundle: ProviderBundle) -> No
 RAY_EXTERNAL_HEAD_TYPE = "ray.head.default"     # Ray's MINIMAL_EXTERNAL_CONFIG head_node_type
 
 
+# The provider classes a `type: external` block names as `module` (Ray imports the module and takes the class):
+# ray_nodeless's own, and the KubeRay bridge's (kuberay/bridge.py writes it).
+PROVIDER_MODULES = ("ray_nodeless.NodelessProvider", "ray_nodeless.kuberay.provider.KubeRayNodelessProvider")
+
+
+def check_module(module: object) -> None:
+    """`provider.module` as Ray imports it at `ray up` (`_load_external_provider`: the module part imported, the
+    last part its class): one of ours, else a module that exists (a user's subclass); a near miss of ours gets a
+    did-you-mean. Finds the module without importing it."""
+    import importlib.util
+
+    from ray_nodeless.core.schema import suggest_key
+
+    if not isinstance(module, str) or "." not in module.strip(".") or not all(module.split(".")):
+        raise ConfigError("provider.module", f"must be a dotted path to a provider class, e.g. "
+                                             f"{PROVIDER_MODULES[0]!r}; got {module!r}")
+    if module in PROVIDER_MODULES:
+        return
+    close = suggest_key(module, PROVIDER_MODULES)
+    if close:
+        raise ConfigError("provider.module", f"{module!r} is not a provider class; did you mean {close!r}?")
+    path = module.rsplit(".", 1)[0]
+    try:
+        found = importlib.util.find_spec(path) is not None
+    except (ImportError, ValueError):      # a parent package that does not exist
+        found = False
+    if not found:
+        raise ConfigError("provider.module", f"{module!r}: no module {path!r} to import (Ray imports it at "
+                                             f"`ray up`); ray_nodeless's provider is {PROVIDER_MODULES[0]!r}")
+
+
 def prepare_like_ray_up(cluster_config: DocumentView) -> Document:
     """The node-type view `ray up` plans from, without importing Ray (a cold `plan` stays fast): Ray's
     `prepare_config` for `type: external` merges nothing but its minimal defaults, requires the setup-command lists
@@ -152,6 +183,8 @@ def prepare_like_ray_up(cluster_config: DocumentView) -> Document:
     if isinstance(provider, Mapping) and provider.get("type", "external") != "external":
         raise ConfigError("provider.type", f"{provider.get('type')!r}: ray_nodeless runs as `type: external`; "
                                            "`ray-nodeless convert` turns a Ray AWS/GCP YAML into one")
+    if isinstance(provider, Mapping) and "module" in provider:
+        check_module(provider["module"])
     # What a user fixes in one edit, named at once: unknown top-level keys (a did-you-mean from Ray's schema), the
     # top-level keys Ray requires, the provider block's unknown and missing keys.
     from ray_nodeless.operate.ray_schema import unknown_top_level_keys

@@ -36,3 +36,26 @@ def test_a_key_ray_requires_is_an_error_here_too(key):
     assert ours.value.key == key
     with pytest.raises((KeyError, AssertionError)):
         prepare_config(copy.deepcopy(cfg))          # Ray refuses the same YAML
+
+
+@pytest.mark.parametrize("module, says", [
+    ("ray_nodeles.NodelessProvider", "did you mean 'ray_nodeless.NodelessProvider'?"),
+    ("ray_nodeless.NodelesProvider", "did you mean 'ray_nodeless.NodelessProvider'?"),
+    ("mycorp_providers.Provider", "no module 'mycorp_providers' to import"),
+    ("NodelessProvider", "must be a dotted path"),
+    (7, "must be a dotted path"),
+])
+def test_a_provider_module_ray_could_not_import_is_named(module, says):
+    """Ray imports `provider.module` only at `ray up` (ModuleNotFoundError there); `plan` names it first."""
+    cfg = yaml.safe_load((REPO_ROOT / "cluster-configs" / "aws-gpu-head.yaml").read_text())
+    cfg["provider"]["module"] = module
+    with pytest.raises(ConfigError) as e:
+        prepare_like_ray_up(cfg)
+    assert e.value.key == "provider.module" and says in str(e.value)
+
+
+def test_a_users_own_provider_class_and_ours_pass():
+    cfg = yaml.safe_load((REPO_ROOT / "cluster-configs" / "aws-gpu-head.yaml").read_text())
+    for module in ("ray_nodeless.NodelessProvider", "ray_nodeless.kuberay.provider.KubeRayNodelessProvider",
+                   "tests.operate.test_prepare.MyProvider"):      # a module that exists (its class is Ray's to load)
+        prepare_like_ray_up({**cfg, "provider": {**cfg["provider"], "module": module}})

@@ -118,6 +118,18 @@ class AwsSettings(Section):
                 raise PydanticCustomError("availability_zone", str(e).split(": ", 1)[1]) from None
         return value
 
+    @field_validator("endpoint_url")
+    @classmethod
+    def _a_url(cls, value: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise PydanticCustomError("endpoint_url", "must be an http(s) URL with a host, such as "
+                                                          "http://127.0.0.1:5000 (botocore's endpoint_url)")
+        return value
+
     @field_validator("cache_stopped_nodes")
     @classmethod
     def _never_stopped(cls, value: bool | None) -> bool | None:
@@ -189,6 +201,9 @@ def check_node_config(settings: AwsSettings, node_config: Mapping[str, Any], key
     subnets = node_config.get("SubnetIds")
     if subnets is not None and (not isinstance(subnets, list) or not all(isinstance(x, str) and x for x in subnets)):
         raise ConfigError(f"{key}.SubnetIds", f"must be a list of subnet ids, got {subnets!r}")
+    if subnets == []:
+        raise ConfigError(f"{key}.SubnetIds", "is empty: list the subnets to launch in, or remove the key (the "
+                                              "zone's default subnet, or provider.subnets)")
     if not node_config.get("ImageId") and not settings.image_id and "LaunchTemplate" not in node_config:
         raise ConfigError(f"{key}.ImageId",
                           "no AMI: set node_config.ImageId (or provider.image_id, or a LaunchTemplate)")

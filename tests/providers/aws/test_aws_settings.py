@@ -230,3 +230,14 @@ def test_pinned_spot_is_launched_as_spot() -> None:
     assert params["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
         "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "0.05"}}
     assert params["InstanceType"] == "m5.large"
+
+
+@pytest.mark.parametrize("url", ["not a url", "127.0.0.1:5000", "ftp://host", "http://"])
+def test_an_endpoint_url_that_is_not_an_http_url_is_named(url: str) -> None:
+    e = config_error(endpoint_url=url)
+    assert e.key == "provider.endpoint_url" and "must be an http(s) URL with a host" in str(e)
+
+
+def test_an_empty_subnet_list_is_named_not_taken_for_any_subnet() -> None:
+    e = node_config_error({"SubnetIds": []})
+    assert e.key == f"{NC_KEY}.SubnetIds" and "is empty" in str(e)
