@@ -210,6 +210,11 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         head = cp.plans[cp.head_node_type].chosen.hourly_price or 0.0
         for note in _KUBERAY_NOTES[path]:
             click.echo(f"note: {note}")
+        if preview.shape_open:
+            ceiling, why = open_ceiling(cp, preview, head_launched=False)
+            click.echo(f"idle cost: ${c.idle_cost_per_hour - head:.4f}/h (min_workers); ceiling: ${ceiling:.4f}/h "
+                       f"({why}; the head pod not counted)")
+            return
         click.echo(f"idle cost: ${c.idle_cost_per_hour - head:.4f}/h (min_workers); "
                    f"ceiling: ${c.ceiling_cost_per_hour - head:.4f}/h (at max_workers; the head pod not counted)")
         return
@@ -223,16 +228,18 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
                f"ceiling: ${c.ceiling_cost_per_hour:.4f}/h (at max_workers){at_list}")
 
 
-def open_ceiling(cp: ClusterPlan, preview: OpenPreview) -> tuple[float | None, str]:
+def open_ceiling(cp: ClusterPlan, preview: OpenPreview, head_launched: bool = True) -> tuple[float | None, str]:
     """A shape-open cluster's ceiling ($/h) and how it is reached: `max_hourly_cost` when set, else the head plus
     max_workers machines at the dearest offering a demand may get (OpenPreview.dearest_offering); None when
-    unbounded by either (max_workers 0 is no machine: the head's price)."""
-    head = cp.plans[cp.head_node_type].chosen.hourly_price or 0.0
+    unbounded by either (max_workers 0 is no machine: the head's price). `head_launched=False`: a KubeRay head
+    pod, which ray_nodeless does not launch, is not counted."""
+    head = (cp.plans[cp.head_node_type].chosen.hourly_price or 0.0) if head_launched else 0.0
     o = preview.dearest_offering()
     n = cp.global_max_workers
     at_max = None if o is None else head + n * (o.hourly_price or 0.0)
     what = ("no offering any demand may get" if o is None else
-            f"head ${head:.4f}/h + max_workers {n} x the dearest allowed offering, {o.instance_type.name} {o.zone} "
+            (f"head ${head:.4f}/h + " if head_launched else "") +
+            f"max_workers {n} x the dearest allowed offering, {o.instance_type.name} {o.zone} "
             f"{o.capacity} ${o.hourly_price:.4f}/h")
     cap = cp.settings.max_hourly_cost
     if cap is not None and (at_max is None or cap < at_max):

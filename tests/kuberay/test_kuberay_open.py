@@ -76,6 +76,10 @@ def test_a_manifest_with_no_worker_group_converts_with_open_and_max_workers_and_
            "max_workers 4" in p.output, p.output
     # the generated types' machines boot Ray's default AMI of the region, as a declared type's would
     assert "GPU 1 T4" in p.output and "g4dn.xlarge" in p.output
+    # the ceiling is max_workers machines at the dearest allowed offering, not the (unlaunched) head pod's $0
+    [last] = [ln for ln in p.output.splitlines() if ln.startswith("idle cost:")]
+    assert "max_workers 4 x the dearest allowed offering" in last and "the head pod not counted" in last, last
+    assert float(last.split("ceiling: $")[1].split("/h")[0]) > 100, last
 
 
 def test_no_worker_group_without_open_or_a_limit_is_refused_naming_what_to_pass(tmp_path):
