@@ -5,7 +5,9 @@ kuberay/sidecar.py), with KubeRay's in-tree autoscaler off. It runs Ray's own mo
 v2 under RAY_enable_autoscaler_v2: compat/kuberay.py) with a config derived from the live RayCluster every loop, as
 Ray's KubeRay path does, except that the provider is ray_nodeless (`registration: kubernetes`): each worker of a group
 is the cheapest-fit machine for the group's Ray resources, joins the cluster as a Node, and runs one Ray pod built
-from the group's `template`.
+from the group's `template` (kuberay/pod_templates.py); on a shape-open cluster (no worker group, or `open_shapes`)
+each demand no group holds gets its cheapest fit as a generated node type, its pod made of the first group's
+template, or of the head's when there is no group.
 
 Ray's provider is `kuberay_provider.KubeRayNodelessProvider`: NodelessProvider that also lists KubeRay's head pod as
 the head node (Ray's autoscaler launches a head when it sees none).
@@ -32,13 +34,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import shlex
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 
 from ray_nodeless.errors import CatalogError, ConfigError
 from ray_nodeless.kuberay import annotation, ending, scheduling
+from ray_nodeless.kuberay.pod_templates import GROUP_LABEL, head_worker_template, worker_pod_template  # noqa: F401
 from ray_nodeless.kuberay.scheduling import CatalogFacts
 from ray_nodeless.launch.open_types import is_open_type
 from ray_nodeless.ray_adapter.context import MonitorContext
@@ -51,11 +53,6 @@ logger = logging.getLogger(__name__)
 
 ANNOTATION = annotation.ANNOTATION
 FINALIZER = "ray-nodeless.io/machines"
-GROUP_LABEL = "ray-nodeless.io/group"
-KUBERAY_CLUSTER = "ray.io/cluster"
-KUBERAY_GROUP = "ray.io/group"
-KUBERAY_NODE_TYPE = "ray.io/node-type"
-KUBERAY_IS_RAY_NODE = "ray.io/is-ray-node"
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayclusters"
 PROVIDER_MODULE = "ray_nodeless.kuberay.provider.KubeRayNodelessProvider"
 HEAD_POD_ENV = "RAY_HEAD_POD_NAME"   # the head pod's name, in the bridge's container (sidecar.OPERATOR_ENV)
@@ -65,9 +62,6 @@ MONITOR_KEY = "monitor"   # provider.kuberay.monitor: the bridge's MonitorContex
 # The cluster config the bridge hands Ray's monitor, also kept as a file in the session dir: the provider's shape-open
 # driver writes its generated node types there (open_driver.py), and the bridge hands them to Ray with the rest.
 CONFIG_FILE = "ray_nodeless_autoscaling_config.yaml"
-# rayStartParams the pod's `ray start` must not repeat: the machine's resources and labels come from ray_nodeless
-# (RAY_OVERRIDE_RESOURCES / _LABELS), the address and --block from the pod's command.
-_OWN_START_PARAMS = frozenset({"num-cpus", "num-gpus", "memory", "resources", "labels", "address", "block"})
 # Ray's provider keys for KubeRay that ray_nodeless keeps (foreground_node_launch is not kept: a cloud launch takes
 # seconds, so launches run in Ray's launcher threads as with `ray up`).
 _RAY_PROVIDER_KEYS = ("disable_node_updaters", "disable_launch_config_check", "worker_liveness_check")
@@ -131,78 +125,6 @@ def catalog_and_facts(settings: Mapping[str, Any], catalog: Catalog | None = Non
         return catalog, scheduling.CatalogFacts.of(catalog, core.price_cloud, core.region)
     except CatalogError as e:       # a given catalog without the region
         raise ConfigError(annotation.annotation_key("region"), f"{core.region!r}: {e}") from e
-
-
-def worker_pod_template(ray_cr: Mapping[str, Any], group: Mapping[str, Any]) -> dict[str, Any]:
-    """A worker group's `template` as the template of the Ray pods the registration creates (pods.ray_pod adds the
-    machine's nodeSelector, toleration, size and Ray environment):
-    - labels: the template's, `ray.io/cluster`, `ray.io/node-type: worker`, `ray.io/is-ray-node: yes` and
-      `ray-nodeless.io/group`, without `ray.io/group` (the operator must not count or delete these pods);
-    - an ownerReference to the RayCluster (not as controller: the operator does not reconcile on these pods), so
-      that Kubernetes' garbage collector deletes a pod the bridge could not;
-    - no nodeSelector / node affinity: the group's scheduling was turned into the machine's rules, and the pod is
-      bound to its machine's Node by the registration's machine-id selector;
-    - the Ray container (containers[0], as in KubeRay) without `resources` (sized from its Node), running `ray start`
-      with the group's rayStartParams, unless the template gives it a command."""
-    meta = (ray_cr.get("metadata") or {})
-    name = meta.get("name", "")
-    t = copy.deepcopy(dict(group.get("template") or {}))
-    tmeta = dict(t.get("metadata") or {})
-    labels = {k: v for k, v in (tmeta.get("labels") or {}).items() if k != KUBERAY_GROUP}
-    labels.update({KUBERAY_CLUSTER: name, KUBERAY_NODE_TYPE: "worker", KUBERAY_IS_RAY_NODE: "yes",
-                   GROUP_LABEL: str(group.get("groupName", ""))})
-    tmeta["labels"] = labels
-    if meta.get("uid"):
-        tmeta["ownerReferences"] = [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "RayCluster", "name": name,
-                                     "uid": meta["uid"], "blockOwnerDeletion": False}]
-    t["metadata"] = tmeta
-    spec = dict(t.get("spec") or {})
-    spec.pop("nodeSelector", None)
-    affinity = dict(spec.get("affinity") or {})
-    affinity.pop("nodeAffinity", None)
-    if affinity:
-        spec["affinity"] = affinity
-    else:
-        spec.pop("affinity", None)
-    containers = [dict(c) for c in spec.get("containers") or []]
-    if containers:
-        ray = containers[0]
-        ray.pop("resources", None)
-        if not ray.get("command") and not ray.get("args"):
-            params = group.get("rayStartParams") or {}
-            extra = [f"--{k}={shlex.quote(str(v))}" if str(v) != "true" else f"--{k}"
-                     for k, v in sorted(params.items()) if k not in _OWN_START_PARAMS]
-            ray["command"] = ["/bin/bash", "-lc", " ".join(["ray start --address=$(RAY_GCS_ADDRESS) --block",
-                                                            *extra])]
-        containers[0] = ray
-        spec["containers"] = containers
-    t["spec"] = spec
-    return t
-
-
-def head_worker_template(ray_cr: Mapping[str, Any]) -> dict[str, Any]:
-    """The Ray pod template of a RayCluster that declares no worker group (shape-open: every worker is a generated
-    node type), made of the head group's template as a worker group's would be (worker_pod_template): the head's
-    image, env, volumes and service account, so a worker runs what the head runs. Left out: the head's other
-    containers (the bridge's own among them), its ports, tolerations and rayStartParams (the head's `port`,
-    `dashboard-host` or `num-cpus: "0"` are not a worker's), and the group label (there is no group). A user who
-    wants another template declares a worker group: generated types then take the first group's."""
-    head = (ray_cr.get("spec") or {}).get("headGroupSpec") or {}
-    t = worker_pod_template(ray_cr, {"template": head.get("template") or {}})
-    t["metadata"]["labels"].pop(GROUP_LABEL, None)
-    spec = t["spec"]
-    spec.pop("tolerations", None)
-    containers = [dict(c) for c in spec.get("containers") or []][:1]
-    for c in containers:
-        c.pop("ports", None)
-    spec["containers"] = containers
-    mounted = {m.get("name") for c in containers for m in c.get("volumeMounts") or [] if isinstance(m, dict)}
-    volumes = [v for v in spec.get("volumes") or [] if isinstance(v, dict) and v.get("name") in mounted]
-    if volumes:
-        spec["volumes"] = volumes
-    else:
-        spec.pop("volumes", None)
-    return t
 
 
 def head_gcs_address(ray_cr: Mapping[str, Any]) -> str:

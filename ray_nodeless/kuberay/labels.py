@@ -339,7 +339,7 @@ def apply(r: Requirement, b: Builder, facts: CatalogFacts | None) -> None:
 
 def _unmapped(r: Requirement, b: Builder) -> None:
     """A label ray_nodeless does not map. The Ray pod is bound to its machine's Node by the machine's id (the
-    template's node selection is not kept: kuberay/bridge.py worker_pod_template), and that Node carries
+    template's node selection is not kept: kuberay/pod_templates.py worker_pod_template), and that Node carries
     ray_nodeless's and the kubelet's labels only: `NotIn` / `DoesNotExist` hold there, one `In` value is dropped
     with a note (a pool name, a team label: nothing to choose a machine by); `Exists`, several `In` values and
     `Gt` / `Lt` ask for something ray_nodeless cannot tell, and are refused."""
