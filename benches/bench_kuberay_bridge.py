@@ -2,8 +2,9 @@
 """The KubeRay bridge's launch latency next to a VM registration, same run: time from a pending {GPU: 1, CPU: 1}
 task to that task running, and for the bridge the pending Ray pod's own time (pod created -> Running).
 
-    .venv/bin/python benches/bench_kuberay_bridge.py              # 3 interleaved reps each
+    .venv/bin/python benches/bench_kuberay_bridge.py              # 3 interleaved reps each, the real operator
     .venv/bin/python benches/bench_kuberay_bridge.py --reps 5 --json
+    .venv/bin/python benches/bench_kuberay_bridge.py --operator played    # the operator's part played instead
 
 - vm: bench_launch_latency's "ours" (local backend, `registration: vm`: the backend starts the worker's
   `ray start --block` itself), autoscaler v1 (as the bridge's head below runs it).
@@ -13,6 +14,11 @@ task to that task running, and for the bridge the pending Ray pod's own time (po
   container, as the head's ServiceAccount; the RayCluster's gpu-group {CPU: 1, GPU: 1} -> the cheapest-fit machine
   (local backend, AWS us-west-2 prices), its Node registered by the played kubelet from the kubeadm user data, the
   group's Ray pod created by the registration, bound by the real scheduler, run by the played kubelet.
+- kuberay-op (the default, `--operator real`; kuberay is `--operator played`, since the real operator reconciles
+  every RayCluster of the namespace and a run has one or the other): the same with the REAL KubeRay operator
+  v1.5.0 (testing/kuberay_operator.py RealOperator, built by `make k8s`): the operator creates the head pod, its
+  service and the status; the head pod's kubelet is played (HeadPodStandIn: the Ray head a local process, the
+  bridge's container the pod's own command and env), the workers' as for kuberay.
 Measurement: bench_launch_latency's driver (latency = task start - submission); for kuberay a watch on the
 cluster's Nodes and pods times launch -> Node added -> Ready -> schedulable -> pod added -> bound -> Running
 (`pod_added_to_pod_running` is the pending-pod-to-running time). Between reps each waits until its worker is gone.
@@ -28,6 +34,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -43,6 +50,8 @@ from ray_nodeless.ray_compat.kuberay import derive_config  # noqa: E402
 from ray_nodeless.registrations.kubernetes import labels as L  # noqa: E402
 from ray_nodeless.testing.k8s_control_plane import ControlPlane  # noqa: E402
 from ray_nodeless.testing.kuberay import NS, Bridge, Operator, install_kuberay, raycluster  # noqa: E402
+from ray_nodeless.testing.kuberay_operator import HEAD_HOST_LABEL, HeadPodStandIn, RealOperator  # noqa: E402
+from ray_nodeless.providers.local.players import PLAYER_KUBECONFIG_ENV  # noqa: E402
 from ray_nodeless.testing.ray_processes import head_process  # noqa: E402
 
 ROOT = lat.ROOT
@@ -121,6 +130,46 @@ class KubeRay(lat.Bench):
             self.admin.close()
 
 
+class KubeRayOperator(KubeRay):
+    """kuberay-op: the same RayCluster with the REAL KubeRay operator (v1.5.0, testing/kuberay_operator.py
+    RealOperator): the operator creates the head pod, its service and the status; the head pod's kubelet is played
+    (HeadPodStandIn: the Ray head as a local process, the bridge's container run as the pod's own command and env)."""
+    name = "kuberay-op"
+
+    def __init__(self, work: Path, timeout: float, cp: ControlPlane, sa_kubeconfig: Path):
+        super().__init__(work, timeout, cp, sa_kubeconfig)
+        self.op = Operator(self.admin, played=False)
+        head = self.rc["spec"]["headGroupSpec"]["template"]["spec"]
+        head["nodeSelector"] = {HEAD_HOST_LABEL: self.cluster}      # the Node played for the head pod
+        head["tolerations"] = [{"key": HEAD_HOST_LABEL, "operator": "Equal", "value": self.cluster,
+                                "effect": "NoSchedule"}]
+        self.stand_in = HeadPodStandIn(self.admin, self.cluster, work, sa_kubeconfig, extra_env={
+            PLAYER_KUBECONFIG_ENV: str(cp.admin_kubeconfig), "AUTOSCALER_METRIC_PORT": str(self.metrics_port)})
+        self._running: Any = None
+
+    def start(self) -> float:
+        t = time.monotonic()
+        self.op.apply(self.rc)
+        self._running = self.stand_in.running()
+        self._running.__enter__()
+        assert self.stand_in.bridge is not None
+        self.bridge = self.stand_in.bridge
+        deadline = time.monotonic() + 120
+        while K.FINALIZER not in (self.op.get(self.cluster)["metadata"].get("finalizers") or []):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"kuberay-op: the bridge did not start:\n{self.bridge.tail()}")
+            time.sleep(0.5)
+        return time.monotonic() - t
+
+    def cleanup(self) -> None:
+        running, self._running = self._running, None
+        try:
+            super().cleanup()
+        finally:
+            if running is not None:
+                running.__exit__(None, None, None)
+
+
 KEYS = ["latency", "submit_to_registered", "registered_to_start", "launch_to_node_added", "node_added_to_node_ready",
         "node_ready_to_node_schedulable", "node_schedulable_to_pod_added", "pod_added_to_pod_bound",
         "pod_bound_to_pod_running", "pod_added_to_pod_running", "pod_running_to_start"]
@@ -132,43 +181,61 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=180, help="per task, seconds")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the work dir (logs) after the run")
+    ap.add_argument("--operator", choices=("real", "played"), default="real",
+                    help="the KubeRay operator: the real one (v1.5.0, `make k8s`; default) or the test's played one")
     args = ap.parse_args()
     reproduce = f"{os.path.relpath(sys.executable, ROOT)} {shlex.join(sys.argv)}  (from {ROOT})"
     root = Path(tempfile.mkdtemp(prefix="rnkr-"))   # short: Ray's socket paths live under --temp-dir
-    for d in ("vm", "kr", "cp"):
+    for d in ("vm", "kr", "ko", "cp"):
         (root / d).mkdir()
     t_all = time.monotonic()
     cp: ControlPlane | None = None
 
+    operator: RealOperator | None = None
+
     def make_benches() -> list:
-        nonlocal cp
+        nonlocal cp, operator
         cp = ControlPlane(root / "cp")
         cp.start()
         sa = install_kuberay(cp, root / "cp")
-        return [kreg.Vm(root / "vm", "v1", args.timeout, None), KubeRay(root / "kr", args.timeout, cp, sa)]
+        vm = kreg.Vm(root / "vm", "v1", args.timeout, None)
+        if args.operator == "played":
+            return [vm, KubeRay(root / "kr", args.timeout, cp, sa)]
+        # The real operator reconciles every RayCluster of the namespace: a played operator's beside it would
+        # collide with it (both create the head service), so a run has one or the other.
+        operator = RealOperator(cp, root / "op").start()
+        return [vm, KubeRayOperator(root / "ko", args.timeout, cp, sa)]
+
+    def teardown() -> None:
+        if operator is not None:
+            operator.stop()
+        if cp is not None:
+            cp.stop()
 
     rc, head_s, benches = lat.run_interleaved(make_benches, args.reps, root, args.keep, idle_timeout=180,
-                                              teardown=lambda: cp.stop() if cp else None)
+                                              teardown=teardown)
     summ = {b.name: {k: s for k in KEYS if (s := lat.summarize(b.results, k))} for b in benches}
-    report = {"autoscaler": "v1", "update_interval_s": 1, "reps": args.reps, "interleaved": True,
+    report = {"autoscaler": "v1", "operator": args.operator, "update_interval_s": 1, "reps": args.reps,
+              "interleaved": True,
               "instance_types": {b.name: b.instance_type for b in benches}, "head_start_s": head_s,
               "wall_s": time.monotonic() - t_all, "reproduce": reproduce,
               "registrations": {b.name: {"summary": summ[b.name], "runs": b.results} for b in benches}}
     med = {n: s.get("latency", {}).get("median") for n, s in summ.items()}
-    if len(med) == 2 and all(med.values()):
-        report["ratio_of_medians"] = med["kuberay"] / med["vm"]
+    report["ratio_of_medians"] = {f"{n} / vm": med[n] / med["vm"] for n in ("kuberay", "kuberay-op")
+                                  if med.get(n) and med.get("vm")}
     if args.json:
         print(json.dumps(report, indent=1, default=str))
     else:
         print(f"Pending {{GPU: 1, CPU: 1}} task -> running: the KubeRay bridge (real API server + scheduler, played "
-              f"kubelet) vs registration vm, local backend, autoscaler v1, update interval 1 s, {args.reps} "
-              f"interleaved reps; instances {report['instance_types']}")
+              f"kubelets; kuberay: the operator's part played, kuberay-op: the real KubeRay operator) vs "
+              f"registration vm, local backend, autoscaler v1, update interval 1 s, {args.reps} interleaved reps; "
+              f"instances {report['instance_types']}")
         print(f"{'registration':12s} {'metric':32s} {'median':>8s} {'min':>8s} {'max':>8s}  n")
         for b in benches:
             for k, s in summ[b.name].items():
                 print(f"{b.name:12s} {k:32s} {s['median']:8.2f} {s['min']:8.2f} {s['max']:8.2f}  {s['n']}")
-        if "ratio_of_medians" in report:
-            print(f"ratio of medians (kuberay / vm): {report['ratio_of_medians']:.2f}")
+        for what, ratio in report["ratio_of_medians"].items():
+            print(f"ratio of medians ({what}): {ratio:.2f}")
         print(f"reproduce: {reproduce}")
     return rc
 
