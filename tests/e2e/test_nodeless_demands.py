@@ -1,9 +1,9 @@
 """End to end, shape-open: `ray up` of cluster-configs/local-nodeless.yaml (no worker node type at all) on the real
-Ray 2.60 autoscaler, then ten kinds of ordinary demands at once. Every one must be served (within SERVED_BOUND_S), on a
-machine
-whose instance a brute-force search of the catalog names cheapest-fit for that demand under the rules (or on a
-machine it shares, when sharing costs less than the sum of the demands' own cheapest fits), carrying the labels it
-asked for. A demand the rules forbid (a V100, excluded) is reported as an autoscaler event and blocks nothing.
+Ray 2.60 autoscaler, then ten kinds of ordinary task demands and an actor at once. Every one must be served (within
+SERVED_BOUND_S), on a machine whose instance a brute-force search of the catalog names cheapest-fit for that demand
+under the rules (or on a machine it shares, when sharing costs less than the sum of the demands' own cheapest fits),
+carrying the labels it asked for. A demand the rules forbid (a V100, excluded) is reported as an autoscaler event
+and blocks nothing.
 """
 from __future__ import annotations
 
@@ -50,13 +50,23 @@ DEMANDS = {
                   "fallback_strategy": [{"label_selector": {"ray.io/availability-zone": "us-west-2c"}}]},
                  {"CPU": 1}, {"ray.io/availability-zone": "us-west-2c"}),
 }
+# An actor's fallback_strategy (Ray 2.60 honours it for actors as for tasks): the primary zone does not exist, the
+# fallback is zone d.
+ACTOR_DEMANDS = {
+    "actor_fallback": ({"num_cpus": 1, "label_selector": {"ray.io/availability-zone": "us-west-2z"},
+                        "fallback_strategy": [{"label_selector": {"ray.io/availability-zone": "us-west-2d"}}]},
+                       {"CPU": 1}, {"ray.io/availability-zone": "us-west-2d"}),
+}
 PG_BUNDLE = {"CPU": 1, "GPU": 1}
-UNIQUE = ("a100", "ondemand", "zone_b", "fallback")      # demands only their own cheapest fit can serve here
+UNIQUE = ("a100", "ondemand", "zone_b", "fallback", "actor_fallback")   # only their own cheapest fit serves them
 
 
 def _driver(cfg: dict, path: Path, timeout: float) -> dict:
     tasks = "\n".join(
         f"refs[{name!r}] = probe.options(**{opts!r}).remote({name!r})" for name, (opts, _, _) in DEMANDS.items())
+    tasks += "\n" + "\n".join(
+        f"actors[{name!r}] = Probe.options(**{opts!r}).remote()\nrefs[{name!r}] = actors[{name!r}].where.remote("
+        f"{name!r})" for name, (opts, _, _) in ACTOR_DEMANDS.items())
     code = textwrap.dedent(f"""
         import json, os, time, ray
         from ray.util.placement_group import placement_group
@@ -68,7 +78,13 @@ def _driver(cfg: dict, path: Path, timeout: float) -> dict:
             time.sleep(20)      # hold the machine while the others come up (each is one demand)
             return {{"name": name, "machine": os.environ.get("RAY_CLOUD_INSTANCE_ID"), "t": time.time() - t0,
                      "labels": ray.get_runtime_context().get_node_labels()}}
-        refs = {{}}
+        @ray.remote
+        class Probe:
+            def where(self, name):
+                time.sleep(20)
+                return {{"name": name, "machine": os.environ.get("RAY_CLOUD_INSTANCE_ID"), "t": time.time() - t0,
+                         "labels": ray.get_runtime_context().get_node_labels()}}
+        refs, actors = {{}}, {{}}
         # A demand the rules forbid (V100 is excluded): reported, and it must not hold the others up.
         forbidden = probe.options(num_cpus=1, num_gpus=1, accelerator_type="V100").remote("v100")
     """) + textwrap.indent(tasks, "") + textwrap.dedent(f"""
@@ -121,7 +137,7 @@ def test_ten_demand_kinds_each_get_their_cheapest_fit_on_autoscaler_v2(tmp_path:
         own_cheapest = 0.0
         planned: set[str] = set()     # every instance type that is some demand's own cheapest fit
         for name, r in sorted(got.items()):
-            _, want, selector = DEMANDS[name] if name in DEMANDS else (None, PG_BUNDLE, None)
+            _, want, selector = {**DEMANDS, **ACTOR_DEMANDS}.get(name, (None, PG_BUNDLE, None))
             tags = machines[r["machine"]]
             itype = tags[TAG_INSTANCE_TYPE]
             price, cheapest = cheapest_fit(cfg, want, selector)
