@@ -206,14 +206,20 @@ def parse_demand(text_or_map: object, selectors: Iterable[object] = (), key: str
     return Demand(canonical_resources(res), tuple(parse_selector(s) for s in selectors))
 
 
+# The right form, shown when a demand is not one (`--demand '"64Gi"'`, `--demand 64Gi`).
+DEMAND_EXAMPLE = '\'{"CPU": 4, "GPU": 1, "memory": "64Gi", "accelerator_type": "L4"}\''
+
+
 def _json_map(text_or_map: object, key: str) -> dict[str, object]:
     if isinstance(text_or_map, str):
         try:
             text_or_map = json.loads(text_or_map)
         except json.JSONDecodeError as e:
-            raise ConfigError(key, f"is not JSON: {e}") from None
+            raise ConfigError(key, f"is not JSON: {e}; write a JSON object of Ray's resources, e.g. "
+                                   f"{DEMAND_EXAMPLE}") from None
     if not isinstance(text_or_map, Mapping):
-        raise ConfigError(key, f"must be a JSON object, got {text_or_map!r}")
+        raise ConfigError(key, f"must be a JSON object of Ray's resources, e.g. {DEMAND_EXAMPLE}; got "
+                               f"{text_or_map!r}")
     return dict(text_or_map)
 
 

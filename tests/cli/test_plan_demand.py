@@ -346,3 +346,12 @@ def test_demand_takes_rays_task_option_spellings(ray_spelling, canonical):
 def test_a_demand_in_another_spelling_names_the_right_form(text, words):
     r = run("plan", NODELESS, "--demand", text)
     assert r.exit_code == 2 and words in r.stderr, r.output
+
+
+@pytest.mark.parametrize("text", ['"64Gi"', "64Gi", "[4]", "CPU=4"])
+def test_a_demand_that_is_not_a_json_object_is_shown_the_right_form(text):
+    r = run("plan", NODELESS, "--demand", text)
+    assert r.exit_code == 2 and "a JSON object of Ray's resources, e.g. '{" in r.output, r.output
+    example = r.output.split("e.g. '", 1)[1].split("'", 1)[0]
+    ok = run("plan", NODELESS, "--demand", example)            # the form it shows is one that plans
+    assert ok.exit_code == 0 and "accelerator_type:L4" in ok.output, ok.output
