@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint install bench catalog clean k8s wheel prometheus karpenter
+.PHONY: demo test test-fast lint install bench catalog clean k8s wheel prometheus karpenter kuberay-image
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ wheel: $(BIN)/python
 	rm -f $(WHEEL_DIR)/ray_nodeless-*.whl
 	$(BIN)/python -m pip wheel --no-deps -q -w $(WHEEL_DIR) .
 	@ls $(WHEEL_DIR)/ray_nodeless-*.whl
+
+# The KubeRay autoscaler image (Ray's image + the wheel: cluster-configs/kuberay/Dockerfile); needs a Docker daemon.
+KUBERAY_IMAGE ?= ray-nodeless-autoscaler
+kuberay-image: wheel
+	docker build -f cluster-configs/kuberay/Dockerfile --build-arg WHEEL_DIR=$(WHEEL_DIR) -t $(KUBERAY_IMAGE) .
 
 # A current Kubernetes for the Kubernetes tests (kube-apiserver, scheduler, controller-manager, kubelet, kubeadm of the
 # release in scripts/k8s/versions.env), etcd, the KubeRay operator and kwok, built from the Go module proxy by

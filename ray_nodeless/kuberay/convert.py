@@ -294,7 +294,8 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
     if not autoscaler_image:
         notes.append(f"{spec_key}.headGroupSpec.template.spec.containers[{sidecar.CONTAINER}].image: {image!r}: it "
                      "runs `ray-nodeless kuberay-autoscaler`, so this image needs ray_nodeless installed "
-                     "(--autoscaler-image names another)")
+                     "(--autoscaler-image names another; cluster-configs/kuberay/Dockerfile builds one: "
+                     "`make kuberay-image`)")
     meta.setdefault("annotations", {})[K.ANNOTATION] = K.render_annotation(annotation)
 
     ray_cr, _ = ray_cluster(doc, where)
