@@ -33,3 +33,8 @@ def test_the_reference_names_every_declared_key_of_every_section():
             assert f"| `{name}` |" in text, (model.__name__, name)
     assert "| `reversion.max_in_flight` | integer | `1` | >= 1 |" in text      # nested groups, with their bounds
     assert "| `kubernetes.join.method` | \"eks\" \\| \"kubeadm\" \\| \"k3s\" | **required** |" in text
+
+
+def test_every_built_in_backend_is_in_the_reference():
+    backends = {d.name for d in (REPO_ROOT / "ray_nodeless" / "providers").iterdir() if (d / "backend.py").exists()}
+    assert set(_script().BACKENDS) == backends
