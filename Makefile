@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint install bench catalog clean k8s wheel prometheus karpenter kuberay-image
+.PHONY: demo test test-fast lint install bench catalog clean k8s wheel prometheus karpenter kuberay-image docs
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -72,6 +72,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check ray_nodeless tests benches scripts examples
 	$(BIN)/mypy
 
+# The documentation site (mkdocs.yml, pages in docs/) into site/, warnings as errors (a broken link or anchor, a
+# page missing from the nav). tests/docs/ builds it too and checks its links, anchors, commands and YAMLs.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(BIN)/python benches/bench_plan.py
 
@@ -80,4 +85,4 @@ catalog: $(STAMP)
 	$(BIN)/python scripts/build_catalog.py --source ../shared/catalog --out ray_nodeless/data/catalog
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) build dist *.egg-info site

@@ -1,5 +1,5 @@
 """`ray-nodeless kuberay-autoscaler`: the command the head pod's `ray-nodeless-autoscaler` container runs (convert
-writes it: kuberay/sidecar.py), in place of KubeRay's `ray kuberay-autoscaler` (kuberay/bridge.py; README "KubeRay")."""
+writes it: kuberay/sidecar.py), in place of KubeRay's `ray kuberay-autoscaler` (kuberay/bridge.py; docs/kuberay.md)."""
 from __future__ import annotations
 
 import os

@@ -20,7 +20,7 @@ there it is the RayJob's / RayService's, which KubeRay copies onto the RayCluste
               minWorkers: 1                  # the group's minimum (its minReplicas must be 0: see below)
               node_config: {capacity: [spot, on-demand], gpus: [A10G, L4]}
 
-Its value is a YAML (or JSON) mapping of provider keys (README "How a node type becomes an instance"), exactly as
+Its value is a YAML (or JSON) mapping of provider keys (docs/rules.md), exactly as
 in a cluster YAML's `provider:` block, minus the keys the bridge sets: `type` and `module` (always ray_nodeless's),
 `registration` (always `kubernetes`), `kubernetes.namespace` / `pod_template(s)` (the RayCluster's namespace and
 groups' templates); plus `groups`: per worker group its `minWorkers` and `node_config` (constraint keys); and

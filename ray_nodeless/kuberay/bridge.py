@@ -12,7 +12,7 @@ template, or of the head's when there is no group.
 Ray's provider is `kuberay_provider.KubeRayNodelessProvider`: NodelessProvider that also lists KubeRay's head pod as
 the head node (Ray's autoscaler launches a head when it sees none).
 
-Who does what (README "KubeRay"; the operator behaviours relied on are listed there with their source):
+Who does what (docs/kuberay.md; the operator behaviours relied on are listed there with their source):
 - The operator keeps the head pod, its services and the RayCluster's status.
 - Every worker group is the bridge's: its pods carry `ray.io/cluster` and `ray.io/node-type: worker` (kubectl, the
   status counts and the cluster's suspension see them) but not `ray.io/group`, the label the operator counts and
@@ -84,7 +84,7 @@ def annotation_settings(ray_cr: Mapping[str, Any]) -> dict[str, Any]:
     if not data:
         raise ConfigError(annotation.annotation_key(),
                           "missing: the ray_nodeless settings of the cluster (at least `cloud` and `region`, and "
-                          "`kubernetes.join`); see README \"KubeRay\"")
+                          "`kubernetes.join`); see docs/kuberay.md")
     if "kuberay" in data:
         raise ConfigError(annotation.annotation_key("kuberay"), "is set by the bridge (KubeRay's head pod)")
     return data

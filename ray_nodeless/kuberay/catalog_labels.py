@@ -98,9 +98,9 @@ class CatalogLabel:
 
 
 # Resolved against the region's instance types (CatalogFacts): a requirement on one of these keeps the machines
-# whose type gives the label a value that satisfies it (README "KubeRay manifests"). Values as Karpenter sets them
-# (pkg/providers/instancetype/types.go computeRequirements), GKE (gke-accelerator-count: the GPUs of a GPU node) and
-# NVIDIA GPU feature discovery (gpu.count, gpu.memory in MiB per GPU).
+# whose type gives the label a value that satisfies it (docs/kuberay.md, "KubeRay manifests"). Values as Karpenter
+# sets them (pkg/providers/instancetype/types.go computeRequirements), GKE (gke-accelerator-count: the GPUs of a GPU
+# node) and NVIDIA GPU feature discovery (gpu.count, gpu.memory in MiB per GPU).
 CATALOG_LABELS: dict[str, CatalogLabel] = {
     "karpenter.k8s.aws/instance-category": CatalogLabel(lambda t: _cg(t, 0), False, family=True),
     "karpenter.k8s.aws/instance-generation": CatalogLabel(lambda t: _cg(t, 1), True, family=True),

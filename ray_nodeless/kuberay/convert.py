@@ -1,7 +1,7 @@
 """`ray-nodeless convert` for KubeRay manifests (RayCluster, RayJob `spec.rayClusterSpec`, RayService
 `spec.rayClusterConfig`; multi-document files, other documents kept as they are).
 
-What it writes, per KubeRay document (README "KubeRay manifests"):
+What it writes, per KubeRay document (docs/kuberay.md, "KubeRay manifests"):
 - the manifest patched for the bridge: KubeRay's in-tree autoscaler off and a container of the head pod running
   `ray-nodeless kuberay-autoscaler` (kuberay/sidecar.py: KubeRay v1.5.0 cannot run another command in its own
   autoscaler container), each worker group's
@@ -36,7 +36,7 @@ from ray_nodeless.kuberay.images import settle_ray_images
 from ray_nodeless.swapin.convert import NodeTypeChange, Side, _summary
 
 # Planning a manifest needs no cluster, but the provider block must be complete: when the annotation has no
-# `kubernetes.join` (how machines join: the user's, README "Kubernetes registration"), plan reads it with this one
+# `kubernetes.join` (how machines join: the user's, docs/kubernetes.md), plan reads it with this one
 # and says so; the bridge itself refuses to start without it.
 PLANNING_JOIN = {"method": "kubeadm", "endpoint": "https://kubernetes.default.svc:443",
                  "token": "abcdef.0123456789abcdef", "ca_cert_hash": "sha256:" + "0" * 64}
@@ -100,7 +100,7 @@ def bridge_cluster_config(ray_cr: Mapping[str, Any], spec_key: str = "spec", *, 
         cr["metadata"].setdefault("annotations", {})[K.ANNOTATION] = K.render_annotation(settings)
         if notes is not None:
             notes.append(f"{K.annotation_key('kubernetes.join')}: not set: planned without it; the bridge needs how "
-                         "machines join the cluster (README \"Kubernetes registration\") before it starts")
+                         "machines join the cluster (docs/kubernetes.md) before it starts")
     try:
         derived = derive_config(cr)
     except (LookupError, TypeError, ValueError, AttributeError) as e:
@@ -305,7 +305,7 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
     out_docs = list(docs)
     out_docs[i] = doc
     text = (f"# Converted from {source_name} by `ray-nodeless convert` for the ray_nodeless KubeRay bridge "
-            f"(README \"KubeRay\"). Preview: `ray-nodeless plan <this file>`.\n"
+            f"(docs/kuberay.md). Preview: `ray-nodeless plan <this file>`.\n"
             + yaml.dump_all(out_docs, Dumper=_Dumper, sort_keys=False, default_flow_style=False))
     conv = ManifestConversion(source=source_name, cloud=cloud, region=region, documents=out_docs, text=text,
                               node_types=changes, summary=_summary(changes, cfg.get("max_workers")), plan=cp,
@@ -367,7 +367,7 @@ def _ray_up(conv: ManifestConversion, ray_cr: Mapping[str, Any], cfg: Mapping[st
     if not (annotation.get("kubernetes") or {}).get("join"):
         raise ConfigError("--join", "a `ray up` YAML with registration: kubernetes needs how machines join the "
                                     "cluster: pass --join '{method: eks, cluster: NAME}' (or kubeadm / k3s keys, "
-                                    "README \"Kubernetes registration\"), or set kubernetes.join in the annotation")
+                                    "docs/kubernetes.md), or set kubernetes.join in the annotation")
     ray_provider = {"type": annotation["cloud"], "region": annotation["region"]}
     ray_provider.update({k: v for k, v in annotation.items()
                          if k not in ("cloud", "region", "kubernetes", *K.CLUSTER_KEYS)})

@@ -285,7 +285,7 @@ def _each(keys: Sequence[str], cloud: str | None, handle: Handler) -> dict[str, 
 
 _GPU_PRESENCE = _from_catalog(GPU_PRESENT)
 
-# The scheduling keys group_rules maps (README "KubeRay"), each with the cloud whose nodes carry it (None: any).
+# The scheduling keys group_rules maps (docs/kuberay.md), each with the cloud whose nodes carry it (None: any).
 NODE_LABELS: dict[str, LabelHandler] = {
     **_each(INSTANCE_TYPE_KEYS, None, _by_value(_instance_types)),
     **_each(ZONE_KEYS, None, _by_value(_zones)),

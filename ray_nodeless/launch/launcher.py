@@ -309,7 +309,7 @@ class Launcher:
         the view's cached one): a fresh provider (a restarted monitor, `ray up`) counts what already runs, and so
         does one that overlaps another object of the cluster (an old monitor, a laptop's `ray up`): every machine
         the cloud lists with this cluster's tag counts, pending ones included, whoever launched it. What no listing
-        can show yet is another object's launch in flight (README "Reliability" states the bound). Concurrent
+        can show yet is another object's launch in flight (docs/capacity.md, "Reliability" states the bound). Concurrent
         calls share one listing (`MachineView.refresh` answers a caller that arrives during one from it)."""
         if self._view is None:      # no view, no budget (__init__): nothing to count
             return

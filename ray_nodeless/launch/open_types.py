@@ -1,6 +1,6 @@
 """Shape-open node types at run time: the generated node types kept in the cluster config the monitor re-reads.
 
-Mechanism (README "Shape-open node types"): every autoscaler loop, the provider (in the monitor only) reads Ray's
+Mechanism (docs/shape-open.md): every autoscaler loop, the provider (in the monitor only) reads Ray's
 pending demands, packs those no declared worker type can serve (`core/open_plan.py`), and writes the result into
 the cluster config as node types `nl-<instance>-<zone>-<spot|od>`: each pinned to one offering, its `resources`
 those of the machine, its `labels` what the machine is (market type, zone, region, GPU model), its `priority`

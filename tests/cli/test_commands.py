@@ -1,7 +1,7 @@
 """Every command group through `ray-nodeless` itself: exit status and output, for good input and bad.
 
-The README's commands are run as written (against the repo's cluster configs and trace), so a change that breaks
-one of them fails here.
+The commands of README.md and docs/ are run as written (against the repo's cluster configs and trace), so a change
+that breaks one of them fails here (tests/docs/test_docs_commands.py runs every one of them).
 """
 from __future__ import annotations
 
@@ -158,9 +158,9 @@ def test_status_errors_name_the_key(tmp_path):
     assert r.output.startswith("ray-nodeless: error: provider.cloud: 'azure' is not one of")
 
 
-# -- simulate and trace, as README runs them -----------------------------------------------------------------------
+# -- simulate and trace, as docs/cost.md runs them --------------------------------------------------------------------
 
-def test_readme_simulate_json_command():
+def test_docs_simulate_json_command():
     r = run("simulate", str(ROOT / "examples" / "traces" / "automl-published.yaml"),
             "--config", str(ROOT / "cluster-configs" / "aws-cpu-head.yaml"), "--json")
     assert r.exit_code == 0, r.output

@@ -1,4 +1,4 @@
-"""The layering rules of ray_nodeless (README "Layout"), read from the source.
+"""The layering rules of ray_nodeless (docs/development.md, "Layout"), read from the source.
 
 Read with ast, not from a running interpreter, so that imports inside functions and under `if TYPE_CHECKING:`
 count too: a function-level import is how the old cycle (simulate -> cli -> simulate) hid.

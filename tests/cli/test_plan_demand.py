@@ -1,7 +1,7 @@
 """`ray-nodeless plan` of demands (issue 17, "Preview"): the menu of a shape-open cluster, `--demand` with label
 selectors, declared clusters, `--json`, and the errors, all through the `ray-nodeless` group itself.
 
-The expected offerings are found here by brute force over the region's catalog with the README's ranking (capacity
+The expected offerings are found here by brute force over the region's catalog with the docs' ranking (capacity
 preference, then price, then type name, then zone) and the documented defaults (x86_64, no burstable types, no
 non-GPU accelerators, no GPU instance for a GPU-less demand, unknown prices never chosen), independently of the
 planner the command runs.
@@ -282,17 +282,17 @@ def test_the_demand_preview_imports_no_ray():
     assert "declared node type 'gpu_worker'" in r.stdout
 
 
-# ----- the README's commands, as written ------------------------------------------------------------------------
+# ----- the docs' commands, as written (docs/shape-open.md) ------------------------------------------------------------
 
-def _readme_section() -> str:
-    text = (REPO_ROOT / "README.md").read_text()
-    return text.split("### Preview a demand\n", 1)[1].split("\n#", 1)[0]
+def _docs_section() -> str:
+    text = (REPO_ROOT / "docs" / "shape-open.md").read_text()
+    return text.split("## Preview a demand\n", 1)[1].split("\n#", 1)[0]
 
 
-def test_readme_preview_commands_run_as_written():
+def test_docs_preview_commands_run_as_written():
     import shlex
 
-    blocks = _readme_section().split("```")
+    blocks = _docs_section().split("```")
     commands = blocks[1].removeprefix("bash\n").replace("\\\n", " ").strip().splitlines()
     assert len(commands) == 6
     for line in commands:

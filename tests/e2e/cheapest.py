@@ -28,13 +28,13 @@ def cheapest_fit(cfg: dict, resources: dict, selector: dict | None) -> tuple[flo
         if o.hourly_price is None or o.capacity not in capacity or t.arch != "x86_64":
             continue
         if t.burstable or t.accelerator:
-            continue      # only when named (README: the planner's documented defaults)
+            continue      # only when named (docs/rules.md: the planner's documented defaults)
         if t.family in AWS_PREVIOUS_GENERATION and not core.allow_previous_generation:
-            continue      # previous generation: left out by default (README "How a node type becomes an instance")
+            continue      # previous generation: left out by default (docs/rules.md)
         if t.gpu_count and t.gpu_model in excluded_gpus:
             continue
         if t.gpu_count and not (resources.get("GPU") or any(k.startswith("accelerator_type:") for k in resources)):
-            continue      # GPU instances only for GPU work (README: the planner's documented default)
+            continue      # GPU instances only for GPU work (docs/rules.md: the planner's documented default)
         node = instance_resources(t, {})
         want = {k: v for k, v in resources.items() if not k.startswith("accelerator_type:")}
         accel = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]

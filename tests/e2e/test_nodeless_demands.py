@@ -197,7 +197,7 @@ V1_SHAPES = ("cpu", "cpu16", "gpu2", "l4", "mem64")
 
 def test_autoscaler_v1_serves_every_shape_demand(tmp_path: Path):
     """Under v1 (no RAY_enable_autoscaler_v2) the same cluster serves shape demands; label selectors are a v2
-    feature of Ray's scheduler (README)."""
+    feature of Ray's scheduler (docs/shape-open.md)."""
     cfg = cluster_copy("local-nodeless.yaml", "nl1", head_env="RAY_enable_autoscaler_v2=0",
                        state_dir=str(tmp_path / "state"))
     path = write_config(cfg, tmp_path)

@@ -1,5 +1,5 @@
-"""kuberay/labels.py: the table of label handlers is consistent with the node labels' owners and with README's
-table of mapped labels (the behaviour of each handler is tests/kuberay/test_kuberay_rules.py's)."""
+"""kuberay/labels.py: the table of label handlers is consistent with the node labels' owners and with the
+docs' table of mapped labels in docs/kuberay.md (the behaviour of each handler is test_kuberay_rules.py's)."""
 from __future__ import annotations
 
 import re
@@ -11,7 +11,7 @@ from ray_nodeless.kuberay import labels as L
 from ray_nodeless.kuberay import scheduling as S
 from ray_nodeless.kuberay.catalog_labels import CATALOG_LABELS, UNRECORDED
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+KUBERAY_DOC = Path(__file__).resolve().parents[2] / "docs" / "kuberay.md"
 
 
 def _owner(label: str) -> str | None:
@@ -36,15 +36,15 @@ def test_every_catalog_label_has_its_handler_and_no_label_is_both_mapped_and_unr
     assert not set(L.TPU_KEYS) & set(L.NODE_LABELS)
 
 
-def _readme_table_labels() -> set[str]:
-    text = README.read_text()
+def _docs_table_labels() -> set[str]:
+    text = KUBERAY_DOC.read_text()
     start = text.index("| Node label (or Ray label of the group) | constraint key |")
     rows = text[start:text.index("\n\n", start)].splitlines()[2:]
     # full label keys only (`-generation`, `gke-preemptible` abbreviate the key before them)
     return {k for row in rows for k in re.findall(r"`([a-z0-9.-]+\.[a-z]+/[A-Za-z0-9.-]+)`", row.split("|")[1])}
 
 
-def test_every_label_readme_maps_has_a_handler():
-    named = _readme_table_labels()
+def test_every_label_the_docs_map_has_a_handler():
+    named = _docs_table_labels()
     assert len(named) >= 20                      # guards the parse: the table names two dozen labels
     assert sorted(named - set(L.NODE_LABELS) - set(L.RAY_LABELS)) == []

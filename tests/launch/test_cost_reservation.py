@@ -192,8 +192,8 @@ def test_two_provider_objects_taking_turns_never_sum_past_the_cap(cloud):
 
 def test_two_provider_objects_launching_at_once_stay_within_the_documented_bound(cloud):
     """What no listing shows yet is the other object's launch in flight: with two objects launching at the same
-    moment the cluster reaches at most 2 x cap (README "Reliability"), each object's own launches within the cap;
-    once the cloud lists them, both refuse until the cost is back under the cap."""
+    moment the cluster reaches at most 2 x cap (docs/capacity.md, "Reliability"), each object's own launches within
+    the cap; once the cloud lists them, both refuse until the cost is back under the cap."""
     a, b = NodelessProvider(dict(OVERLAP), "c1"), NodelessProvider(dict(OVERLAP), "c1")
     gate = threading.Barrier(2)
     entered = {"n": 0}

@@ -82,7 +82,7 @@ def test_replay_launches_what_the_monitor_decides():
 
 
 def test_a_two_gpu_task_gets_its_brute_force_cheapest_fit():
-    """Spot first, then price, name, zone (README's order) over x86_64 offerings with a known price."""
+    """Spot first, then price, name, zone (docs/rules.md's order) over x86_64 offerings with a known price."""
     best = min((o for o in embedded().region("aws", "us-west-2").offerings()
                 if o.capacity == "spot" and o.hourly_price is not None and o.instance_type.gpu_count >= 2
                 and o.instance_type.arch == "x86_64" and o.instance_type.gpu_model not in ("M60", "K80")),
