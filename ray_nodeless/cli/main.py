@@ -1,7 +1,7 @@
 """`ray-nodeless`: plan, catalog, status, sweep, simulate, trace. Keep these interfaces stable: other tools build on
 them.
 
-Every `--json` output is one JSON document (keys documented in README.md). Errors follow `cli.errors`: one line
+Every `--json` output is one JSON document (keys documented in docs/, per command). Errors follow `cli.errors`: one line
 naming the offending key, exit status 2 (bad input) or 1 (anything else). Each command group lives in its own
 module here; this one only assembles them, and imports a command's module only when that command runs (or
 `--help` lists it): a cold `ray-nodeless plan` must not pay for simulate's, trace's or convert's imports.
