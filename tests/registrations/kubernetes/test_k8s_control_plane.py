@@ -161,6 +161,31 @@ def test_join_labels_taints_and_the_scheduler_binds_the_ray_pod(cp, h_factory, m
           f"pod bound {bound_s:.1f} s after play")
 
 
+def test_the_watches_read_events_as_objects_and_list_once(cp, h_factory):
+    """A machine's whole join (Node added, labelled, Ready, taint lifted; pod created, bound, Running) is a stream of
+    events the registration's two watches read as V1Node / V1Pod, each applied as it comes: no watch lists again
+    for them. (Its list functions carry no `:return:` docstring, from which kubernetes' Watch would take the model:
+    the events came as raw dicts, each taken for a Status, and every one made the watch list everything again.)"""
+    h = h_factory(method="kubeadm")
+    wait_for(lambda: all(e.is_set() for e in h.reg.synced.values()), 30, "both watches' first list")
+    rest = h.reg.core.api_client.rest_client
+    inner, lists = rest.request, []
+
+    def request(method, url, *a, **kw):     # the client's REST layer, where every request of the registration goes
+        query = dict(kw.get("query_params") or [])
+        if method == "GET" and not query.get("watch") and url.rstrip("/").endswith(("/nodes", "/pods")):
+            lists.append(url)
+        return inner(method, url, *a, **kw)
+    rest.request = request
+    s, mid = h.launch()
+    h.player.play(mid, s.boot_script, s.offering)
+    wait_for(lambda: (p := h.pod_of(mid)) and p.status.phase == "Running" and p, 90, "the pod to run")
+    m = wait_for(lambda: (x := h.reg.describe(Machine(mid, dict(s.tags)))).state == "running" and x, 10,
+                 "the registration to see the pod Running (from its pod watch)")
+    assert m.internal_ip == h.pod_of(mid).status.pod_ip
+    assert lists == [], f"the watches listed again {len(lists)} times for one machine's join: {lists[:4]}"
+
+
 def test_an_untolerating_pod_stays_off_the_node(cp, h_factory):
     h = h_factory()
     s, mid = h.launch()
