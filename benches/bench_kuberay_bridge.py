@@ -87,12 +87,16 @@ class KubeRay(lat.Bench):
         self._head.__enter__()
         self.bridge.env["AUTOSCALER_METRIC_PORT"] = str(self.metrics_port)
         self.bridge.start()
-        deadline = time.monotonic() + 120
+        self.await_bridge()
+        return time.monotonic() - t
+
+    def await_bridge(self, timeout_s: float = 120) -> None:
+        """Until the bridge has marked the RayCluster with its finalizer (it checked the cluster and runs)."""
+        deadline = time.monotonic() + timeout_s
         while K.FINALIZER not in (self.op.get(self.cluster)["metadata"].get("finalizers") or []):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"kuberay: the bridge did not start:\n{self.bridge.tail()}")
+                raise RuntimeError(f"{self.name}: the bridge did not start:\n{self.bridge.tail()}")
             time.sleep(0.5)
-        return time.monotonic() - t
 
     def worker_gone(self) -> bool:
         return (not self.backend.list_machines() and super().worker_gone()
@@ -154,11 +158,7 @@ class KubeRayOperator(KubeRay):
         self._running.__enter__()
         assert self.stand_in.bridge is not None
         self.bridge = self.stand_in.bridge
-        deadline = time.monotonic() + 120
-        while K.FINALIZER not in (self.op.get(self.cluster)["metadata"].get("finalizers") or []):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"kuberay-op: the bridge did not start:\n{self.bridge.tail()}")
-            time.sleep(0.5)
+        self.await_bridge()
         return time.monotonic() - t
 
     def cleanup(self) -> None:

@@ -51,7 +51,6 @@ import json
 import os
 import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,10 +61,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml  # noqa: E402
 from kubernetes import client  # noqa: E402
 
+import bench_listing as listing_bench  # noqa: E402  (benches/ siblings: the timing helpers)
+from bench_listing import timed_update  # noqa: E402
 from ray_nodeless.core import kube_join  # noqa: E402
 from ray_nodeless.providers.local.kubelet import node_capacity  # noqa: E402
 from ray_nodeless.ray_adapter.context import MonitorContext  # noqa: E402
@@ -108,34 +110,14 @@ def provider_config(cluster: str, kuberay_name: str, sa_kubeconfig: Path, server
 
 # ------------------------------------------------------------------------------------------------ figures
 
-def pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
-
-
 def figures(ms: list[float]) -> dict:
-    return {"n": len(ms), "p50_ms": round(statistics.median(ms), 3), "p99_ms": round(pct(ms, 0.99), 3),
-            "max_ms": round(max(ms), 3)}
+    return listing_bench.figures(ms, count_key="n")
 
 
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return (time.perf_counter() - t0) * 1000
-
-
-def timed_update(p, batching: bool = False) -> tuple[float, float, int]:
-    """Ray's update on provider `p`: (the listing call's ms, the whole update's ms, nodes listed). A batching
-    provider (KubeRay's) has no `is_running`: Ray reads its node_tags and internal_ip only."""
-    t0 = time.perf_counter()
-    nodes = p.non_terminated_nodes({})
-    t1 = time.perf_counter()
-    for nid in nodes:
-        p.node_tags(nid)
-        if not batching:
-            p.is_running(nid)
-        p.internal_ip(nid)
-    return (t1 - t0) * 1000, (time.perf_counter() - t0) * 1000, len(nodes)
 
 
 def rss_mib() -> dict:

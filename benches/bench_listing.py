@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -67,19 +68,22 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
 
 
-def figures(ms: list[float]) -> dict:
-    return {"calls": len(ms), "p50_ms": round(statistics.median(ms), 3), "p99_ms": round(pct(ms, 0.99), 3),
+def figures(ms: list[float], count_key: str = "calls") -> dict:
+    return {count_key: len(ms), "p50_ms": round(statistics.median(ms), 3), "p99_ms": round(pct(ms, 0.99), 3),
             "max_ms": round(max(ms), 3)}
 
 
-def timed_update(p: NodelessProvider) -> tuple[float, float, int]:
-    """(the listing call's ms, the whole update's ms, nodes listed)."""
+def timed_update(p: Any, batching: bool = False) -> tuple[float, float, int]:
+    """Ray's update on provider `p`: (the listing call's ms, the whole update's ms, nodes listed). A batching
+    provider (Ray's KubeRay one, benches/bench_kwok_scale.py) has no `is_running`: Ray reads its node_tags and
+    internal_ip only."""
     t0 = time.perf_counter()
     nodes = p.non_terminated_nodes({})
     t1 = time.perf_counter()
     for nid in nodes:
         p.node_tags(nid)
-        p.is_running(nid)
+        if not batching:
+            p.is_running(nid)
         p.internal_ip(nid)
     return (t1 - t0) * 1000, (time.perf_counter() - t0) * 1000, len(nodes)
 

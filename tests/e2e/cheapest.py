@@ -7,6 +7,7 @@ from ray_nodeless.core.demand import fits, offering_labels, parse_selector
 from ray_nodeless.core.family_names import AWS_PREVIOUS_GENERATION
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.operate.config import load_provider
+from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_ZONE
 
 
 def cheapest_fit(cfg: dict, resources: dict, selector: dict | None) -> tuple[float, set[str]]:
@@ -47,3 +48,27 @@ def cheapest_fit(cfg: dict, resources: dict, selector: dict | None) -> tuple[flo
         elif abs(o.hourly_price - best) <= 1e-12:
             names.add(t.name)
     return best, names
+
+
+def check_served(cfg: dict, name: str, want: dict, selector: dict | None, tags: dict, labels: dict, *,
+                 unique: bool, hosts: object = None) -> tuple[float, set[str]]:
+    """One served demand of a shape-open e2e test, held against the brute force: its machine (`tags`, the
+    backend's) holds it; a demand only its own cheapest fit can serve (`unique`: a GPU model, a zone, a market)
+    runs there; the Ray node's `labels` tell the truth (market, zone, region, accelerator) and match its selector.
+    Returns (its own cheapest price, every instance type at that price)."""
+    itype = tags[TAG_INSTANCE_TYPE]
+    price, cheapest = cheapest_fit(cfg, want, selector)
+    t = embedded().instance_type("aws", itype)
+    assert fits(instance_resources(t, {}), {k: v for k, v in want.items()
+                                            if not k.startswith("accelerator_type:")}), (name, itype)
+    if unique:
+        assert itype in cheapest, (f"{name}: got {itype}, the catalog's cheapest fit is {sorted(cheapest)}; "
+                                   f"hosts {hosts}")
+    assert labels["ray.io/market-type"] == tags[TAG_CAPACITY], (name, labels)
+    assert labels["ray.io/availability-zone"] == tags[TAG_ZONE], (name, labels)
+    assert labels["ray.io/availability-region"] == "us-west-2", (name, labels)
+    if t.gpu_count:
+        assert labels["ray.io/accelerator-type"] == t.gpu_model, (name, labels)
+    if selector:
+        assert parse_selector(selector).matches(labels), (name, labels)
+    return price, cheapest

@@ -37,11 +37,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from ray_nodeless.core.catalog import embedded
 from ray_nodeless.core.cluster_plan import plan_cluster
-from ray_nodeless.core.demand import fits, parse_selector
-from ray_nodeless.core.node_resources import instance_resources
-from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_ZONE
+from ray_nodeless.providers.base import TAG_INSTANCE_TYPE, TAG_PRICE
 from ray_nodeless.providers.local.backend import LocalBackend
 from ray_nodeless.providers.local.settings import default_state_dir
 from ray_nodeless.kuberay import bridge as K
@@ -54,7 +51,7 @@ from ray_nodeless.testing.kuberay import NS, RAY_ENV, REPO_ROOT, SA, Bridge, Ope
 from ray_nodeless.testing.kuberay_operator import HEAD_HOST_LABEL, HeadPodStandIn, RealOperator, wait_status_ready
 from ray_nodeless.testing.ray_processes import free_port
 from ray_nodeless.testing.service_network import ServiceNetwork
-from tests.e2e.cheapest import cheapest_fit
+from tests.e2e.cheapest import check_served
 from tests.e2e.clusters import processes_of
 from tests.k8s_plane import PlaneView
 
@@ -373,22 +370,10 @@ def test_kuberay_raycluster_with_no_worker_group_serves_each_demand_on_its_cheap
             _, want, selector = NO_GROUP_DEMANDS[name]
             tags = machines[r["machine"]]
             assert tags["ray-user-node-type"].startswith("nl-"), (name, tags)      # a generated node type
-            itype = tags[TAG_INSTANCE_TYPE]
-            price, cheapest = cheapest_fit(c.cfg, want, selector)
+            price, cheapest = check_served(c.cfg, name, want, selector, tags, r["labels"],
+                                           unique=name in NO_GROUP_UNIQUE)
             own_cheapest += price
             planned |= cheapest
-            t = embedded().instance_type("aws", itype)
-            assert fits(instance_resources(t, {}), {k: v for k, v in want.items()
-                                                    if not k.startswith("accelerator_type:")}), (name, itype)
-            if name in NO_GROUP_UNIQUE:
-                assert itype in cheapest, f"{name}: got {itype}, the catalog's cheapest fit is {sorted(cheapest)}"
-            labels = r["labels"]
-            assert labels["ray.io/market-type"] == tags[TAG_CAPACITY], (name, labels)
-            assert labels["ray.io/availability-zone"] == tags[TAG_ZONE], (name, labels)
-            if t.gpu_count:
-                assert labels["ray.io/accelerator-type"] == t.gpu_model, (name, labels)
-            if selector:
-                assert parse_selector(selector).matches(labels), (name, labels)
         assert {tags[TAG_INSTANCE_TYPE] for tags in machines.values()} <= planned, (machines, planned)
         launched = sum(float(tags[TAG_PRICE]) for tags in machines.values())
         assert launched <= own_cheapest + 1e-6, (launched, own_cheapest)
@@ -553,6 +538,15 @@ with open(sys.argv[1], "w") as out:
 """
 
 
+def rayjob_manifest(job: str, annotations: dict, spec: dict, entrypoint: str, **more: object) -> dict:
+    """A RayJob of the converted cluster `spec` as these tests submit it: HTTPMode (the operator submits to the
+    head's dashboard), `shutdownAfterJobFinishes: true`, plus `more` spec keys."""
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
+            "metadata": {"name": job, "namespace": NS, "annotations": annotations},
+            "spec": {"entrypoint": entrypoint, "submissionMode": "HTTPMode", "shutdownAfterJobFinishes": True,
+                     "rayClusterSpec": spec, **more}}
+
+
 def test_kuberay_operator_rayjob_runs_on_a_bridge_machine_and_its_end_ends_them(world, tmp_path: Path) -> None:
     """A RayJob (HTTPMode, `shutdownAfterJobFinishes: true`) of the converted cluster: the real operator creates
     its RayCluster (the RayJob's annotation copied onto it, its name with the operator's random suffix), submits the
@@ -564,10 +558,8 @@ def test_kuberay_operator_rayjob_runs_on_a_bridge_machine_and_its_end_ends_them(
     annotations, spec = owned_cluster_spec(world, tmp_path, job, {"dashboard": free_port()})
     script, result = tmp_path / "job.py", tmp_path / "job.result"
     script.write_text(JOB_SCRIPT)
-    rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob",
-              "metadata": {"name": job, "namespace": NS, "annotations": annotations},
-              "spec": {"entrypoint": f"{sys.executable} {script} {result}", "submissionMode": "HTTPMode",
-                       "shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0, "rayClusterSpec": spec}}
+    rayjob = rayjob_manifest(job, annotations, spec, f"{sys.executable} {script} {result}",
+                             ttlSecondsAfterFinished=0)
     seen: dict[str, str] = {}
     with made_by_operator(world, tmp_path, "rayjobs", rayjob) as c:
         def get_job() -> dict:
@@ -686,10 +678,7 @@ def test_kuberay_operator_rayjob_suspended_ends_the_machines(world, tmp_path: Pa
     annotations, spec = owned_cluster_spec(world, tmp_path, job, {"dashboard": free_port()})
     script, running = tmp_path / "job.py", tmp_path / "job.running"
     script.write_text(LONG_JOB_SCRIPT)
-    rayjob = {"apiVersion": "ray.io/v1", "kind": "RayJob",
-              "metadata": {"name": job, "namespace": NS, "annotations": annotations},
-              "spec": {"entrypoint": f"{sys.executable} {script} {running}", "submissionMode": "HTTPMode",
-                       "shutdownAfterJobFinishes": True, "rayClusterSpec": spec}}
+    rayjob = rayjob_manifest(job, annotations, spec, f"{sys.executable} {script} {running}")
     with made_by_operator(world, tmp_path, "rayjobs", rayjob) as c:
         def get_job() -> dict:
             return c.op.objects.get_namespaced_custom_object("ray.io", "v1", NS, "rayjobs", job)

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from ray_nodeless.core.catalog import embedded
-from ray_nodeless.core.demand import fits, parse_selector
+from ray_nodeless.core.demand import fits
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_PRICE, TAG_ZONE
 from ray_nodeless.providers.local.backend import LocalBackend
-from tests.e2e.cheapest import cheapest_fit
+from tests.e2e.cheapest import check_served
 from tests.e2e.clusters import BIN, RAY_ENV, cluster_copy, end_local_cluster, write_config
 
 pytestmark = pytest.mark.e2e
@@ -138,27 +138,10 @@ def test_ten_demand_kinds_each_get_their_cheapest_fit_on_autoscaler_v2(tmp_path:
         planned: set[str] = set()     # every instance type that is some demand's own cheapest fit
         for name, r in sorted(got.items()):
             _, want, selector = {**DEMANDS, **ACTOR_DEMANDS}.get(name, (None, PG_BUNDLE, None))
-            tags = machines[r["machine"]]
-            itype = tags[TAG_INSTANCE_TYPE]
-            price, cheapest = cheapest_fit(cfg, want, selector)
+            price, cheapest = check_served(cfg, name, want, selector, machines[r["machine"]], r["labels"],
+                                           unique=name in UNIQUE, hosts=hosts)
             own_cheapest += price
             planned |= cheapest
-            t = embedded().instance_type("aws", itype)
-            assert fits(instance_resources(t, {}), {k: v for k, v in want.items()
-                                                    if not k.startswith("accelerator_type:")}), (name, itype)
-            if name in UNIQUE:
-                # Only its own cheapest fit can serve it (a GPU model, a zone, a market): it runs there.
-                assert itype in cheapest, (f"{name}: got {itype}, the catalog's cheapest fit is {sorted(cheapest)}; "
-                                           f"hosts {hosts}")
-            # Labels tell the truth, and the ones asked for are there.
-            labels = r["labels"]
-            assert labels["ray.io/market-type"] == tags[TAG_CAPACITY], (name, labels)
-            assert labels["ray.io/availability-zone"] == tags[TAG_ZONE], (name, labels)
-            assert labels["ray.io/availability-region"] == "us-west-2"
-            if t.gpu_count:
-                assert labels["ray.io/accelerator-type"] == t.gpu_model
-            if selector:
-                assert parse_selector(selector).matches(labels), (name, labels)
         # Every machine launched is the brute-force cheapest fit of some demand: Ray's own scheduler decides which
         # launching machine a demand then waits for (it scores utilisation, not price), so a demand may run on
         # another demand's machine.
