@@ -7,7 +7,9 @@ import logging
 from typing import Any
 
 from ray_nodeless.core.idle import SOURCE_BREAK_EVEN
+from ray_nodeless.core.setting_groups import flat_key
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
+from ray_nodeless.launch.open_types import shape_open
 from ray_nodeless.operate.config import ProviderBundle, check_cluster, check_node_types, load_provider
 from ray_nodeless.operate.plugin_install import check_file_mounts
 from ray_nodeless.providers import backend_config
@@ -90,13 +92,33 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+OPEN_TEMPLATE = "<shape-open node types>"      # the template's stand-in name while the backend settles its image
+
+
 def settle_images(config: dict[str, Any], bundle: ProviderBundle) -> ProviderBundle:
     """Static, before planning: a node type's image as Ray would default it (the backend's `fill_default_images`;
-    AWS: Ray's default AMI per region). The bundle to go on with: read again when the provider block changed (a
-    shape-open cluster's template, `provider.open.node_config`, is the provider's own setting)."""
-    before = copy.deepcopy(config.get("provider"))
+    AWS: Ray's default AMI per region). A shape-open cluster's template of generated types (`provider.open.
+    node_config`, as the YAML wrote the key) is settled the same way, as one more node type, so a generated type
+    boots what a declared one would (a KubeRay cluster's groups get theirs here too). The bundle to go on with:
+    read again when the template changed, since it is the provider's own setting."""
     bundle.backend_config.fill_default_images(bundle.backend_settings, config)
-    return load_provider(config["provider"]) if config.get("provider") != before else bundle
+    types = config.get("available_node_types")
+    if not isinstance(types, dict) or not shape_open(bundle.core, types, str(config.get("head_node_type", ""))):
+        return bundle
+    key = bundle.core.open.key("node_config")       # provider.open.node_config or provider.open_node_config
+    if key == "provider.open.node_config" and not isinstance(config["provider"].get("open"), dict):
+        key = f"provider.{flat_key('open', 'node_config')}"    # no `open:` mapping to put it in: the flat key
+    probe = {"available_node_types": {OPEN_TEMPLATE: {"node_config": dict(bundle.core.open.node_config)}}}
+    try:
+        bundle.backend_config.fill_default_images(bundle.backend_settings, probe)
+    except ConfigError as e:      # named under the template's key, not the stand-in node type's
+        raise ConfigError(f"{key}.ImageId", str(e)[len(e.key) + 2:]) from None
+    block: Any = config
+    *path, last = key.split(".")
+    for part in path:
+        block = block.setdefault(part, {})
+    block[last] = probe["available_node_types"][OPEN_TEMPLATE]["node_config"]
+    return load_provider(config["provider"])
 
 
 def fillout_available_node_types_resources(cluster_config: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,9 @@ from ray_nodeless.kuberay import annotation as K
 from ray_nodeless.kuberay import bridge as B
 from ray_nodeless.kuberay import sidecar
 from ray_nodeless.kuberay.crd_defaults import WORKER_GROUP_DEFAULTS, with_defaults
-from ray_nodeless.providers.aws.images import default_ami, fill_default_images
+from ray_nodeless.operate.config import load_provider
+from ray_nodeless.providers.aws.images import default_ami
+from ray_nodeless.ray_adapter.bootstrap import settle_images
 from ray_nodeless.ray_compat.kuberay import derive_config
 from ray_nodeless.testing.kuberay import NS, Operator, crd_files
 
@@ -291,22 +293,30 @@ def test_a_system_config_that_is_not_json_is_refused_naming_the_key():
 # ------------------------------------------------------------------------------------------ the open template's AMI
 
 
+def _settled(provider: dict, types: dict) -> tuple[dict, object]:
+    """(the config, the bundle) after settle_images, as plan and bootstrap_config run it."""
+    cfg = {"head_node_type": "head", "provider": {"cloud": "aws", "region": "us-west-2", **provider},
+           "available_node_types": types}
+    return cfg, settle_images(cfg, load_provider(cfg["provider"]))
+
+
 def test_a_shape_open_clusters_template_gets_rays_default_ami_and_a_declared_one_is_left_alone():
-    cfg = {"head_node_type": "head", "provider": {"type": "aws"},
-           "available_node_types": {"head": {"node_config": {"ImageId": "ami-head"}}}}
-    fill_default_images(cfg, "us-west-2", None)
+    head = {"head": {"node_config": {"ImageId": "ami-head"}}}
+    cfg, bundle = _settled({}, copy.deepcopy(head))
     assert cfg["provider"]["open_node_config"] == {"ImageId": default_ami("us-west-2")}
-    nested = {"head_node_type": "head", "provider": {"open": {"enabled": True, "node_config": {"ImageId": "ami-own"}}},
-              "available_node_types": {"head": {"node_config": {"ImageId": "ami-head"}},
-                                       "w": {"node_config": {"ImageId": "ami-w"}}}}
-    fill_default_images(nested, "us-west-2", None)
+    assert bundle.core.open.node_config == {"ImageId": default_ami("us-west-2")}     # the settings read it
+    nested, bundle = _settled({"open": {"enabled": True, "node_config": {"ImageId": "ami-own"}}},
+                              {**copy.deepcopy(head), "w": {"node_config": {"ImageId": "ami-w"}}})
     assert nested["provider"]["open"]["node_config"] == {"ImageId": "ami-own"}
-    declared = {"head_node_type": "head", "provider": {},
-                "available_node_types": {"head": {"node_config": {"ImageId": "ami-head"}},
-                                         "w": {"node_config": {"ImageId": "ami-w"}}}}
-    fill_default_images(declared, "us-west-2", None)
-    assert "open_node_config" not in declared["provider"]
-    with_image_id = {"head_node_type": "head", "provider": {}, "available_node_types": {"head": {"node_config": {}}}}
-    fill_default_images(with_image_id, "us-west-2", "ami-provider")
+    flat, bundle = _settled({"open_shapes": True}, {**copy.deepcopy(head), "w": {"node_config": {"ImageId": "ami-w"}}})
+    assert flat["provider"]["open_node_config"] == {"ImageId": default_ami("us-west-2")}   # beside the flat key
+    declared, _ = _settled({}, {**copy.deepcopy(head), "w": {"node_config": {"ImageId": "ami-w"}}})
+    assert "open_node_config" not in declared["provider"] and "open" not in declared["provider"]
+    with_image_id, _ = _settled({"image_id": "ami-provider"}, {"head": {"node_config": {}}})
     assert with_image_id["provider"]["open_node_config"] == {}      # the backend uses provider.image_id
 
+
+def test_a_region_without_a_default_ami_names_the_templates_key():
+    with pytest.raises(ConfigError) as e:
+        _settled({"region": "eu-south-2"}, {"head": {"node_config": {"ImageId": "ami-head"}}})
+    assert e.value.key == "provider.open_node_config.ImageId" and "no AMI" in str(e.value)
