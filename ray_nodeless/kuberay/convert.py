@@ -70,13 +70,19 @@ def _pre(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
+def cluster_name(meta: Mapping[str, Any]) -> str:
+    """The name a document's RayCluster goes by here: its own, else its generateName without the trailing `-` (the
+    API server adds a random suffix, which no manifest can know), else `raycluster`."""
+    return str(meta.get("name") or str(meta.get("generateName") or "raycluster").rstrip("-") or "raycluster")
+
+
 def ray_cluster(doc: Mapping[str, Any], where: str = "") -> tuple[dict[str, Any], str]:
     """The RayCluster a document is or creates (metadata: the document's, whose annotations KubeRay copies onto
     the RayCluster of a RayJob / RayService), and the key path of its spec."""
     kind, spec, spec_key = K.cluster_spec(doc, where)
     meta = copy.deepcopy(dict(doc.get("metadata") or {}))
     shape.check_names(meta, _pre(where, "metadata"))
-    meta.setdefault("name", meta.get("generateName", "raycluster").rstrip("-") or "raycluster")
+    meta["name"] = cluster_name(meta)
     meta.setdefault("namespace", "default")
     return {"apiVersion": K.API_VERSION, "kind": "RayCluster", "metadata": meta, "spec": copy.deepcopy(spec)}, spec_key
 
@@ -290,7 +296,7 @@ def convert_manifest(docs: list[Any], *, source_name: str = "<manifest>", cloud:
 
     opts = spec.get("autoscalerOptions") or {}
     image = autoscaler_image or ray_image or opts.get("image") or image_of_head
-    notes += sidecar.install(spec, spec_key, str(meta.get("name")), image)
+    notes += sidecar.install(spec, spec_key, cluster_name(meta), image)
     if not autoscaler_image:
         notes.append(f"{spec_key}.headGroupSpec.template.spec.containers[{sidecar.CONTAINER}].image: {image!r}: it "
                      "runs `ray-nodeless kuberay-autoscaler`, so this image needs ray_nodeless installed "

@@ -108,7 +108,9 @@ def _check_patched(name: str, out: Path, cloud: str, region: str) -> None:
     # /tmp/ray shared by the Ray container and the bridge's (its session directory)
     [ray_tmp] = [m["name"] for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/tmp/ray"]
     assert {"name": ray_tmp, "mountPath": "/tmp/ray"} in bridge["volumeMounts"]
-    assert pod["serviceAccountName"]
+    # the head's ServiceAccount: the template's own, else the RayCluster's name (a RayJob's or RayService's own)
+    own = (before["spec"]["headGroupSpec"]["template"].get("spec") or {}).get("serviceAccountName")
+    assert pod["serviceAccountName"] == (own or KC.cluster_name(before["metadata"])) != "None"
     settings = K.parse_annotation(after["metadata"])
     assert (settings["cloud"], settings["region"]) == (cloud, region)
     groups = settings.get("groups", {})

@@ -72,6 +72,12 @@ def test_a_manifest_with_no_worker_group_converts_with_open_and_max_workers_and_
     [job] = [d for d in yaml.safe_load_all(out.read_text()) if d and d.get("kind") == "RayJob"]
     settings = yaml.safe_load(job["metadata"]["annotations"][K.ANNOTATION])
     assert settings["open_shapes"] is True and settings["maxWorkers"] == 4, settings
+    # the sample names itself by generateName only: the head's ServiceAccount is that prefix, the name rbac.yaml
+    # is applied under (the API server's random suffix is unknown when converting)
+    assert set(job["metadata"]) == {"generateName", "annotations"}
+    assert job["metadata"]["generateName"] == "pytorch-text-classifier-"
+    head_pod = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head_pod["serviceAccountName"] == "pytorch-text-classifier"
     p = CliRunner().invoke(plan_command, [str(out)])
     assert p.exit_code == 0, p.output
     assert "shape-open: every pending demand no declared worker type holds gets its cheapest fit (up to " \
