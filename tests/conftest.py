@@ -88,6 +88,17 @@ def _events_out_of_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         os.environ[EVENTS_DIR_ENV] = before
 
 
+@pytest.fixture(autouse=True)
+def _no_ledger_of_an_earlier_test() -> None:
+    """The cost cap's ledger (launch/shared_holds.py) lives beside the event logs, per cluster name: a test's
+    fresh cloud must not inherit an earlier test's launches of a cluster of the same name (in a real cluster those
+    machines exist; here their cloud is gone)."""
+    from ray_nodeless.metrics.events import events_dir
+
+    for p in Path(os.path.expanduser(events_dir())).glob("*.holds.json*"):
+        p.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="module")
 def moto_server() -> Iterator[MotoServer]:
     srv = start_moto_server()

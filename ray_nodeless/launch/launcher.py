@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal
 
@@ -31,6 +32,7 @@ from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import (BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, ListingError,
                                  NoFeasibleOffering, TransientBackendError)
 from ray_nodeless.launch.budget import TAG_REQUEST, Budget, Hold
+from ray_nodeless.launch.shared_holds import SharedHolds
 from ray_nodeless.launch.catalog import PlanningCatalog
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.providers.base import (
@@ -122,7 +124,9 @@ class Launcher:
                  backend: MachineBackend, registration: Registration, unavailable: UnavailableOfferings,
                  terminate: Callable[[list[str]], None], hourly_cost: Callable[[], float] = lambda: 0.0,
                  clock: Callable[[], float] = time.monotonic, view: MachineView | None = None,
-                 price_of: Callable[[Machine], float] | None = None):
+                 price_of: Callable[[Machine], float] | None = None, holds_path: Path | None = None):
+        """`holds_path`: the ledger the cost cap's reservations share with the cluster's other provider objects on
+        this machine (launch/shared_holds.py); None: this object's own only."""
         self.cluster_name = cluster_name
         self.settings = resolver.settings
         self._clock = clock
@@ -130,7 +134,10 @@ class Launcher:
         # launch whose machines it lists gets them from it. Without one, the cap counts `hourly_cost` only.
         self._view = view
         cap = self.settings.max_hourly_cost
-        self.budget = Budget(cap, view, price_of) if cap is not None and view is not None and price_of else None
+        shared = None if holds_path is None else SharedHolds(
+            holds_path, max_hold_s=self.settings.launch_timeout_s * (1 + ttls.TRANSIENT_LAUNCH_RETRIES))
+        self.budget = (Budget(cap, view, price_of, shared) if cap is not None and view is not None and price_of
+                       else None)
         self._hourly_cost = self.budget.hourly_cost if self.budget is not None else hourly_cost
         # (request id, node type) -> (when its round started, count -> calls so far); the offering each slot's
         # launch succeeded on, so Ray's retry of it walks straight to the same token.
@@ -309,10 +316,14 @@ class Launcher:
         the view's cached one): a fresh provider (a restarted monitor, `ray up`) counts what already runs, and so
         does one that overlaps another object of the cluster (an old monitor, a laptop's `ray up`): every machine
         the cloud lists with this cluster's tag counts, pending ones included, whoever launched it. What no listing
-        can show yet is another object's launch in flight (docs/capacity.md, "Reliability" states the bound). Concurrent
-        calls share one listing (`MachineView.refresh` answers a caller that arrives during one from it)."""
+        can show yet is another object's launch in flight, or its machines in the cloud's listing lag: the objects
+        on this machine share them through the budget's ledger (launch/shared_holds.py), whose landed machines go
+        into the view first, so this listing's by-id recheck says which still run. Concurrent calls share one
+        listing (`MachineView.refresh` answers a caller that arrives during one from it)."""
         if self._view is None:      # no view, no budget (__init__): nothing to count
             return
+        if self.budget is not None:
+            self.budget.adopt()
         try:
             self._view.refresh(force=True)
         except ListingError as e:

@@ -67,6 +67,7 @@ class MachineView:
         self._pending_tags: dict[str, dict[str, str]] = {}
         self._failed_terminates: set[str] = set()
         self._unseen: dict[str, float] = {}            # known, shown by neither query: id -> since when
+        self._theirs: set[str] = set()                 # another object's launches this view has not listed yet
         # When this object terminated the cluster's head (a teardown: `ray down`), on `clock`; see `_late_launches`.
         self._teardown_at: float | None = None
         self.teardown_watch_s = ttls.TEARDOWN_WATCH_S
@@ -223,9 +224,12 @@ class MachineView:
             vanished = [mid for mid in self._machines if mid not in machines]
             for mid in [m for m in self._unseen if m not in machines]:
                 del self._unseen[mid]
+            self._theirs -= set(listed)
             interrupted = [self._machines[mid] for mid in vanished
-                           if mid not in self._terminating and TAG_TERMINATING not in self._machines[mid].tags]
+                           if mid not in self._terminating and mid not in self._theirs
+                           and TAG_TERMINATING not in self._machines[mid].tags]
             self._terminating -= set(vanished)
+            self._theirs -= set(vanished)
             self._failed_terminates -= set(vanished)
             for mid in vanished:
                 self._pending_tags.pop(mid, None)
@@ -303,13 +307,18 @@ class MachineView:
             with self._lock:
                 self._pending_tags.setdefault(machine_id, {}).update(tags)
 
-    def launched(self, machines: Iterable[Machine]) -> None:
-        """Machines a launch just returned: visible now, kept while the cloud's listing catches up."""
+    def launched(self, machines: Iterable[Machine], theirs: bool = False) -> None:
+        """Machines a launch just returned: visible now, kept while the cloud's listing catches up. `theirs`:
+        another provider object's launch (handed over by the cost cap's ledger, launch/shared_holds.py): until this
+        view lists one, its end is that object's to judge, never an interruption here (it may be a reclaim that
+        object saw already, or its own terminate)."""
         now = self.clock()
         with self._lock:
             for m in machines:
                 if m.id not in self._machines:
                     self._machines[m.id] = m
+                    if theirs:
+                        self._theirs.add(m.id)
                 self._expected[m.id] = now
 
     def terminate(self, machine_ids: list[str]) -> None:
@@ -342,6 +351,7 @@ class MachineView:
             self._failed_terminates -= set(machine_ids)
             for mid in machine_ids:
                 self._expected.pop(mid, None)
+                self._theirs.discard(mid)
                 self._pending_tags.pop(mid, None)
                 m = self._machines.pop(mid, None)
                 if m is not None:

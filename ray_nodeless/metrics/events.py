@@ -77,6 +77,12 @@ def cost_path(cluster_name: str, configured: str | None = None) -> Path:
     return events_path(cluster_name, configured).with_suffix(".cost.json")
 
 
+def holds_path(cluster_name: str, configured: str | None = None) -> Path:
+    """The cost cap's ledger of launches in flight, shared by the cluster's provider objects on this machine
+    (launch/shared_holds.py), next to the log."""
+    return events_path(cluster_name, configured).with_suffix(".holds.json")
+
+
 def head_events_path(cluster_name: str, configured: str | None = None) -> str:
     """The log's path as a shell word for a command run on the head: `~` and $RAY_NODELESS_EVENTS_DIR are the
     head's, not this machine's."""

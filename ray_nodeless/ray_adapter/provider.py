@@ -49,6 +49,7 @@ from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
 from ray_nodeless.operate.config import load_provider
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
+from ray_nodeless.metrics.events import holds_path
 from ray_nodeless.metrics.wiring import ProviderInstruments
 from ray_nodeless.launch.reversion import Reverter
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED, Machine
@@ -122,7 +123,8 @@ class NodelessProvider(NodeProvider):
         self.backend.on_created = self.view.launched
         self.launcher = inst.launcher(Launcher(cluster_name, self._catalog, self.resolver, metered,
                                                self.registration, self.unavailable, terminate=self._terminate,
-                                               view=self.view, price_of=machine_price))
+                                               view=self.view, price_of=machine_price,
+                                               holds_path=holds_path(cluster_name, self.settings.events_dir)))
         inst.watch(self.view, self.unavailable)
         # What bootstrap_config wrote (numbers per resource); anything else is not a node type's resources.
         self._node_type_resources: dict[str, dict[str, float]] = {
@@ -309,6 +311,8 @@ class NodelessProvider(NodeProvider):
         if not ids:
             return None
         self.view.terminate(ids)    # raises when the cloud refused: the machines stay visible and are retried
+        if self.launcher.budget is not None:
+            self.launcher.budget.ended(ids)      # no other object of the cluster takes them over any more
         self.registration.after_terminate(ids)
         logger.info("terminated %d machine(s): %s", len(ids), ",".join(ids))
         return None

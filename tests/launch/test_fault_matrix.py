@@ -81,6 +81,9 @@ def _capped_checks(stats, cap: float) -> None:
     assert stats.cap == cap and 0 < stats.max_cost <= cap + 1e-9
     assert stats.cost_refused > 0 and stats.bursts > 0          # the cap bound, and bursts ran
     assert stats.faults.get("parallel_batches", 0) > 0 and stats.faults.get("concurrent_create_node", 0) > 0
+    # bursts of several provider objects of the cluster at once (issue 28: they stay within the cap together)
+    assert stats.several_objects > 0
+    assert (stats.phantom_refusals, stats.terminated_while_running) == (0, 0)
     assert (stats.duplicates, stats.returned_terminated, stats.misread_interruptions) == (0, 0, 0)
 
 

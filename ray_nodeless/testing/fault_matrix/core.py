@@ -28,14 +28,17 @@ At the end, teardown leaves nothing and a restarted provider sees nothing.
 
 Capped (`cap`: the provider block gets `max_hourly_cost`), the matrix also runs bursts of concurrent create_node
 calls (Ray v2's parallel batches of one request, or several requests at once; on a fresh provider object before
-its first listing 30 % of the time) and launches that raise with their machines running (orphans: the answer is
-lost and every retry fails; on the in-memory world the listing does not show them until the step ends), and
+its first listing 30 % of the time; several requests spread over 2-4 provider objects of the cluster half the
+time: an old and a new monitor, each with its own reservations, sharing them through the cost cap's ledger) and
+launches that raise with their machines running (orphans: the answer is lost and every retry fails; on the
+in-memory world the listing does not show them until the step ends), and
 asserts that the cloud's hourly cost never exceeds the cap, sampled after every create_node call (from the
 calling thread, while a burst's other calls are in flight) and every step; `Stats.max_cost` is the highest.
 """
 from __future__ import annotations
 
 import random
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -44,6 +47,9 @@ from typing import TYPE_CHECKING
 from ray.autoscaler.node_launch_exception import NodeLaunchException
 
 from ray_nodeless.errors import BackendError, ListingError
+from ray_nodeless.launch.shared_holds import SharedHolds
+from ray_nodeless.metrics.events import holds_path
+from ray_nodeless.testing.fault_matrix.world import CLUSTER
 from ray_nodeless.providers.base import TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_ZONE
 
 if TYPE_CHECKING:
@@ -72,6 +78,7 @@ class Stats:
     max_cost: float = 0.0                # the highest hourly cost the cloud held at any sample
     cost_refused: int = 0                # create_node calls refused as MaxHourlyCostExceeded
     bursts: int = 0
+    several_objects: int = 0             # bursts spread over several provider objects
     orphans: int = 0                     # machines of calls that raised, running
     terminated_while_running: int = 0    # ids the provider called terminated while the cloud ran them
     phantom_refusals: int = 0            # cap refusals while the provider counted more than the cloud runs
@@ -91,6 +98,10 @@ class Matrix:
         self.cap = cap
         if cap is not None:
             world.provider_config = dict(world.provider_config, max_hourly_cost=cap)
+        # Each run's own state directory: the cost cap's ledger (launch/shared_holds.py) is per cluster name, and
+        # a run's fresh cloud must not inherit an earlier run's launches of the same name.
+        self._state = tempfile.TemporaryDirectory(prefix="fault-matrix-state-")
+        world.provider_config = dict(world.provider_config, events_dir=self._state.name)
         world.start()
         self.offset = 0.0                        # the launchers' clock runs ahead by this (Ray's retry rounds)
         self.last_refusal = ""                   # the category of the last create_node call refused
@@ -271,6 +282,14 @@ class Matrix:
                 calls.append((rng.choice(sorted(w.shapes)), f"req-{self.stats.requests}", rng.randint(1, BATCH)))
                 self.stats.requests += 1
             self.stats.fault("concurrent_create_node")
+        # Several requests at once spread over several objects of the cluster (fresh ones: before their first
+        # listing, the capped launch lists first), or all on the main one. (One request's batches are one object's:
+        # Ray runs a request in one autoscaler.)
+        objects = [self.provider]
+        if len({r for _, r, _ in calls}) == len(calls) > 1 and rng.random() < 0.5:
+            objects = [self.new_provider() for _ in range(rng.randint(2, 4))]
+            self.stats.several_objects += 1
+            self.stats.fault("several_objects_burst")
         orphan = rng.random() < 0.15 and w.arm_orphan()
         if orphan:
             self.stats.fault("orphan")
@@ -286,7 +305,8 @@ class Matrix:
             tags = dict(WORKER_TAGS, **{"ray-user-node-type": node_type, "ray-launch-request": request})
             try:
                 start.wait(timeout=30)
-                out = self.provider.create_node_with_resources_and_labels({}, tags, n, w.shapes[node_type], {})
+                out = objects[i % len(objects)].create_node_with_resources_and_labels(
+                    {}, tags, n, w.shapes[node_type], {})
                 outs[i] = list(out or ())
             except NodeLaunchException as e:
                 with self._sample_lock:
@@ -398,6 +418,15 @@ class Matrix:
         self.expected -= set(victims)
         self.stats.fault("overlapping_provider_terminate")
 
+    def _lag_ends_in_the_ledger(self) -> None:
+        """The cost cap's ledger hands landed machines over for the listing's lag (launch/shared_holds.py); the
+        matrix ends that lag with each step (`unhide`), and its worlds forget ended machines at once (`tidy`, as
+        EC2 does after an hour): so the ledger's hand-overs end with the step too, as they would by then."""
+        h = SharedHolds(holds_path(CLUSTER, self._state.name), max_hold_s=0)
+        with h.locked() as entries:
+            if entries is not None:
+                entries[:] = [e for e in entries if e.state == "holding"]
+
     # ----- invariants ------------------------------------------------------------------------------------------
 
     def query(self) -> list[str]:
@@ -409,6 +438,7 @@ class Matrix:
     def check(self) -> None:
         w = self.world
         w.unhide()                  # the listing's lag ends with the step
+        self._lag_ends_in_the_ledger()
         self.sample_cost()
         assert not self.over_cap, f"{w.name}: hourly cost {max(self.over_cap):.4f} over the cap {self.cap}"
         ids = set(self.query())
@@ -456,5 +486,6 @@ class Matrix:
             assert self.new_provider().non_terminated_nodes({}) == []
         finally:
             self.world.close()
+            self._state.cleanup()
         self.stats.wall_s = time.perf_counter() - t0
         return self.stats
