@@ -125,13 +125,12 @@ class Launcher:
                  terminate: Callable[[list[str]], None], hourly_cost: Callable[[], float] = lambda: 0.0,
                  clock: Callable[[], float] = time.monotonic, view: MachineView | None = None,
                  price_of: Callable[[Machine], float] | None = None, holds_path: Path | None = None):
-        """`holds_path`: the ledger the cost cap's reservations share with the cluster's other provider objects on
-        this machine (launch/shared_holds.py); None: this object's own only."""
         self.cluster_name = cluster_name
         self.settings = resolver.settings
         self._clock = clock
-        # The provider's view of its machines: the cost cap counts them (with what is reserved) and a retried
-        # launch whose machines it lists gets them from it. Without one, the cap counts `hourly_cost` only.
+        # The provider's view of its machines: the cost cap counts them (with what is reserved; `holds_path`: the
+        # ledger shared with the cluster's other objects here, launch/shared_holds.py) and a retried launch whose
+        # machines it lists gets them from it. Without one, the cap counts `hourly_cost` only.
         self._view = view
         cap = self.settings.max_hourly_cost
         shared = None if holds_path is None else SharedHolds(
@@ -316,10 +315,9 @@ class Launcher:
         the view's cached one): a fresh provider (a restarted monitor, `ray up`) counts what already runs, and so
         does one that overlaps another object of the cluster (an old monitor, a laptop's `ray up`): every machine
         the cloud lists with this cluster's tag counts, pending ones included, whoever launched it. What no listing
-        can show yet is another object's launch in flight, or its machines in the cloud's listing lag: the objects
-        on this machine share them through the budget's ledger (launch/shared_holds.py), whose landed machines go
-        into the view first, so this listing's by-id recheck says which still run. Concurrent calls share one
-        listing (`MachineView.refresh` answers a caller that arrives during one from it)."""
+        can show yet is another object's launch in flight, or its machines in the listing lag: objects on this
+        machine share those through the budget's ledger, whose landed machines go into the view first (this
+        listing's by-id recheck says which still run). Concurrent calls share one listing."""
         if self._view is None:      # no view, no budget (__init__): nothing to count
             return
         if self.budget is not None:
@@ -487,14 +485,14 @@ class Launcher:
 
     def on_interrupted(self, tags: dict[str, str], machine_id: str) -> None:
         """A machine vanished without a terminate from us: if it was spot, skip its offering for a while."""
-        offering = self._offering_of(tags)
+        offering = self.offering_of(tags)
         if offering is not None and offering.capacity == "spot":
             self.unavailable.mark(offering, "interrupted")
         logger.warning("machine %s (%s %s %s) disappeared without being terminated by the autoscaler: "
                        "treating it as preempted", machine_id, tags.get(TAG_INSTANCE_TYPE), tags.get(TAG_ZONE),
                        tags.get(TAG_CAPACITY))
 
-    def _offering_of(self, tags: dict[str, str]) -> Offering | None:
+    def offering_of(self, tags: dict[str, str]) -> Offering | None:
         try:
             return self.catalog.region(self.resolver.settings.price_cloud, self.resolver.settings.region).find(
                 tags.get(TAG_INSTANCE_TYPE, ""), tags.get(TAG_ZONE, ""), tags.get(TAG_CAPACITY, ""))

@@ -47,13 +47,14 @@ from ray_nodeless.interruptions.drain import RayDrainer, RayNode
 from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
 from ray_nodeless.operate.config import load_provider
-from ray_nodeless.launch.launcher import Launcher
+from ray_nodeless.launch.launcher import Launcher, machine_labels
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.metrics.events import holds_path
 from ray_nodeless.metrics.wiring import ProviderInstruments
 from ray_nodeless.launch.reversion import Reverter
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED, Machine
 from ray_nodeless.ray_adapter import bootstrap
+from ray_nodeless.ray_adapter.start_labels import FactLabelsRunner
 from ray_nodeless.core.open_pack import Packer
 from ray_nodeless.core.open_plan import OpenFitter
 from ray_nodeless.launch.open_types import OpenTypes
@@ -333,7 +334,22 @@ class NodelessProvider(NodeProvider):
         runner = self.backend.command_runner(*args)
         if runner is None:
             runner = self.registration.command_runner(*args)
-        return runner if runner is not None else super().get_command_runner(*args)
+        runner = runner if runner is not None else super().get_command_runner(*args)
+        # Ray's updater starts Ray with the node type's declared labels: the machine's facts win (start_labels.py)
+        return FactLabelsRunner(runner, lambda declared: self._start_labels(node_id, declared))
+
+    def _start_labels(self, node_id: str, declared: dict[str, str]) -> dict[str, str] | None:
+        """The labels machine `node_id` starts Ray with (launcher.machine_labels), or None when its offering is
+        not known here (no decision tags, another catalog): Ray's declared ones stand then."""
+        m = self.view.known(node_id)
+        if m is None:
+            m = self.view.refresh(force=True).get(node_id)
+        offering = None if m is None else self.launcher.offering_of(m.tags)
+        if m is None or offering is None:
+            logger.warning("%s: its offering is not known here; it starts Ray with its node type's declared labels",
+                           node_id)
+            return None
+        return machine_labels(m.tags.get(TAG_RAY_USER_NODE_TYPE, ""), declared, offering)
 
     bootstrap_config = staticmethod(bootstrap.bootstrap_config)
     fillout_available_node_types_resources = staticmethod(bootstrap.fillout_available_node_types_resources)

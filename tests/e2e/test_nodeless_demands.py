@@ -180,9 +180,11 @@ V1_SHAPES = ("cpu", "cpu16", "gpu2", "l4", "mem64")
 
 def test_autoscaler_v1_serves_every_shape_demand(tmp_path: Path):
     """Under v1 (no RAY_enable_autoscaler_v2) the same cluster serves shape demands; label selectors are a v2
-    feature of Ray's scheduler (docs/shape-open.md)."""
+    feature of Ray's scheduler (docs/shape-open.md). The head, started by Ray's updater through the provider's
+    runner, has its machine's facts as its `ray.io/` labels, whatever its node type declares."""
     cfg = cluster_copy("local-nodeless.yaml", "nl1", head_env="RAY_enable_autoscaler_v2=0",
                        state_dir=str(tmp_path / "state"))
+    cfg["available_node_types"]["head"]["labels"] = {"ray.io/accelerator-type": "H100", "team": "ml"}
     path = write_config(cfg, tmp_path)
     try:
         up = subprocess.run([str(BIN / "ray"), "up", "-y", str(path)], env=RAY_ENV, capture_output=True, text=True,
@@ -196,7 +198,10 @@ def test_autoscaler_v1_serves_every_shape_demand(tmp_path: Path):
                 time.sleep(5)
                 return {{"name": name, "machine": os.environ.get("RAY_CLOUD_INSTANCE_ID")}}
             refs = {{n: probe.options(**o).remote(n) for n, o in {({n: DEMANDS[n][0] for n in V1_SHAPES})!r}.items()}}
-            print("RESULT", json.dumps({{n: ray.get(r, timeout=150) for n, r in refs.items()}}))
+            out = {{n: ray.get(r, timeout=150) for n, r in refs.items()}}
+            [head] = [n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
+            out["head-labels"] = head["Labels"]
+            print("RESULT", json.dumps(out))
         """)
         proc = subprocess.run([sys.executable, "-c", code], env=RAY_ENV, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -204,6 +209,11 @@ def test_autoscaler_v1_serves_every_shape_demand(tmp_path: Path):
         got = json.loads(line[len("RESULT "):])
         backend = LocalBackend.from_provider(dict(cfg["provider"]), cfg["cluster_name"])
         machines = {m.id: m.tags for m in backend.list_machines()}
+        [head] = [tags for tags in machines.values() if tags.get("ray-node-type") == "head"]
+        labels = got.pop("head-labels")
+        assert "ray.io/accelerator-type" not in labels and labels["team"] == "ml", labels   # a CPU head
+        assert (labels["ray.io/availability-zone"], labels["ray.io/market-type"]) == (head[TAG_ZONE],
+                                                                                    head[TAG_CAPACITY]), labels
         for name in V1_SHAPES:
             tags = machines[got[name]["machine"]]
             assert tags["ray-user-node-type"].startswith("nl-"), (name, tags)

@@ -8,6 +8,7 @@ import subprocess
 from ray.autoscaler.command_runner import CommandRunnerInterface
 
 from ray_nodeless.ray_adapter.provider import NodelessProvider
+from ray_nodeless.ray_adapter.start_labels import FactLabelsRunner
 from ray_nodeless.registrations.vm import BareVM
 from ray_nodeless.testing import fake_backend
 from tests.ray_adapter.test_provider import PROVIDER
@@ -39,7 +40,9 @@ def test_the_default_is_none_and_the_provider_uses_rays_ssh_runner():
     assert provider.registration.command_runner("", "i-1", AUTH, "c1", subprocess, True) is None
     assert provider.backend.command_runner("", "i-1", AUTH, "c1", subprocess, True) is None
     runner = provider.get_command_runner("", "i-1", AUTH, "c1", subprocess, True)
-    assert isinstance(runner, CommandRunnerInterface) and type(runner).__name__ == "SSHCommandRunner"
+    # Ray's runner, in the one that starts Ray with the machine's facts as labels (ray_adapter/start_labels.py)
+    assert isinstance(runner, FactLabelsRunner) and isinstance(runner.inner, CommandRunnerInterface)
+    assert type(runner.inner).__name__ == "SSHCommandRunner"
 
 
 def test_a_registrations_runner_is_used_when_the_backend_has_none():
@@ -47,4 +50,4 @@ def test_a_registrations_runner_is_used_when_the_backend_has_none():
     r = provider.registration
     provider.registration = _RunnerRegistration(r.settings, r.cluster_name, r.core)
     runner = provider.get_command_runner("", "i-1", AUTH, "c1", subprocess, True)
-    assert isinstance(runner, _Runner) and runner.node_id == "i-1"
+    assert isinstance(runner, FactLabelsRunner) and isinstance(runner.inner, _Runner) and runner.node_id == "i-1"
