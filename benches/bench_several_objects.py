@@ -6,13 +6,19 @@ interleaved. The real AWS backend against moto; each process launches 6 x {CPU: 
 (ray_nodeless/testing/several_objects.py).
 
     .venv/bin/python benches/bench_several_objects.py [--processes 2 3 4] [--reps 5] [--cap 1.0]
+
+It also prints what the ledger costs a capped create_node: NodelessProvider.create_node_with_resources_and_labels
+on the in-memory backend (the provider's own cost, no cloud latency), with the ledger and with the same provider's
+budget given none, interleaved, median of `--calls` each.
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -22,12 +28,41 @@ from ray_nodeless.testing.fault_matrix.aws import REGION, provider_config  # noq
 from ray_nodeless.testing.moto_server import start_moto_server  # noqa: E402
 
 
+def ledger_cost(calls: int) -> tuple[float, float]:
+    """Median ms per capped create_node (launch, then terminate, so the cap never binds): with the ledger, without."""
+    from ray_nodeless.ray_adapter.provider import NodelessProvider
+    from ray_nodeless.testing import fake_backend
+    from ray_nodeless.testing.fault_matrix import PROVIDER, WORKER_TAGS
+
+    fake_backend.reset()
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as events:
+        p = NodelessProvider(dict(PROVIDER, max_hourly_cost=100.0, events_dir=events), "c1")
+        budget = p.launcher.budget
+        assert budget is not None and budget.shared is not None
+        shared = budget.shared
+        for i in range(calls):
+            for with_ledger in (True, False):
+                budget.shared = shared if with_ledger else None
+                tags = dict(WORKER_TAGS, **{"ray-user-node-type": "gpu", "ray-launch-request": f"o-{i}-{with_ledger}"})
+                t0 = time.perf_counter()
+                ids = p.create_node_with_resources_and_labels({}, tags, 1, {"CPU": 4, "GPU": 1}, {})
+                times[with_ledger].append((time.perf_counter() - t0) * 1000)
+                p.terminate_nodes(list(ids))
+    return statistics.median(times[True]), statistics.median(times[False])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cap", type=float, default=1.0)
+    ap.add_argument("--calls", type=int, default=300)
     args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    with_ledger, without = ledger_cost(args.calls)
+    print(f"capped create_node on the in-memory backend, median of {args.calls}: {with_ledger:.3f} ms with the "
+          f"ledger, {without:.3f} ms without ({with_ledger - without:+.3f} ms)")
     moto = start_moto_server()
     try:
         ec2 = moto.client("ec2", REGION)

@@ -252,6 +252,7 @@ class SharedHolds:
                 if e.state == "landed" and any(mid in ids for mid, _ in e.machines):
                     kept = tuple((mid, t) for mid, t in e.machines if mid not in ids)
                     entries[i] = replace(e, machines=kept, count=len(kept))
+            entries[:] = [e for e in entries if e.state != "landed" or e.machines]     # all ended: nothing to hand
 
     def others(self, entries: list[Entry]) -> list[Entry]:
         return [e for e in entries if e.owner != self.owner]
