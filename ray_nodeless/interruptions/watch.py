@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -146,6 +147,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s ray_nodeless.watch: %(message)s")
+    # SIGTERM stops it whatever the boot shell left ignored (a background job of a shell that ignores it; a
+    # process the test runner started): the boot's pid file is how it is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     watcher = build(parse_args(argv))
     logger.info("watching %s for interruption notices (Ray node: instance %s, IP %s, GCS %s)",
                 type(watcher.source).__name__, watcher.instance_id, watcher.node_ip,

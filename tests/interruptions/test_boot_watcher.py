@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,17 @@ def _stand_ins(bin_dir: Path) -> None:
         f.chmod(0o755)
 
 
+def _wait_gone(pid: int, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_the_boot_script_starts_a_watcher_that_polls_imds(tmp_path):
     _stand_ins(tmp_path / "bin")
     script = worker_boot_script("aws", _spec("aws", "spot"), "127.0.0.1", free_port(), None)
@@ -103,3 +115,7 @@ def test_the_boot_script_starts_a_watcher_that_polls_imds(tmp_path):
             assert "instance i-0boot00000000000001" in log      # RAY_CLOUD_INSTANCE_ID reached the watcher
         finally:
             os.kill(pid, signal.SIGTERM)
+            gone = _wait_gone(pid, 15)
+            if not gone:
+                os.kill(pid, signal.SIGKILL)
+            assert gone, "the watcher did not stop on SIGTERM"
