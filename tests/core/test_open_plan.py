@@ -138,6 +138,37 @@ def test_unavailable_offering_is_skipped_for_the_next():
     assert second.offering.key != first.offering.key and second.price >= first.price
 
 
+def test_a_fallback_is_served_once_capacity_errors_took_every_offering_of_the_primary():
+    """Ray's fallback_strategy after capacity errors: while any offering of the primary selector may have capacity
+    it is served (the next one after each failure); once every fitting offering of the primary's zone failed (as
+    the launcher marks them, UnavailableOfferings), the first fallback is; when their backoff ends, the primary
+    again."""
+    from ray_nodeless.testing.clock import FakeClock
+    clock = FakeClock()
+    f = _fitter()
+    f.unavailable = UnavailableOfferings(180, clock)
+    d = parse_demand('{"CPU": 2, "GPU": 1}', [{"ray.io/availability-zone": "us-west-2a"},
+                                              {"ray.io/availability-zone": "us-west-2b"}])
+
+    def served():
+        packing = Packer(f).pack([d], [])
+        [name] = packing.new
+        return packing.types[name]
+    first = served()
+    assert first.offering.zone == "us-west-2a" and dict(first.labels)["ray.io/availability-zone"] == "us-west-2a"
+    f.unavailable.mark(first.offering, "InsufficientInstanceCapacity")
+    assert served().offering.zone == "us-west-2a"          # the primary's next offering
+    for o in f.planner.plan(f.resolver.request("x", {"CPU": 2, "GPU": 1}, {}, False)).candidates():
+        if o.zone == "us-west-2a":
+            f.unavailable.mark(o, "InsufficientInstanceCapacity")
+    fallback = served()
+    assert fallback.offering.zone == "us-west-2b" and dict(fallback.labels)["ray.io/availability-zone"] == \
+        "us-west-2b"
+    assert fallback.price == pytest.approx(_cheapest({"CPU": 2, "GPU": 1}, {"ray.io/availability-zone": "us-west-2b"}))
+    clock.advance(181)                                      # the backoff ended: the primary is probed again
+    assert served().offering.zone == "us-west-2a"
+
+
 def test_parse_demand_errors_name_the_key():
     with pytest.raises(ConfigError, match="--demand.CPU"):
         parse_demand('{"CPU": -1}')
