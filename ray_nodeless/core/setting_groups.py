@@ -69,8 +69,8 @@ class MetricsSettings(Group):
     # The monitor's Prometheus endpoint for ray_nodeless_* metrics (Ray's own autoscaler metrics are on 44217);
     # null: not exported.
     port: int | None = Field(44218, ge=1, le=65535)
-    # The head's decision log and cost state (metrics/events.py); None: $RAY_NODELESS_EVENTS_DIR, else
-    # ~/.ray-nodeless/events (of the head's home).
+    # The head's decision log and cost state (metrics/events.py), and the cost cap's ledger of launches in flight
+    # (launch/shared_holds.py); None: $RAY_NODELESS_EVENTS_DIR, else ~/.ray-nodeless/events (of the head's home).
     events_dir: str | None = Field(None, min_length=1)
     # The last N decisions appended to `ray status` (metrics/ray_status.py); 0: not shown.
     ray_status_events: int = Field(0, ge=0, le=50)   # off by default: opt in (metrics/ray_status.py)
