@@ -337,8 +337,13 @@ def _no_worker_groups(rc: dict) -> None:
     annotation (`maxWorkers`, which a RayCluster with no group needs)."""
     rc["spec"]["workerGroupSpecs"] = []
     rc["spec"].setdefault("autoscalerOptions", {})["version"] = "v2"
+    # A demand's machine stays until the test has listed every machine: the first task done must not leave its
+    # machine idle past the sample's 60 s (or the break-even's 180 s) while a slower machine still boots (a loaded
+    # CI host: it did once).
+    rc["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] = 900
     settings = yaml.safe_load(rc["metadata"]["annotations"][K.ANNOTATION])
-    rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump({**settings, "maxWorkers": 8})
+    rc["metadata"]["annotations"][K.ANNOTATION] = yaml.safe_dump({**settings, "maxWorkers": 8,
+                                                                  "cost_aware_idle": False})
     head = rc["spec"]["headGroupSpec"]["template"]["spec"]
     sidecar.install(rc["spec"], "spec", rc["metadata"]["name"], sidecar.autoscaler_container(head)["image"])
 
