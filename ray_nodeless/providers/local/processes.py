@@ -33,7 +33,7 @@ from ray_nodeless.providers.local.ray_start import (
 )
 from ray_nodeless.providers.local.records import NodeRecord, RecordStore, log_tail
 from ray_nodeless.providers.local.settings import (
-    DEFAULT_MIN_FREE_MEMORY_MB, DEFAULT_OBJECT_STORE_MEMORY, DEFAULT_START_TIMEOUT_S, NodeProcessSettings,
+    DEFAULT_MIN_FREE_MEMORY_MB, DEFAULT_OBJECT_STORE_MEMORY, DEFAULT_START_TIMEOUT_S, NodeProcessSettings, STATE_ROOT,
 )
 from ray_nodeless.providers.local.slots import DEFAULT_PORT_BASE, allocate_slot, slot_ip, slot_ports
 from ray_nodeless.providers.local.starter import PrewarmedStarter
@@ -50,7 +50,7 @@ POLL_S = 0.2
 
 # One start lock per machine, shared by every state dir: ports are a machine-wide resource (the bind probe is only
 # race-free if nobody else is between probe and bind), and two `ray start`s in one Ray session race on file names.
-_START_LOCK = FileLock(Path(tempfile.gettempdir()) / "ray_nodeless" / "start.lock")
+_START_LOCK = FileLock(Path(tempfile.gettempdir()) / STATE_ROOT / "start.lock")
 
 
 def _wait(pred, timeout: float) -> bool:

@@ -5,8 +5,8 @@ core/schema.py), and which player a provider block asks for (`player_of`).
       cloud: local
       gcs_address: 127.0.0.1:6379        # the head's GCS: every node started here joins it
       head_ip: 192.168.1.5               # the address the head's raylet reports (default: Ray's own resolution)
-      state_dir: /tmp/ray_nodeless/<cluster>                   # local backend: records, logs, faults.json
-      player_state_dir: /tmp/ray_nodeless/<cluster>-player     # registration: local-player: the same, its own
+      state_dir: /tmp/ray-nodeless/<cluster>                   # local backend: records, logs, faults.json
+      player_state_dir: /tmp/ray-nodeless/<cluster>-player     # registration: local-player: the same, its own
       local_faults:                      # injected launch errors (also read from <state_dir>/faults.json)
         - {instance_type: p3.2xlarge, zone: us-west-2a, capacity: spot, node_type: gpu,
            code: InsufficientInstanceCapacity, message: "...", times: 1}
@@ -52,8 +52,13 @@ DEFAULT_FAULT_CODE = "InsufficientInstanceCapacity"
 
 
 
+# Under the temp dir, named so that it is not importable: a directory "ray_nodeless" in /tmp would shadow the
+# package for any script run from /tmp (its directory comes first on sys.path).
+STATE_ROOT = "ray-nodeless"
+
+
 def default_state_dir(cluster_name: str, suffix: str = "") -> Path:
-    return Path(tempfile.gettempdir()) / "ray_nodeless" / f"{cluster_name}{suffix}"
+    return Path(tempfile.gettempdir()) / STATE_ROOT / f"{cluster_name}{suffix}"
 
 
 class FaultSpec(Section):

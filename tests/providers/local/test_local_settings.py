@@ -88,3 +88,23 @@ def test_played_kubelets_take_the_node_process_keys_only_when_played() -> None:
     with pytest.raises(ConfigError) as ei:      # the player's own checks, naming the key
         load_provider({**base, "kubernetes": {"join": join, "played": True}, "local_start_timeout_s": 0})
     assert ei.value.key == "provider.local_start_timeout_s"
+
+
+def test_the_default_state_dirs_do_not_shadow_the_package_for_a_script_run_from_the_temp_dir(tmp_path) -> None:
+    """The default state dir and the machine-wide start lock live under the temp dir. Named `ray_nodeless` (as
+    before), that directory was a namespace package that shadowed the installed one for any script run from /tmp
+    (a script's directory comes first on sys.path): `import ray_nodeless.core...` then failed to find the catalog."""
+    import subprocess
+    import sys
+
+    from ray_nodeless.providers.local import processes
+    from ray_nodeless.providers.local.settings import default_state_dir
+
+    # The directories the local backend makes under the temp dir, made under this test's own one.
+    for d in (default_state_dir("c").parent.name, Path(processes._START_LOCK.lock_file).parent.name):
+        (tmp_path / d / "c").mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "uses_the_package.py"
+    script.write_text("from ray_nodeless.core.catalog import store\nprint(store.embedded().catalog_id)\n")
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip()
