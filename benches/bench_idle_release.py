@@ -3,7 +3,11 @@ rule would need (BENCHMARKS.md, issue 19): how far idle release alone can bring 
 
 For each T: launches, GPU node-hours launching and idle, cost, and the distance to the bound (useful task-hours on
 their cheapest offering + the head). Then, for launch latencies L, the break-even rule (idle_timeout_s = L, no fixed
-relaunch cost) with the replay's launch latency L too.
+relaunch cost) with the replay's launch latency L too. Then the policies side by side (`policies`): the break-even
+alone, the learned release (`provider.idle.learn_gaps`, core/idle_gaps.py: the default), the best fixed timeout in
+hindsight (T = 0) and a clairvoyant one, estimated from the T = 0 replay: every release whose type's next launch
+came within a launch latency of the machine going idle is kept instead (it saves that launch's billing before ready,
+less the idle time kept); the others are released at once, as at T = 0.
 
     .venv/bin/python benches/bench_idle_release.py [--config cluster-configs/aws-cpu-head.yaml] [--json out.json]
 """
@@ -35,6 +39,25 @@ def row(r) -> dict:
             "vs_bound_pct": round(r.distance_to_bound * 100, 2)}
 
 
+def clairvoyant(zero, launch_ms: int) -> dict:
+    """The T = 0 replay's figures with every release whose type's next launch came within `launch_ms` of the
+    machine going idle kept instead (see the module docstring)."""
+    workers = sorted((n for n in zero.nodes if not n.is_head), key=lambda n: n.launch_ms)
+    saved_usd, kept = 0.0, 0
+    for n in workers:
+        if n.end_ms is None or n.end_ms >= zero.elapsed_ms:
+            continue
+        idle_from = n.end_ms - n.idle_ms
+        nxt = next((m.launch_ms for m in workers if m.node_type == n.node_type and m.launch_ms >= n.end_ms), None)
+        if nxt is not None and nxt - idle_from < launch_ms:
+            kept += 1
+            saved_usd += n.offer.hourly_price * (launch_ms - (nxt - idle_from)) / 3_600_000
+    cost = zero.workload_cost - saved_usd
+    return {"launches": sum(1 for n in workers) - kept, "kept": kept, "cost": round(cost, 2),
+            "bound_with_head": round(zero.bound_with_head, 2),
+            "vs_bound_pct": round((cost / zero.bound_with_head - 1) * 100, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", default=str(ROOT / "examples/traces/automl-published.yaml"))
@@ -49,11 +72,15 @@ def main() -> None:
     for t in TIMEOUTS_MIN:
         r = simulate(trace, dataclasses.replace(base, idle_timeout_ms=int(t * 60_000)))
         out["timeouts"][f"{t:g} min"] = row(r)
-    per_type = config_from_cluster(args.config, trace.default_schedule, True)
+    per_type = config_from_cluster(args.config, trace.default_schedule, True, idle_release="break-even")
     for lat in LATENCIES_S:
         cfg = dataclasses.replace(per_type, idle_timeout_ms_by_type={k: lat * 1000
                                                                      for k in per_type.idle_timeout_ms_by_type})
         out["latencies"][f"{lat} s"] = row(simulate(trace, cfg, launch_latency_ms=lat * 1000))
+    zero = simulate(trace, dataclasses.replace(base, idle_timeout_ms=0))
+    learned = config_from_cluster(args.config, trace.default_schedule, True)
+    out["policies"] = {"break-even": row(simulate(trace, per_type)), "learned": row(simulate(trace, learned)),
+                       "T = 0": row(zero), "clairvoyant (est.)": clairvoyant(zero, 180_000)}
     for part, rows in out.items():
         print(f"{part}:")
         for k, v in rows.items():

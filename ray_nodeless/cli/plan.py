@@ -20,6 +20,7 @@ from ray_nodeless.core.demand import Demand
 from ray_nodeless.core.idle import SOURCE_BREAK_EVEN, SOURCE_CLUSTER, SOURCE_NODE_TYPE, IdleTimeout
 from ray_nodeless.core.cluster_plan import ClusterPlan, load_cluster_yaml, planner_for
 from ray_nodeless.core.planner import Plan
+from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.core.requirements import GIB, Request, Shape, parse_requirements
 from ray_nodeless.errors import ConfigError
 from ray_nodeless.providers import price_clouds
@@ -195,7 +196,7 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
         lines = _plan_lines(name, p, alternatives)
         lines[0] = f"[{role}] " + lines[0]
         if name in cp.idle:
-            lines.append(f"    {_idle_line(cp.idle[name], cfg)}")
+            lines.append(f"    {_idle_line(cp.idle[name], cfg, cp.settings)}")
         if name in cp.left_out:
             o = cp.left_out[name]
             lines.append(f"    previous generation left out: {o.instance_type.name} {o.zone} {o.capacity} "
@@ -252,13 +253,16 @@ def _open_ceiling(cp: ClusterPlan, preview: OpenPreview) -> str:
     return f"ceiling: ${ceiling:.4f}/h ({why})"
 
 
-def _idle_line(idle: IdleTimeout, cfg: dict[str, Any]) -> str:
-    """How long an idle worker of the type is kept (core/idle.py), and what Ray's v1 autoscaler does instead."""
+def _idle_line(idle: IdleTimeout, cfg: dict[str, Any], settings: CoreSettings) -> str:
+    """How long an idle worker of the type is kept (core/idle.py), sooner where its gaps turn out long
+    (core/idle_gaps.py), and what Ray's v1 autoscaler does instead."""
     when = "never released" if idle.seconds is None else f"{idle.seconds:g} s"
     why = {SOURCE_BREAK_EVEN: "break-even of keeping it idle against relaunching it",
            SOURCE_NODE_TYPE: "the node type's idle_timeout_s",
            SOURCE_CLUSTER: "idle_timeout_minutes"}[idle.source]
     line = f"idle release: {when} ({why})"
+    if settings.cost_aware_idle and settings.idle.learn_gaps and idle.source != SOURCE_NODE_TYPE:
+        line += f", or {settings.idle.learn_min_gap_s:g} s once the type's idle gaps are longer than a launch"
     if idle.source != SOURCE_CLUSTER:
         minutes = cfg.get("idle_timeout_minutes")
         line += f"; Ray v1 reads only idle_timeout_minutes ({'none' if minutes is None else f'{minutes:g} min'})"

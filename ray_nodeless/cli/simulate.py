@@ -39,10 +39,13 @@ from ray_nodeless.trace.model import load_trace
 @click.option("--seed", type=int, default=0, show_default=True, help="RNG seed (spot interruptions).")
 @click.option("--catalog", "catalog_spec", default="embedded", show_default=True,
               help="Catalog pricing the fixed baselines ('embedded' or a file). Cluster configs use their own.")
-@click.option("--idle-release", type=click.Choice(IDLE_RELEASE + ("both",)), default="as-configured",
+@click.option("--idle-release", type=click.Choice(IDLE_RELEASE + ("both", "all")), default="as-configured",
               show_default=True, help="as-configured: each worker type's idle timeout as the plan decides it (the "
                                       "per-type idle_timeout_s Ray v2 reads: cost-aware break-even unless the type "
-                                      "sets one); cluster-wide: Ray v1's one idle_timeout_minutes; both: each way.")
+                                      "sets one) and the monitor's learned release of types whose gaps were longer "
+                                      "than a launch (provider.idle.learn_gaps); break-even: the same without the "
+                                      "learning; cluster-wide: Ray v1's one idle_timeout_minutes; both: "
+                                      "as-configured and cluster-wide; all: the three.")
 @click.option("--reversion", type=click.Choice(list(REVERSION_VARIANTS)), default="as-configured",
               show_default=True, help="On-demand -> spot reversion (provider.reversion): as configured (on by "
                                       "default), off, or both (spot configs replayed each way).")
@@ -79,7 +82,7 @@ def simulate_command(trace_path: str, configs: tuple[str, ...], baselines: tuple
             raise ConfigError("--launch-concurrency", f"must be >= 1, got {launch_concurrency}")
         trace = load_trace(trace_path)
         catalog = load_catalog(catalog_spec)
-        idle = IDLE_RELEASE if idle_release == "both" else (idle_release,)
+        idle = {"both": IDLE_RELEASE[:2], "all": IDLE_RELEASE}.get(idle_release, (idle_release,))
         cfgs = build_configs(trace, configs, baselines, capacity, schedule, catalog, idle_release=idle,
                              reversion=REVERSION_VARIANTS[reversion])
         timing: dict[str, Any] = {

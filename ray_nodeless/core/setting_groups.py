@@ -28,6 +28,7 @@ from typing import ClassVar, Mapping
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from ray_nodeless.core.idle import DEFAULT_LAUNCH_LATENCY_S
+from ray_nodeless.core.idle_gaps import DEFAULT_MIN_GAP_S, DEFAULT_WINDOW
 from ray_nodeless.core.schema import Section, parse_section
 from ray_nodeless.errors import ConfigError
 
@@ -79,12 +80,18 @@ class MetricsSettings(Group):
 class IdleSettings(Group):
     """`provider.idle`: cost-aware idle release (core/idle.py). Each worker type's idle_timeout_s is the break-even
     of keeping an idle machine against relaunching it (expected_launch_s + 3600 x relaunch_overhead_usd / price);
-    a node type's own idle_timeout_s wins; cost_aware false: Ray's idle_timeout_minutes for every type."""
+    a node type's own idle_timeout_s wins; cost_aware false: Ray's idle_timeout_minutes for every type.
+    learn_gaps (core/idle_gaps.py, with cost_aware): a type whose last `learn_window` idle gaps were mostly longer
+    than expected_launch_s releases an idle machine after `learn_min_gap_s` (the monitor drains it through Ray's
+    idle drain, which refuses a busy node); a type with shorter gaps keeps the break-even."""
 
     group = "idle"
     cost_aware: bool = True
     expected_launch_s: float = Field(DEFAULT_LAUNCH_LATENCY_S, ge=0)   # request -> Ray node ready
     relaunch_overhead_usd: float = Field(0.0, ge=0)                    # fixed cost of a relaunch beyond its boot
+    learn_gaps: bool = True
+    learn_window: int = Field(DEFAULT_WINDOW, ge=1, le=100)
+    learn_min_gap_s: float = Field(DEFAULT_MIN_GAP_S, ge=1, le=3600)
 
 
 GROUPS: dict[str, type[Group]] = {"open": OpenSettings, "metrics": MetricsSettings, "idle": IdleSettings}

@@ -147,6 +147,9 @@ class CoreSettings(Section):
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.
     node_type_resources: dict[str, object] = Field(default_factory=dict)
     worker_boot: dict[str, object] = Field(default_factory=dict)
+    # The worker types whose idle timeout is the plan's, not their own idle_timeout_s: the monitor's learned idle
+    # release may end their idle machines sooner (launch/idle_release.py). None: not recorded (shape-open types only).
+    idle_learn_types: list[str] | None = None
     # The backend's own catalog cloud (`BackendConfig.catalog_cloud`), as the loader passed it to parse_provider;
     # not a key of the block.
     _catalog_cloud: str | None = PrivateAttr(None)

@@ -2,8 +2,9 @@
 `ray-nodeless status CLUSTER_YAML --events`.
 
 Kinds (`KINDS`): a launch chosen (and why: rule, price, candidate), a fallback to a later candidate, a capacity error
-remembered, a cost-cap refusal, a machine interrupted, an interruption notice and its drain, unservable demands, and
-machines on their way for shape-open demands ("opening").
+remembered, a cost-cap refusal, a machine interrupted, an interruption notice and its drain, unservable demands,
+machines on their way for shape-open demands ("opening"), and an idle machine the learned idle release ended sooner
+than its type's timeout ("idle_release", launch/idle_release.py).
 Each also goes to Ray's autoscaler event channel (the sink the provider hands in, `compat.demand`).
 
 The log is a JSON-lines file per cluster in the events dir of the machine the monitor runs on (the head):
@@ -40,7 +41,7 @@ from ray_nodeless.metrics.state_files import directory_ready, file_ready, set_as
 logger = logging.getLogger(__name__)
 
 KINDS = ("launch", "fallback", "capacity_error", "cost_cap_refusal", "interruption", "interruption_notice", "drain",
-         "unservable", "opening")
+         "unservable", "opening", "idle_release")
 MAX_EVENTS = 1000
 LOCK_WAIT_S = 1.0      # the longest an event waits for the log's lock held by another process
 EVENTS_DIR = "~/.ray-nodeless/events"

@@ -5,12 +5,13 @@ provider objects too, on machines that are not the head."""
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.settings import CoreSettings
 from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.catalog import PlanningCatalog
+from ray_nodeless.launch.idle_release import LearnedRelease, Release
 from ray_nodeless.launch.launcher import Launcher
 from ray_nodeless.launch.machine_view import MachineView
 from ray_nodeless.launch.open_types import Opening
@@ -101,6 +102,14 @@ class ProviderInstruments:
         self.recorder.event("opening", opening.message(), node_type=opening.node_type,
                             instance_type=o.instance_type.name, zone=o.zone, capacity=o.capacity,
                             price=o.hourly_price, count=opening.count, demand=opening.demand)
+
+    def idle_release(self, release: LearnedRelease[Any]) -> LearnedRelease[Any]:
+        """An "idle_release" event for each machine the learned idle release ends (launch/idle_release.py)."""
+        def released(r: Release) -> None:
+            self.recorder.event("idle_release", r.describe(), node_type=r.node_type, machine=r.machine_id,
+                                idle_s=round(r.idle_s, 1), timeout_s=round(r.timeout_s, 1))
+        release.on_release = released
+        return release
 
     def watch(self, view: MachineView, unavailable: UnavailableOfferings) -> None:
         """The scrape-time gauges read this provider object's view and capacity memory from now on."""

@@ -6,7 +6,7 @@ import copy
 import logging
 from typing import Any
 
-from ray_nodeless.core.idle import SOURCE_BREAK_EVEN
+from ray_nodeless.core.idle import SOURCE_BREAK_EVEN, SOURCE_NODE_TYPE
 from ray_nodeless.core.setting_groups import flat_key
 from ray_nodeless.errors import BackendError, CatalogError, ConfigError, NoFeasibleOffering
 from ray_nodeless.launch.open_types import shape_open
@@ -20,6 +20,7 @@ from ray_nodeless.registrations.vm_boot import BOOT_KEY, boots_itself
 logger = logging.getLogger(__name__)
 
 NODE_TYPE_RESOURCES_KEY = "node_type_resources"   # read by the provider objects Ray builds later
+IDLE_LEARN_TYPES_KEY = "idle_learn_types"         # the same
 
 
 def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +79,10 @@ def bootstrap_config(cluster_config: dict[str, Any]) -> dict[str, Any]:
             # A break-even timeout always has its seconds (core/idle.py); None is only the cluster-wide "never".
             if idle.source == SOURCE_BREAK_EVEN and idle.seconds is not None:
                 config["available_node_types"][name]["idle_timeout_s"] = round(idle.seconds, 3)
+        # The types the monitor's learned idle release may end sooner (launch/idle_release.py): not a type whose
+        # own idle_timeout_s the user set.
+        provider[IDLE_LEARN_TYPES_KEY] = sorted(name for name, idle in cp.idle.items()
+                                                if idle.source != SOURCE_NODE_TYPE)
     # Workers that start Ray from their own boot script (registrations/vm.py) run these commands. Ray's
     # prepare_config has already prepended setup_commands to worker_setup_commands; do not run them twice.
     setup = list(config.get("setup_commands") or [])

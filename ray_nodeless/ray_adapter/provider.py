@@ -52,6 +52,9 @@ from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.metrics.events import holds_path
 from ray_nodeless.metrics.wiring import ProviderInstruments
 from ray_nodeless.launch.reversion import Reverter
+from ray_nodeless.launch.idle_release import LearnedRelease
+from ray_nodeless.core.idle_gaps import GapLearner
+from ray_nodeless.ray_adapter.idle_driver import ConfigIdlePlan, GcsIdleSource
 from ray_nodeless.providers.base import MACHINE_RUNNING, TAG_PRICE, TAG_UNSERVED, Machine
 from ray_nodeless.ray_adapter import bootstrap
 from ray_nodeless.ray_adapter.start_labels import FactLabelsRunner
@@ -140,8 +143,16 @@ class NodelessProvider(NodeProvider):
                                      RayDrainer(gcs), self.terminate_nodes,
                                      resources_of=lambda t: self._node_type_resources.get(t) or {},
                                      node_config_of=self._node_configs.get)
-        self.open: OpenDriver | None = None
         config_path = self.context.config_path
+        # The idle release that learns the gaps (launch/idle_release.py): only in the monitor, which reads Ray's
+        # nodes and the config file Ray re-reads, and drains through Ray's idle drain.
+        self.idle_release: LearnedRelease[RayNode] | None = None
+        s = self.settings
+        if gcs and config_path and s.cost_aware_idle and s.idle.learn_gaps:
+            self.idle_release = inst.idle_release(LearnedRelease(
+                GapLearner(s.expected_launch_s, s.idle.learn_window, s.idle.learn_min_gap_s), GcsIdleSource(gcs),
+                ConfigIdlePlan(config_path, None, s.idle_learn_types), RayDrainer(gcs), self.terminate_nodes))
+        self.open: OpenDriver | None = None
         if gcs and config_path and self.settings.open_shapes is not False:
             # Only in the monitor: shape-open node types live in the config file it re-reads (open_driver.py).
             self.open = OpenDriver(self._open_types(config_path), gcs, self.context.logs_dir,
@@ -158,6 +169,8 @@ class NodelessProvider(NodeProvider):
             lanes = [Lane("listing", self._listing_pass, max(MIN_LANE_INTERVAL_S, self.settings.list_cache_s)),
                      Lane("reversion", self._reversion_pass,
                           max(MIN_LANE_INTERVAL_S, self.settings.reversion.interval_s))]
+            if self.idle_release is not None:     # a pass at least every learn_min_gap_s, at most every second
+                lanes.append(Lane("idle", self._idle_pass, max(MIN_LANE_INTERVAL_S, s.idle.learn_min_gap_s / 2)))
             self.loop = ProviderLoop(cluster_name, lanes, clock)
 
     def _open_types(self, config_path: str) -> OpenTypes:
@@ -228,6 +241,10 @@ class NodelessProvider(NodeProvider):
         if self.reverter is not None and self._first_listing.is_set():
             self.reverter.tick(self.view.cost_view()[1])    # at most every reversion.interval_s, never raises
 
+    def _idle_pass(self) -> None:
+        if self.idle_release is not None and self._first_listing.is_set():
+            self.idle_release.tick(self.view.cost_view()[1])     # never raises: see launch/idle_release.py
+
     def _snapshot(self, loop: ProviderLoop) -> dict[str, Machine]:
         """The view's latest machines (the loop's last listing, with this object's own launches and terminations),
         starting `loop` (this object's) at the first call and waiting (bounded) for its first listing."""
@@ -293,6 +310,8 @@ class NodelessProvider(NodeProvider):
         resources = resources or dict(self._node_type_resources.get(node_type) or {})
         if not tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD:
             self._node_configs[node_type] = dict(node_config or {})    # what a reversion launches the type with
+            if self.idle_release is not None:
+                self.idle_release.launched(node_type)     # work came back for the type: a gap closes
         try:
             launched = self.launcher.launch(node_type, node_config, tags, count, resources, labels,
                                             is_head=tags.get(TAG_RAY_NODE_KIND) == NODE_KIND_HEAD,

@@ -6,7 +6,7 @@ is the GCS's own view, filled from the raylets' resource reports, so it is there
 v2; its `autoscaling_state` is autoscaler v2's last report (`pending_instance_requests`, `pending_instances`).
 Fields read:
 - `node_states[]`: instance_id (RAY_CLOUD_INSTANCE_ID), ray_node_type_name, total/available resources, labels,
-  status (DEAD nodes are left out);
+  status (DEAD nodes are left out; IDLE ones with their `idle_duration_ms`, how long the node has run nothing);
 - `pending_resource_requests[]`: ResourceRequestByCount {request: {resources_bundle, label_selectors}, count};
 - `cluster_resource_constraints[]`: `request_resources()` bundles {resource_requests[]: ResourceRequestByCount};
 - `pending_gang_resource_requests[]`: placement groups: {requests[], details "<pg id>:<strategy>|<state>"};
@@ -52,10 +52,12 @@ def requested_from_proto(autoscaling_state: Any) -> dict[str, Any]:
 def state_from_proto(state: Any) -> dict[str, Any]:
     from ray.core.generated import autoscaler_pb2
 
-    dead = autoscaler_pb2.NodeStatus.DEAD
+    dead, idle = autoscaler_pb2.NodeStatus.DEAD, autoscaler_pb2.NodeStatus.IDLE
     nodes = [{"instance_id": n.instance_id, "node_type": n.ray_node_type_name,
               "total": dict(n.total_resources), "available": dict(n.available_resources),
-              "labels": {**dict(n.labels), **dict(n.dynamic_labels)}}
+              "labels": {**dict(n.labels), **dict(n.dynamic_labels)},
+              "idle_s": n.idle_duration_ms / 1000 if n.status == idle else None,
+              "draining": n.status == autoscaler_pb2.NodeStatus.DRAINING}
              for n in state.node_states if n.status != dead]
     requests = [dict(_request(r.request), count=int(r.count)) for r in state.pending_resource_requests]
     gangs: list[dict[str, Any]] = []

@@ -68,6 +68,7 @@ class Autoscaler(NodeBook):
                 self.cfg.offers[t.name] = Offer(o.instance_type.name, o.capacity, o.zone, float(o.hourly_price or 0))
                 if self.cfg.open_idle_ms is not None:
                     self.cfg.idle_timeout_ms_by_type[t.name] = self.cfg.open_idle_ms(o.hourly_price)
+                    self.cfg.learn_types.add(t.name)
             for _ in range(count):
                 self._add_worker(t.name)
                 logger.debug("%s t=%.3fh open %s", self.cfg.label, self.now / MS_PER_HOUR, t.name)
@@ -80,7 +81,7 @@ class Autoscaler(NodeBook):
         for n in sorted(self.live.values(), key=lambda n: n.seq):
             if n.is_head or n.running or n.idle_since_ms is None:
                 continue
-            timeout = self.cfg.idle_ms(n.node_type)
+            timeout = self.idle_timeout_ms(n.node_type)
             if timeout >= 0 and self.now - n.idle_since_ms >= timeout and \
                     counts[n.node_type] > self.cfg.node_types[n.node_type]["min_workers"]:
                 counts[n.node_type] -= 1
@@ -140,15 +141,21 @@ class Autoscaler(NodeBook):
             if not n.is_head:
                 workers[n.node_type] = workers.get(n.node_type, 0) + 1
         for n in self.live.values():
-            if n.is_head or n.running or n.idle_since_ms is None or self.cfg.idle_ms(n.node_type) < 0:
+            if n.is_head or n.running or n.idle_since_ms is None or self.idle_timeout_ms(n.node_type) < 0:
                 continue
             # A type at its min_workers floor terminates nothing, so its idle workers need no tick: asking for
             # one would ask again at every tick, forever once the workload has ended. When the type grows
             # above its floor, that launch happens on a tick, and this runs again after it.
             if workers[n.node_type] <= self.cfg.node_types[n.node_type]["min_workers"]:
                 continue
-            due = max(n.idle_since_ms + self.cfg.idle_ms(n.node_type), self.now + (1 if ran_tick else 0))
+            due = max(n.idle_since_ms + self.idle_timeout_ms(n.node_type), self.now + (1 if ran_tick else 0))
             want.append(-(-due // self.tick_ms) * self.tick_ms)
+            if self.gaps is not None and n.node_type in self.cfg.learn_types:
+                # The learned timeout may shorten when an open gap turns long, with nothing else happening.
+                change = self.gaps.changes_at(n.node_type, self.now / 1000)
+                if change is not None:
+                    at = max(int(change * 1000) + 1, self.now + (1 if ran_tick else 0))
+                    want.append(-(-at // self.tick_ms) * self.tick_ms)
         for t in want:
             self._tick_at(t)
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from ray_nodeless.core.catalog import Catalog
 from ray_nodeless.core.cluster_plan import load_catalog, load_cluster_yaml, plan_cluster, planner_for
-from ray_nodeless.core.idle import capped_break_even_s
+from ray_nodeless.core.idle import SOURCE_NODE_TYPE, capped_break_even_s
 from ray_nodeless.core.prices import priced
 from ray_nodeless.core.requirements import GIB
 from ray_nodeless.errors import ConfigError
@@ -45,8 +45,10 @@ def force_on_demand(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 # `--idle-release` -> how idle workers are released: each node type's timeout as the cluster plan decides it (what
-# Ray v2 does with the per-type idle_timeout_s bootstrap_config writes), or Ray v1's one idle_timeout_minutes.
-IDLE_RELEASE = ("as-configured", "cluster-wide")
+# Ray v2 does with the per-type idle_timeout_s bootstrap_config writes) and, where `provider.idle.learn_gaps` is on
+# (the default), the monitor's release at once of types whose gaps have been longer than a launch; the same
+# without that learning ("break-even"); or Ray v1's one idle_timeout_minutes.
+IDLE_RELEASE = ("as-configured", "cluster-wide", "break-even")
 
 # `--reversion` -> replay each spot config with provider.reversion as configured (True), off (False), or both.
 REVERSION_VARIANTS: dict[str, tuple[bool, ...]] = {"as-configured": (True,), "off": (False,), "both": (True, False)}
@@ -117,22 +119,31 @@ def config_from_cluster(path: str, schedule: str, on_demand: bool, catalog: Cata
         idle_ms = int(round(float(idle_min) * 60_000))
     by_type: dict[str, int] = {}
     open_idle = None
-    if idle_release == "as-configured":
+    learning = None
+    learn_types: set[str] = set()
+    if idle_release in ("as-configured", "break-even"):
         by_type = {name: _ms(idle.seconds) for name, idle in cp.idle.items() if name in node_types}
         s = cp.settings
+        if idle_release == "as-configured" and s.cost_aware_idle and s.idle.learn_gaps:
+            # As the monitor's idle lane (launch/idle_release.py): the types whose timeout is the plan's.
+            learning = (s.expected_launch_s, s.idle.learn_window, s.idle.learn_min_gap_s)
+            learn_types = {name for name, idle in cp.idle.items()
+                           if name in node_types and idle.source != SOURCE_NODE_TYPE}
         if s.cost_aware_idle:
             # As launch/open_types.py: a generated type gets the break-even of its one offering.
             def open_idle(price: float | None) -> int:
                 be = capped_break_even_s(price, s.expected_launch_s, s.relaunch_overhead_usd,
                                          None if idle_ms < 0 else idle_ms / 1000)
                 return idle_ms if be is None else _ms(round(be, 3))
-    label = Path(path).stem + (":on-demand" if on_demand else "") + (
-        ":cluster-idle" if idle_release == "cluster-wide" else "") + ("" if reversion else ":no-reversion")
+    label = Path(path).stem + (":on-demand" if on_demand else "") + {
+        "cluster-wide": ":cluster-idle", "break-even": ":break-even"}.get(idle_release, "") + (
+        "" if reversion else ":no-reversion")
     return SimConfig(label=label, kind="autoscaled", schedule=schedule, head_node_type=cp.head_node_type,
                      node_types=node_types, offers=offers, max_workers=cp.global_max_workers,
                      upscaling_speed=float(raw.get("upscaling_speed", 1.0)), idle_timeout_ms=idle_ms,
                      idle_cost_per_hour=cp.cost.idle_cost_per_hour, source=str(path), open=open_cluster,
-                     idle_timeout_ms_by_type=by_type, open_idle_ms=open_idle, tick_ms=autoscaler_tick_ms(raw),
+                     idle_timeout_ms_by_type=by_type, open_idle_ms=open_idle,
+                     idle_learning=learning, learn_types=learn_types, tick_ms=autoscaler_tick_ms(raw),
                      candidates=candidates, unavailable_ttl_ms=_ms(cp.settings.unavailable_ttl_s),
                      unavailable_cap_ms=_ms(cp.settings.unavailable_backoff_cap_s),
                      unavailable_probes=cp.settings.unavailable_probes,

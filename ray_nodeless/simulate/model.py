@@ -86,6 +86,11 @@ class SimConfig:
     # on-demand preference after interruptions) and `max_hourly_cost` (None: no cap).
     reversion: Any = None
     max_hourly_cost: float | None = None
+    # The idle release that learns the gaps (core/idle_gaps.py, `provider.idle.learn_gaps`): the GapLearner's
+    # (launch_s, window, min_gap_s), None when off; it applies to the types whose timeout is the plan's, not their own
+    # idle_timeout_s (`learn_types`; shape-open types are added as they open).
+    idle_learning: tuple[float, int, float] | None = None
+    learn_types: set[str] = field(default_factory=set)
 
     def idle_ms(self, node_type: str) -> int:
         return self.idle_timeout_ms_by_type.get(node_type, self.idle_timeout_ms)

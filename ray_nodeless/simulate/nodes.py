@@ -77,7 +77,19 @@ class NodeBook(SimState):
         start, ready = self._launch_window()
         n = self._add_node(node_type, False, ready, launch_ms=start, offer=offer)
         n.fallback = fallback
+        if self.gaps is not None:
+            self.gaps.launched(node_type, self.now / 1000)
         return n
+
+    def idle_timeout_ms(self, node_type: str) -> int:
+        """How long an idle worker of `node_type` is kept now (-1: never): the plan's timeout, or the gap
+        learner's release at once where the type's gaps have been longer than a launch (as the monitor's idle lane
+        does live)."""
+        base = self.cfg.idle_ms(node_type)
+        if self.gaps is None or node_type not in self.cfg.learn_types:
+            return base
+        s = self.gaps.timeout_s(node_type, None if base < 0 else base / 1000, self.now / 1000)
+        return -1 if s is None else int(round(s * 1000))
 
     def _add_node(self, node_type: str, is_head: bool, ready_ms: int, launch_ms: int | None = None,
                   offer: Offer | None = None) -> SimNode:
@@ -116,6 +128,11 @@ class NodeBook(SimState):
     def _terminate(self, n: SimNode, billed_ms: int = 0) -> None:
         """End `n` now: it takes no more work; billed `billed_ms` longer (the scale-down latency), idle meanwhile."""
         end = max(self.now + billed_ms, n.launch_ms)
+        if self.gaps is not None and not n.is_head:
+            if n.running:
+                self.gaps.forget(n.node_id)
+            else:
+                self.gaps.released(n.node_type, n.node_id, self.now / 1000)
         n.idle_until(end)
         n.idle_since_ms = None
         n.end_ms = end
@@ -167,6 +184,8 @@ class NodeBook(SimState):
             for k, v in need.items():
                 node.available[k] = node.available.get(k, 0.0) - v
             node.running.add(tr.seq)
+            if self.gaps is not None and not node.is_head:
+                self.gaps.busy(node.node_type, node.node_id, self.now / 1000)
             node.idle_until(self.now)
             node.idle_since_ms = None
             # The recorded run begins task_start later; the resources are held from now.
@@ -184,5 +203,7 @@ class NodeBook(SimState):
             n.running.discard(tr.seq)
             if not n.running:
                 n.idle_since_ms = self.now
+                if self.gaps is not None and not n.is_head:
+                    self.gaps.idle(n.node_type, n.node_id, self.now / 1000)
         tr.node = None
 

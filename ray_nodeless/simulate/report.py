@@ -69,6 +69,9 @@ def report_text(trace: Trace, results: list[SimResult], baseline: SimResult | No
                       f"({idle_h / worker_h * 100:.1f} %) + busy; idle release: "
                       + (idle or f"idle_timeout_minutes {r.config.idle_timeout_ms / 60_000:g}"
                          if r.config.idle_timeout_ms >= 0 else idle or "never"))
+            if r.config.idle_learning is not None and r.config.learn_types:
+                extra += (f", learned: {r.config.idle_learning[2]:g} s for "
+                          f"{', '.join(sorted(r.config.learn_types))} once its gaps are longer than a launch")
         if r.interruptions:
             extra = f"; {r.interruptions} spot interruptions, {r.lost_task_hours:.2f} task-hours lost and rerun"
         fb = sum(r.node_ms(n) for n in r.nodes if n.fallback) / MS_PER_HOUR

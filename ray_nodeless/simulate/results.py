@@ -155,6 +155,9 @@ class SimResult:
             "idle_hours": round(idle_h, 6),
             "idle_timeouts_s": {k: (None if v < 0 else v / 1000)
                                 for k, v in sorted(self.config.idle_timeout_ms_by_type.items())},
+            "idle_learned": None if self.config.idle_learning is None else {
+                "launch_s": self.config.idle_learning[0], "window": self.config.idle_learning[1],
+                "min_gap_s": self.config.idle_learning[2], "types": sorted(self.config.learn_types)},
             "useful_task_hours": round(self.useful_task_hours, 6),
             "lost_task_hours": round(self.lost_task_hours, 6),
             "head_only_hours": round(self.head_phase_ms / MS_PER_HOUR, 6),

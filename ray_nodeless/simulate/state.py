@@ -12,6 +12,7 @@ import heapq
 from typing import Any, Mapping, Sequence
 
 from ray_nodeless.core.availability import UnavailableOfferings
+from ray_nodeless.core.idle_gaps import GapLearner
 from ray_nodeless.simulate.model import DEFAULT_LAUNCH_MINUTES, JobRun, SimConfig, SimNode, SimulationError, \
     TaskRun
 from ray_nodeless.trace.model import Trace, stages_of
@@ -35,7 +36,10 @@ class SimState:
         self.trace = trace
         # The run's own copy: a shape-open cluster adds the node types it opens (the input config is reused).
         self.cfg = dataclasses.replace(config, node_types=dict(config.node_types), offers=dict(config.offers),
-                                       idle_timeout_ms_by_type=dict(config.idle_timeout_ms_by_type))
+                                       idle_timeout_ms_by_type=dict(config.idle_timeout_ms_by_type),
+                                       learn_types=set(config.learn_types))
+        # The live provider's gap learner (core/idle_gaps.py) on the replay's clock, fed by nodes.py's events.
+        self.gaps = GapLearner(*self.cfg.idle_learning) if self.cfg.idle_learning is not None else None
         self.on_interrupt: list[Any] = []           # callables (sim, node) run after a spot interruption
         # The launcher's capacity memory (the live class, on the replay's clock), spot droughts (node type -> no
         # spot capacity until) and the on-demand preference after repeated interruptions (a reversion policy sets
