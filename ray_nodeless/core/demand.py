@@ -33,7 +33,9 @@ EPS = 1e-9
 
 def offering_labels(offering: Offering) -> dict[str, str]:
     """Ray's default labels of a machine of `offering`: what it is, not what was asked."""
-    labels = {MARKET_TYPE: offering.capacity, ZONE: offering.zone, REGION: offering.region}
+    # A reservation is on-demand capacity (Ray's market types are spot and on-demand).
+    market = "on-demand" if offering.capacity == "reserved" else offering.capacity
+    labels = {MARKET_TYPE: market, ZONE: offering.zone, REGION: offering.region}
     if offering.instance_type.gpu_count:
         labels[ACCELERATOR_TYPE] = offering.instance_type.gpu_model
     return labels

@@ -206,7 +206,7 @@ class Planner:
 
         rc = idx.rc
         req = request.requirements
-        cap_ok = np.array([c in request.capacity for c in CAPACITY_TYPES], dtype=bool)[rc.o_cap]
+        cap_ok = np.array([c in request.catalog_capacity for c in CAPACITY_TYPES], dtype=bool)[rc.o_cap]
         zone_ok = idx.all_offerings if req.zones is None else idx.code_mask(idx.zone_names, rc.o_zone, req.zones)
         known = idx.known_price
         under = (idx.all_offerings if req.max_hourly_price is None

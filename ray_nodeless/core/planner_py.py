@@ -119,7 +119,7 @@ def _py_offering_checks(idx: PyRegionIndex, request: Request) -> _PyChecks:
     """`Planner._offering_checks`, per offering in plain Python."""
     rc = idx.rc
     req = request.requirements
-    cap_lut = [c in request.capacity for c in CAPACITY_TYPES]
+    cap_lut = [c in request.catalog_capacity for c in CAPACITY_TYPES]
     cap_ok = [cap_lut[c] for c in rc.cap_ids]
     n = len(rc)
     if req.zones is None:

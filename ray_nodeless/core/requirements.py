@@ -31,6 +31,10 @@ REQUIREMENT_KEYS = frozenset(LIST_KEYS + ("arch", "min_vcpus", "min_memory_gib",
                                           "allow_gpu_instances", OPEN_SHAPE_KEY))
 ARCHES = ("x86_64", "arm64")
 DEFAULT_CAPACITY = ("on-demand",)
+# `reserved`: the cloud's capacity reservations the cluster may use (AWS On-Demand Capacity Reservations), listed at
+# run time (launch/reservations.py), not in the catalog: a rule's capacity list may name it beside the catalog's.
+RESERVED = "reserved"
+RULE_CAPACITY_TYPES = (*CAPACITY_TYPES, RESERVED)
 DEFAULT_ARCH = ("x86_64",)
 
 
@@ -212,11 +216,11 @@ def parse_requirements(data: DocumentView, key: str, *, allow_unknown: bool = Fa
         kw["arch"] = tuple(arches)
     if "capacity" in data:
         caps = _str_list(data["capacity"], f"{key}.capacity")
-        bad = [c for c in caps if c not in CAPACITY_TYPES]
+        bad = [c for c in caps if c not in RULE_CAPACITY_TYPES]
         if bad:
-            raise ConfigError(f"{key}.capacity", f"{bad[0]!r} is not one of {list(CAPACITY_TYPES)}")
+            raise ConfigError(f"{key}.capacity", f"{bad[0]!r} is not one of {list(RULE_CAPACITY_TYPES)}")
         if not caps:
-            raise ConfigError(f"{key}.capacity", "must list at least one capacity type (spot, on-demand)")
+            raise ConfigError(f"{key}.capacity", "must list at least one capacity type (reserved, spot, on-demand)")
         if len(set(caps)) != len(caps):
             raise ConfigError(f"{key}.capacity", f"lists a capacity type twice: {caps}")
         kw["capacity"] = tuple(caps)
@@ -288,6 +292,18 @@ class Request:
     @property
     def capacity(self) -> tuple[str, ...]:
         return self.requirements.capacity or DEFAULT_CAPACITY
+
+    @property
+    def catalog_capacity(self) -> tuple[str, ...]:
+        """The catalog's capacity types the planner ranks: the rule's, without `reserved`; a rule of reserved
+        capacity only plans on on-demand offerings as its stand-ins (a reservation is on-demand capacity, billed at
+        the on-demand price), which the launcher does not launch (launch/reservations.py)."""
+        caps = tuple(c for c in self.capacity if c != RESERVED)
+        return caps or DEFAULT_CAPACITY
+
+    @property
+    def reserved_only(self) -> bool:
+        return self.capacity == (RESERVED,)
 
     @property
     def arch(self) -> tuple[str, ...]:

@@ -94,7 +94,21 @@ class IdleSettings(Group):
     learn_min_gap_s: float = Field(DEFAULT_MIN_GAP_S, ge=1, le=3600)
 
 
-GROUPS: dict[str, type[Group]] = {"open": OpenSettings, "metrics": MetricsSettings, "idle": IdleSettings}
+class ReservationSettings(Group):
+    """`provider.reservations`: which of the cloud's capacity reservations a rule's capacity `reserved` may use
+    (launch/reservations.py). By default every active one of the region; `ids` and `tags` narrow that (both: a
+    reservation must pass both)."""
+
+    group = "reservations"
+    ids: list[str] = Field(default_factory=list)           # only these reservation ids (AWS: cr-...)
+    tags: dict[str, str] = Field(default_factory=dict)     # only reservations carrying all these tags
+    refresh_s: float = Field(30.0, ge=0, le=3600)          # how long a listing of the reservations is used
+    # A Capacity Block is not launched into this close to its end (its machines are drained before it).
+    block_drain_s: float = Field(1800.0, ge=0, le=86400)
+
+
+GROUPS: dict[str, type[Group]] = {"open": OpenSettings, "metrics": MetricsSettings, "idle": IdleSettings,
+                                  "reservations": ReservationSettings}
 
 # The flat provider keys of before the groups: flat key -> (group, key in the group). Still accepted.
 FLAT: dict[str, tuple[str, str]] = {

@@ -42,7 +42,9 @@ from ray_nodeless.core.documents import Document
 from ray_nodeless.core.reversion import ReversionSettings
 from ray_nodeless.core.rules import DEFAULT_RULE, Rule, RuleSet, parse_rules
 from ray_nodeless.core.schema import Section, declared_keys, missing_keys, parse_section, suggest_key, unknown_key
-from ray_nodeless.core.setting_groups import FLAT_KEYS, IdleSettings, MetricsSettings, OpenSettings, fold_groups
+from ray_nodeless.core.setting_groups import (
+    FLAT_KEYS, IdleSettings, MetricsSettings, OpenSettings, ReservationSettings, fold_groups,
+)
 from ray_nodeless.errors import ConfigError, ConfigErrors
 
 logger = logging.getLogger(__name__)
@@ -142,6 +144,7 @@ class CoreSettings(Section):
     open: OpenSettings = Field(default_factory=OpenSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     idle: IdleSettings = Field(default_factory=IdleSettings)
+    reservations: ReservationSettings = Field(default_factory=ReservationSettings)
     # On-demand -> spot reversion and the on-demand preference after repeated interruptions (core/reversion.py).
     reversion: ReversionSettings = Field(default_factory=ReversionSettings)
     # Written by bootstrap_config for the provider objects Ray builds later; never set by hand.

@@ -7,7 +7,6 @@ No Ray here: the Ray adapter translates Ray's call into `launch(...)` and `Launc
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import threading
 import time
@@ -23,20 +22,21 @@ from ray_nodeless.core import ttls
 from ray_nodeless.core.ttls import retry_round_s as retry_round_s   # the tests' name for it
 from ray_nodeless.core.availability import UnavailableOfferings
 from ray_nodeless.core.catalog import Catalog, Offering
-from ray_nodeless.core.demand import PROMISABLE, offering_labels
 from ray_nodeless.core.node_resources import instance_resources
 from ray_nodeless.core.plan import Plan
 from ray_nodeless.core.planner import Planner
-from ray_nodeless.core.requirements import split_node_config
+from ray_nodeless.core.requirements import RESERVED, split_node_config
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import (BackendError, CapacityError, CapacityScope, ConfigError, LaunchError, ListingError,
                                  NoFeasibleOffering, TransientBackendError)
 from ray_nodeless.launch.budget import TAG_REQUEST, Budget, Hold
+from ray_nodeless.launch.decisions import decision_tags, launch_slot, machine_labels, request_token
+from ray_nodeless.launch.reservations import ReservationBook, merged, reserved_offering
 from ray_nodeless.launch.shared_holds import SharedHolds
 from ray_nodeless.launch.catalog import PlanningCatalog
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.providers.base import (
-    TAG_CAPACITY, TAG_CATALOG, TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_LIST_PRICE, TAG_PRICE, TAG_RULE, TAG_ZONE,
+    TAG_CAPACITY, TAG_INSTANCE_TYPE, TAG_RESERVATION, TAG_ZONE,
     LaunchSpec, Machine, MachineBackend,
 )
 from ray_nodeless.registrations.base import Registration
@@ -48,63 +48,6 @@ TAG_LAUNCH_SLOT = "nodeless-launch-slot"
 # On a machine launched at another capacity only because spot had none (a spot candidate before it was skipped as
 # unavailable or failed for capacity): "spot". launch/reversion.py replaces such machines when spot is back.
 TAG_FALLBACK = "nodeless-fallback-from"
-
-
-def request_token(cluster: str, launch_request: str, node_type: str, batch: int, offering: Offering,
-                  count: int, generation: int = 0) -> str:
-    """A deterministic idempotency key per (launch request, node type, count, batch, offering), `batch` numbering
-    the calls of one count within a round of the request (`Launcher._ordinal`): every batch Ray v2 sends under one
-    request id gets its own machines; Ray's retry of the request (the same id, the same counts) gets the same keys,
-    so the cloud returns the machines the first round made; a fallback to the next offering gets a new one. 32 hex
-    chars fit both EC2's ClientToken (<= 64) and GCE's requestId (a UUID). `generation` moves on when the slot's
-    machines were ended since (`Launcher._generation`): the old key would answer with machines that are gone."""
-    text = f"{cluster}|{launch_request}|{node_type}|{batch}|{'|'.join(offering.key)}|{count}"
-    if generation:
-        text += f"|g{generation}"
-    return str(uuid.UUID(hashlib.sha256(text.encode()).hexdigest()[:32]))
-
-
-def launch_slot(cluster: str, launch_request: str, node_type: str, count: int, batch: int) -> str:
-    """The slot a launch fills, whatever offering it lands on (tagged on its machines as TAG_LAUNCH_SLOT)."""
-    return hashlib.sha256(f"{cluster}|{launch_request}|{node_type}|{count}|{batch}".encode()).hexdigest()[:32]
-
-
-def decision_tags(cluster: str, catalog_id: str, offering: Offering, rule: str) -> dict[str, str]:
-    """The tags that record a launch decision on the machine (the state rebuilt after a restart). The price is the
-    effective one (what the cost cap counts); the list price is tagged beside it only when an override changed it."""
-    tags = {
-        TAG_CLUSTER: cluster,
-        TAG_INSTANCE_TYPE: offering.instance_type.name,
-        TAG_ZONE: offering.zone,
-        TAG_CAPACITY: offering.capacity,
-        TAG_PRICE: f"{offering.hourly_price:.6f}" if offering.hourly_price is not None else "unknown",
-        TAG_RULE: rule,
-        TAG_CATALOG: catalog_id,
-    }
-    listed = offering.listed
-    differs = offering.hourly_price is None or listed is None or abs(listed - offering.hourly_price) > 5e-7
-    if offering.list_price is not None and differs:
-        tags[TAG_LIST_PRICE] = f"{listed:.6f}" if listed is not None else "unknown"
-    return tags
-
-
-def machine_labels(node_type: str, declared: dict[str, str] | None, offering: Offering) -> dict[str, str]:
-    """The labels a machine of `offering` starts Ray with: the node type's declared ones, except Ray's default
-    `ray.io/` keys we set (market type, zone, region, accelerator type: `core.demand.PROMISABLE`), which are always
-    the machine's facts. A declared value for one of them that is not the fact (a node type declaring
-    `ray.io/accelerator-type: H100` lands on a CPU machine) is overridden, or dropped where the machine has no such
-    fact (no accelerator), with a warning naming the key: a selector on those labels must never be served by a
-    machine that does not match."""
-    facts = offering_labels(offering)
-    declared = {str(k): str(v) for k, v in (declared or {}).items()}
-    lies = {k: v for k, v in declared.items() if k in PROMISABLE and facts.get(k) != v}
-    if lies:
-        logger.warning("%s: declared label(s) %s are not what this %s machine is (%s); its facts are used", node_type,
-                       ", ".join(f"{k}={v}" for k, v in sorted(lies.items())), offering.instance_type.name,
-                       ", ".join(f"{k}={facts.get(k, '(none)')}" for k in sorted(lies)))
-    out = {k: v for k, v in declared.items() if k not in PROMISABLE}
-    out.update(facts)
-    return out
 
 
 @dataclass(frozen=True)
@@ -154,6 +97,9 @@ class Launcher:
         self._terminate = terminate     # ends machines whose registration failed, through the provider's path
         # node type -> walk its on-demand candidates first (launch/reversion.py, after repeated interruptions).
         self.prefer_on_demand: Callable[[str], bool] = lambda node_type: False
+        r = self.settings.reservations        # capacity `reserved`: the cloud's reservations (reservations.py)
+        self.reservations = ReservationBook(backend.reservations, ids=r.ids, tags=r.tags, refresh_s=r.refresh_s,
+                                            block_drain_s=r.block_drain_s)
 
     @property
     def catalog(self) -> Catalog:
@@ -184,7 +130,8 @@ class Launcher:
             self._list_first(node_type)
         slot_tag = launch_slot(self.cluster_name, *slot)
         generation = self._generation(slot) if retriable else 0
-        again, shown = self._replay(plan, slot, slot_tag) if retriable else (None, {})
+        reserved = self.reservations.candidates(plan, count)
+        again, shown = self._replay(plan, slot, slot_tag, reserved) if retriable else (None, {})
         started = self._clock()
         failures: list[str] = []
         skipped = over_budget = capped = 0
@@ -193,7 +140,7 @@ class Launcher:
         last_category = "NoCapacity"
         spot_missed = False
         prefer_od = not is_head and self.prefer_on_demand(node_type)
-        for offering in self._walk(plan, again, prefer_od):
+        for offering in self._walk(plan, again, prefer_od, reserved):
             if capacities is not None and offering.capacity not in capacities:
                 continue
             token = request_token(self.cluster_name, launch_request, node_type, batch, offering, count, generation)
@@ -220,12 +167,15 @@ class Launcher:
             tags[TAG_LAUNCH_SLOT] = slot_tag    # and a restarted provider this slot's offering
             if spot_missed and offering.capacity != "spot" and not is_head:
                 tags[TAG_FALLBACK] = "spot"
+            reservation = self.reservations.reservation_of(offering) if offering.capacity == RESERVED else ""
+            if reservation:
+                tags[TAG_RESERVATION] = reservation
             spec = LaunchSpec(
                 cluster_name=self.cluster_name, node_type=node_type, offering=offering, count=count, tags=tags,
                 node_config=copy.deepcopy(backend_config), request_token=token,
                 resources=instance_resources(offering.instance_type, resources),
                 labels=machine_labels(node_type, labels, offering),
-                is_head=is_head,
+                is_head=is_head, reservation_id=reservation,
             )
             spec = self.registration.prepare(spec)
             if len(listed) >= count:
@@ -257,6 +207,8 @@ class Launcher:
                 tried[offering.capacity] = tried.get(offering.capacity, 0) + 1
                 spot_missed |= offering.capacity == "spot"
                 self._mark_unavailable(plan, offering, e)
+                if reservation:
+                    self.reservations.stale()     # its count was not what the listing said: list again next time
                 failures.append(f"{offering.instance_type.name}/{offering.zone}/{offering.capacity}: {e.category}")
                 last_category = e.category
                 logger.warning("%s: %s %s %s unavailable (%s); trying the next candidate", node_type,
@@ -271,6 +223,8 @@ class Launcher:
                 self._end_hold(hold, made=True)
                 raise
             self.unavailable.succeeded(offering)     # it has capacity: its backoff is forgotten
+            if reservation:
+                self.reservations.launched(reservation, len(ids))
             try:
                 self.registration.after_launch(spec, ids)
             except BackendError as e:
@@ -413,8 +367,8 @@ class Launcher:
         machines = self._view.cost_view()[1]
         return sum(1 for m in machines.values() if m.tags.get(TAG_LAUNCH_SLOT) == slot_tag) >= count
 
-    def _replay(self, plan: Plan, slot: tuple[str, str, int, int],
-                slot_tag: str) -> tuple[Offering | None, dict[str, list[str]]]:
+    def _replay(self, plan: Plan, slot: tuple[str, str, int, int], slot_tag: str,
+                reserved: list[Offering]) -> tuple[Offering | None, dict[str, list[str]]]:
         """Where this slot's launch succeeded before, if it did: the offering (this object's memory, else the
         decision tags of a listed machine of the slot, after a restart), and token -> the ids the view shows
         under it. A retry goes to that offering first, so the walk cannot launch on an earlier candidate that
@@ -434,19 +388,19 @@ class Launcher:
             key = (t.get(TAG_INSTANCE_TYPE, ""), t.get(TAG_ZONE, ""), t.get(TAG_CAPACITY, ""))
         else:
             return None, shown
-        for o in plan.candidates():
+        for o in (*reserved, *plan.candidates()):
             if o.key == key:
                 return o, shown
         return None, shown
 
     @staticmethod
-    def _walk(plan: Plan, first: Offering | None, on_demand_first: bool = False) -> Iterator[Offering]:
+    def _walk(plan: Plan, first: Offering | None, on_demand_first: bool = False,
+              reserved: list[Offering] | None = None) -> Iterator[Offering]:
         if first is not None:
             yield first
-        # Stable: the documented order within each capacity group; on-demand first only when asked to.
-        rest = sorted(plan.candidates(), key=lambda o: o.capacity != "on-demand") if on_demand_first \
-            else plan.candidates()
-        for o in rest:
+        # Stable: the documented order within each capacity group; reserved where the rule puts it; on-demand
+        # first only when asked to (reservations.merged).
+        for o in merged(plan, reserved or [], on_demand_first):
             if first is None or o.key != first.key:
                 yield o
 
@@ -493,8 +447,11 @@ class Launcher:
                        tags.get(TAG_CAPACITY))
 
     def offering_of(self, tags: dict[str, str]) -> Offering | None:
+        capacity = tags.get(TAG_CAPACITY, "")
         try:
-            return self.catalog.region(self.resolver.settings.price_cloud, self.resolver.settings.region).find(
-                tags.get(TAG_INSTANCE_TYPE, ""), tags.get(TAG_ZONE, ""), tags.get(TAG_CAPACITY, ""))
+            o = self.catalog.region(self.resolver.settings.price_cloud, self.resolver.settings.region).find(
+                tags.get(TAG_INSTANCE_TYPE, ""), tags.get(TAG_ZONE, ""),
+                "on-demand" if capacity == RESERVED else capacity)
         except Exception:   # a machine from another catalog or region: nothing to mark
             return None
+        return reserved_offering(o) if o is not None and capacity == RESERVED else o

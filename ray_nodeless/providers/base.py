@@ -116,6 +116,7 @@ TAG_CAPACITY = "nodeless-capacity"
 TAG_PRICE = "nodeless-hourly-price"          # the effective price (provider.price_overrides applied)
 TAG_LIST_PRICE = "nodeless-list-price"       # the catalog's price, only where an override changed it
 TAG_RULE = "nodeless-rule"
+TAG_RESERVATION = "nodeless-reservation"     # capacity `reserved`: the reservation it was launched into
 TAG_CATALOG = "nodeless-catalog"
 # Set just before this cluster terminates a machine: a machine that vanishes with it was ended by us (by any
 # provider object of the cluster), not interrupted.
@@ -156,6 +157,25 @@ class LaunchSpec:
     # With `disable_node_updaters: true` on a cloud: the script the machine runs at boot to join Ray (EC2 UserData,
     # GCE startup-script). Empty otherwise. A backend that cannot run it must say so (ConfigError).
     boot_script: str = ""
+    # Capacity `reserved` (offering.capacity): the reservation (`Reservation.id`) the machines launch into.
+    reservation_id: str = ""
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A capacity reservation the cloud holds for this account (AWS: an On-Demand Capacity Reservation or a
+    Capacity Block), as `MachineBackend.reservations` lists it."""
+
+    id: str
+    instance_type: str
+    zone: str
+    total: int
+    available: int                      # instances it can take now
+    match: str = "targeted"             # "open" | "targeted" (AWS InstanceMatchCriteria): launches target it by id
+    kind: str = "default"               # "default" | "capacity-block" (AWS ReservationType)
+    start: float | None = None          # epoch seconds; a capacity block takes instances from then
+    end: float | None = None            # epoch seconds; None: no end date
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -366,6 +386,12 @@ class MachineBackend(BackendConfig, abc.ABC):
         reasons = self.vanished_reasons(missing) if missing else {}
         return Recheck(live=[listed[i] for i in machine_ids if i in listed],
                        gone={i: reasons.get(i, "") for i in missing})
+
+    def reservations(self) -> list[Reservation]:
+        """The active capacity reservations of the cluster's region this account may launch into (capacity
+        `reserved`): listed afresh. Default: none (a backend without reservations; a rule's `reserved` then never
+        has a candidate). Raises BackendError when the cloud cannot be asked."""
+        return []
 
     def forget(self, machine_ids: list[str]) -> None:
         """These machines left the listing without a terminate call of this object (interrupted, or ended by

@@ -47,7 +47,8 @@ from ray_nodeless.interruptions.drain import RayDrainer, RayNode
 from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
 from ray_nodeless.operate.config import load_provider
-from ray_nodeless.launch.launcher import Launcher, machine_labels
+from ray_nodeless.launch.launcher import Launcher
+from ray_nodeless.launch.decisions import machine_labels
 from ray_nodeless.launch.machine_view import MachineView, pending_machine
 from ray_nodeless.metrics.events import holds_path
 from ray_nodeless.metrics.wiring import ProviderInstruments

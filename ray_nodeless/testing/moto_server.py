@@ -19,6 +19,8 @@ import requests
 from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from botocore.client import BaseClient
 
+from ray_nodeless.testing import moto_reservations
+
 REGION = "us-east-1"
 CREDS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
@@ -32,6 +34,7 @@ class MotoServer:
     def reset(self) -> None:
         r = requests.post(f"{self.url}/moto-api/reset", timeout=30)
         r.raise_for_status()
+        moto_reservations.reset()
 
     def client(self, service: str = "ec2", region: str = REGION, **kw: Any) -> BaseClient:
         args: dict[str, Any] = dict(endpoint_url=self.url, region_name=region, **CREDS)
@@ -51,6 +54,7 @@ def start_moto_server() -> MotoServer:
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)   # one access-log line per request otherwise
+    moto_reservations.install()       # EC2's capacity reservations, which moto lacks (moto_reservations.py)
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
     host, port = srv.get_host_and_port()

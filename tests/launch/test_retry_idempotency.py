@@ -11,7 +11,8 @@ import pytest
 
 from ray_nodeless.core import ttls
 from ray_nodeless.launch.budget import TAG_REQUEST
-from ray_nodeless.launch.launcher import TAG_LAUNCH_SLOT, launch_slot, retry_round_s
+from ray_nodeless.launch.decisions import launch_slot
+from ray_nodeless.launch.launcher import TAG_LAUNCH_SLOT, retry_round_s
 from ray_nodeless.providers.base import TAG_CLUSTER
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend

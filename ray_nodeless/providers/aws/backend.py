@@ -56,11 +56,12 @@ from ray_nodeless.providers.aws.known import Known, Sorted, chunks, launch_time,
 from ray_nodeless.providers.aws.launch_params import TAG_REQUEST, instance_tags, run_instances_params
 from ray_nodeless.providers.aws.config import AwsConfig
 from ray_nodeless.providers.aws.listing import FILTER_VALUES_CHUNK, LIVE_STATES, AwsListing, machine_of
+from ray_nodeless.providers.aws.reservations import list_reservations
 from ray_nodeless.providers.aws.settle import Settle, Tokens, may_have_run
 from ray_nodeless.providers.aws.settings import AwsSettings
 from ray_nodeless.providers.aws.subnets import Subnets
 from ray_nodeless.providers.base import (
-    TAG_CLUSTER, TAG_RAY_NODE_KIND, LaunchSpec, Machine, MachineBackend, Recheck, tag_update,
+    TAG_CLUSTER, TAG_RAY_NODE_KIND, LaunchSpec, Machine, MachineBackend, Recheck, Reservation, tag_update,
 )
 
 logger = logging.getLogger(__name__)
@@ -223,6 +224,9 @@ class AwsBackend(AwsConfig, AwsListing, MachineBackend):
         return ids
 
     # ------------------------------------------------------------------ list
+
+    def reservations(self) -> list[Reservation]:
+        return list_reservations(self.ec2)
 
     def _describe(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

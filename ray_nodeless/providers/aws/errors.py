@@ -19,6 +19,8 @@ CAPACITY_CODES = frozenset({
     "SpotMaxPriceTooLow",
     "UnfulfillableCapacity",
     "Unsupported",
+    # A targeted capacity reservation with no room left for the count asked (capacity `reserved`).
+    "ReservationCapacityExceeded",
     # Not an EC2 code: raised by subnets.py when the subnets at hand do not cover the planned zone.
     "NoSubnetInZone",
 }) | REGIONAL_LIMIT_CODES

@@ -124,6 +124,11 @@ def run_instances_params(spec: LaunchSpec, tags: dict[str, str], image_id: str |
         nc["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
     elif nc.pop("InstanceMarketOptions", None):
         logger.debug("node type %s: InstanceMarketOptions dropped for an on-demand offering", spec.node_type)
+    if spec.reservation_id:
+        # Capacity `reserved`: into that reservation, by id (open ones too, so EC2 never picks another); EC2
+        # refuses with ReservationCapacityExceeded when it has no room left, which the launcher walks past.
+        nc["CapacityReservationSpecification"] = {
+            "CapacityReservationTarget": {"CapacityReservationId": spec.reservation_id}}
 
     nc.update(
         InstanceType=off.instance_type.machine_type or off.instance_type.name,

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from ray.autoscaler.tags import NODE_KIND_HEAD, TAG_RAY_NODE_KIND
 
-from ray_nodeless.providers.base import MACHINE_PENDING, LaunchSpec, Machine, MachineBackend
+from ray_nodeless.providers.base import MACHINE_PENDING, LaunchSpec, Machine, MachineBackend, Reservation
 from ray_nodeless.providers.local.runner import LocalCommandRunner, runner_marker
 from ray_nodeless.providers.local.scoped_stop import end_marked_processes, marked_pids
 
@@ -136,6 +136,9 @@ class PlayedBackend(MachineBackend):
 
     def vanished_reasons(self, machine_ids: list[str]) -> dict[str, str]:
         return self.inner.vanished_reasons(machine_ids)
+
+    def reservations(self) -> list[Reservation]:
+        return self.inner.reservations()
 
     def forget(self, machine_ids: list[str]) -> None:
         """They left the listing (a preemption emulated in the fake cloud, or ended by another process): what

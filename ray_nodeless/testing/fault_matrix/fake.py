@@ -8,7 +8,7 @@ from typing import Any, Callable
 from ray_nodeless.core import ttls
 from ray_nodeless.errors import BackendError, TransientBackendError
 from ray_nodeless.launch.budget import TAG_REQUEST
-from ray_nodeless.launch.launcher import decision_tags
+from ray_nodeless.launch.decisions import decision_tags
 from ray_nodeless.providers.base import TAG_CLUSTER, TAG_INSTANCE_TYPE, TAG_PRICE, LaunchSpec
 from ray_nodeless.testing import fake_backend
 from ray_nodeless.testing.fault_matrix.world import CLUSTER, World
