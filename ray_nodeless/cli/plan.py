@@ -6,6 +6,7 @@ own fitter.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 from typing import Any
@@ -65,10 +66,14 @@ def _plan_lines(name: str | None, plan: Plan, alternatives: int = 3) -> list[str
 @click.option("--label-selector", "label_selectors", multiple=True,
               help='With --demand: a Ray label selector, e.g. \'{"ray.io/market-type": "on-demand"}\' ("v", "!v", '
                    '"in(a,b)", "!in(a,b)"); repeat for fallbacks, in order.')
+@click.option("--reservations", "live_reservations", is_flag=True,
+              help="With CLUSTER_YAML: list the cloud's capacity reservations now (a call to the cloud) and show "
+                   "the one each node type whose rule lists `reserved` would use.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None, cpu: float, gpu: int, memory: float,
          families, exclude_families, instance_types, gpus, exclude_gpus, capacity, arch, zones, max_price,
-         alternatives: int, demand: str | None, label_selectors: tuple[str, ...], as_json: bool) -> None:
+         alternatives: int, demand: str | None, label_selectors: tuple[str, ...], live_reservations: bool,
+         as_json: bool) -> None:
     """Show the instance each node type of CLUSTER_YAML gets, and why (on a shape-open cluster, the shapes it can
     serve); with --demand, what one demand gets; or plan one ad-hoc shape."""
     with user_errors():
@@ -82,8 +87,10 @@ def plan_command(cluster_yaml: str | None, cloud: str | None, region: str | None
             if demand is not None:
                 d = parse_cli_demand(demand, label_selectors)    # bad input fails before the YAML is read
                 sys.exit(_plan_demand(cluster_yaml, d, alternatives, as_json))
-            _plan_cluster(cluster_yaml, alternatives, as_json)
+            _plan_cluster(cluster_yaml, alternatives, as_json, live_reservations)
             return
+        if live_reservations:
+            raise ConfigError("--reservations", "goes with CLUSTER_YAML (its provider block says which cloud)")
         if not cloud or not region:
             raise ConfigError("--cloud/--region", "an ad-hoc shape needs --cloud and --region (or give CLUSTER_YAML)")
         data: dict[str, Any] = {}
@@ -160,12 +167,15 @@ def _kuberay(path: str) -> tuple[dict[str, Any], ClusterPlan] | None:
     return cfg, cp
 
 
-def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
+def _plan_cluster(path: str, alternatives: int, as_json: bool, live_reservations: bool = False) -> None:
     cfg, bundle, cp, preview = _checked(path)
     backend = bundle.backend_config
     menu = preview.menu() if preview.shape_open else None
+    reserved = reservation_plan(cfg, bundle, cp, live_reservations)
     if as_json:
         doc = cp.to_dict()
+        for name, r in reserved.items():
+            doc["node_types"][name]["reservation"] = r
         doc["shape_open"] = preview.shape_open
         if menu is not None:
             doc["menu"] = [{"demand": label, "resources": d.res, "fit": offering_dict(t)} for label, d, t in menu[0]]
@@ -195,6 +205,8 @@ def _plan_cluster(path: str, alternatives: int, as_json: bool) -> None:
             role = f"workers {int(nt.get('min_workers', 0))}..{int(nt.get('max_workers', cp.global_max_workers))}"
         lines = _plan_lines(name, p, alternatives)
         lines[0] = f"[{role}] " + lines[0]
+        if name in reserved:
+            lines.append(f"    {reservation_line(reserved[name])}")
         if name in cp.idle:
             lines.append(f"    {_idle_line(cp.idle[name], cfg, cp.settings)}")
         if name in cp.left_out:
@@ -267,6 +279,51 @@ def _idle_line(idle: IdleTimeout, cfg: dict[str, Any], settings: CoreSettings) -
         minutes = cfg.get("idle_timeout_minutes")
         line += f"; Ray v1 reads only idle_timeout_minutes ({'none' if minutes is None else f'{minutes:g} min'})"
     return line
+
+
+def reservation_plan(cfg: dict[str, Any], bundle: Any, cp: ClusterPlan, live: bool) -> dict[str, dict[str, Any]]:
+    """Per node type whose rule lists capacity `reserved`: the reservation a launch would use now (`live`: listed
+    from the cloud through the backend, as the launcher lists them), else that they are listed at launch."""
+    from ray_nodeless.launch.reservations import ReservationBook
+
+    names = [n for n, p in cp.plans.items() if "reserved" in p.request.capacity]
+    if not names:
+        return {}
+    if not live:
+        return {n: {"listed": False} for n in names}
+    r = cp.settings.reservations
+    cloud = bundle.make_backend(str(cfg.get("cluster_name", "")))
+    try:
+        every = cloud.reservations()
+    finally:
+        cloud.close()
+    book = ReservationBook(lambda: every, ids=r.ids, tags=r.tags, refresh_s=0, block_drain_s=r.block_drain_s)
+    by_id = {x.id: x for x in every}
+    out: dict[str, dict[str, Any]] = {}
+    for n in names:
+        cands = book.candidates(cp.plans[n], 1)
+        first = cands[0] if cands else None
+        use = by_id.get(book.reservation_of(first)) if first is not None else None
+        out[n] = {"listed": True, "reservations": len(every), "selected": len(book.listed()),
+                  "would_use": None if use is None else {
+                      "id": use.id, "instance_type": use.instance_type, "zone": use.zone, "available": use.available,
+                      "total": use.total, "match": use.match, "kind": use.kind, "end": use.end,
+                      "hourly_price": first.hourly_price if first is not None else None}}
+    return out
+
+
+def reservation_line(r: dict[str, Any]) -> str:
+    if not r["listed"]:
+        return ("capacity reserved first: the region's capacity reservations are listed at launch "
+                "(`ray-nodeless plan --reservations` lists them now)")
+    use = r["would_use"]
+    if use is None:
+        return (f"capacity reserved: none of the {r['selected']} usable reservation(s) ({r['reservations']} listed) "
+                "matches this type's plan with room: the rule's next capacity type")
+    until = "" if use["end"] is None else f", ends {datetime.datetime.fromtimestamp(use['end']):%Y-%m-%d %H:%M}"
+    return (f"capacity reserved: would use {use['id']} ({use['instance_type']} in {use['zone']}, {use['available']} "
+            f"of {use['total']} free, {use['match']}, {use['kind']}{until}) at ${use['hourly_price']:.4f}/h, "
+            "its on-demand price")
 
 
 def _plan_demand(path: str, demand: Demand, alternatives: int, as_json: bool) -> int:

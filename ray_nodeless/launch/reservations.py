@@ -53,6 +53,7 @@ class ReservationBook:
         self.clock = clock
         self._lock = threading.Lock()
         self._listed: list[Reservation] = []
+        self._ends: dict[str, float] = {}        # capacity block id -> its end, of every block listed
         self._listed_at: float | None = None
         self._used: dict[str, int] = {}          # reservation id -> launched into it since the listing
         self._chosen: dict[tuple[str, str, str], str] = {}     # reserved offering key -> reservation id
@@ -79,14 +80,23 @@ class ReservationBook:
             if fresh:
                 return list(self._listed)
         try:
-            got = [r for r in self._list() if self.selected(r, now)]
+            every = self._list()
         except BackendError as e:
             logger.warning("capacity reservations: listing them failed (%s); this launch goes to the next capacity "
                            "types", e)
             return []
+        got = [r for r in every if self.selected(r, now)]
         with self._lock:
             self._listed, self._listed_at, self._used = got, now, {}
+            self._ends = {r.id: r.end for r in every if r.kind == CAPACITY_BLOCK and r.end is not None}
         return list(got)
+
+    def block_ends(self) -> dict[str, float]:
+        """Capacity block id -> its end, as last listed (listed again when older than `refresh_s`): what
+        interruptions/block_ends.py drains the blocks' machines by."""
+        self.listed()
+        with self._lock:
+            return dict(self._ends)
 
     def stale(self) -> None:
         """List again at the next launch (a launch into a reservation failed: its count was not what we saw)."""

@@ -44,6 +44,7 @@ from ray_nodeless.core.planner import Planner
 from ray_nodeless.core.settings import Resolver
 from ray_nodeless.errors import LaunchError, ListingError
 from ray_nodeless.interruptions.drain import RayDrainer, RayNode
+from ray_nodeless.interruptions.block_ends import BlockEnds
 from ray_nodeless.interruptions.queue import InterruptionQueue
 from ray_nodeless.launch.catalog import PlanningCatalog, catalog_result
 from ray_nodeless.operate.config import load_provider
@@ -164,6 +165,9 @@ class NodelessProvider(NodeProvider):
             url = self.settings.interruption_queue_url
             sqs = self.backend.interruption_queue_client(url, self.bundle.backend_settings)   # AWS: SQS
             self.interruptions = inst.interruptions(InterruptionQueue(sqs, url, RayDrainer(gcs)))
+        # Capacity Blocks' machines drained before the block ends (interruptions/block_ends.py): in the monitor.
+        self.block_ends = None if not gcs else BlockEnds(
+            self.launcher.reservations.block_ends, RayDrainer(gcs), self.settings.reservations.block_drain_s)
         self._first_listing = threading.Event()
         self.loop: ProviderLoop | None = None
         if acts:
@@ -225,6 +229,8 @@ class NodelessProvider(NodeProvider):
         try:
             if self.interruptions is not None:
                 self.interruptions.poll(machines)      # bounded, never raises: see interruptions/queue.py
+            if self.block_ends is not None:
+                self.block_ends.tick(machines)         # only machines in a reservation; never raises
             if self.open is not None:
                 self.open.tick(machines)               # at most once a second, never raises: see open_driver.py
             self.registration.observe_listing(set(machines))

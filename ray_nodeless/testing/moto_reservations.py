@@ -211,7 +211,7 @@ def install() -> None:
                                  f"There is not enough capacity in capacity reservation {rid}: {room} available, "
                                  f"{need} requested")
                 result = run_instances(self)
-                r.instances.update(i.id for i in result.result.instances)
+                r.instances.update(i.id for i in result.result.instances)   # type: ignore[attr-defined]
                 return result
 
         def terminate_instances_out_of_reservations(self: Any) -> Any:
@@ -222,9 +222,11 @@ def install() -> None:
                     r.instances -= ids
             return result
 
-        EC2Response.create_capacity_reservation = create_capacity_reservation
-        EC2Response.describe_capacity_reservations = describe_capacity_reservations
-        EC2Response.cancel_capacity_reservation = cancel_capacity_reservation
-        EC2Response.run_instances = run_instances_into_reservations
-        EC2Response.terminate_instances = terminate_instances_out_of_reservations
+        # moto's dispatch reads the class's functions at each request (method_names_from_class).
+        for name, fn in (("create_capacity_reservation", create_capacity_reservation),
+                         ("describe_capacity_reservations", describe_capacity_reservations),
+                         ("cancel_capacity_reservation", cancel_capacity_reservation),
+                         ("run_instances", run_instances_into_reservations),
+                         ("terminate_instances", terminate_instances_out_of_reservations)):
+            setattr(EC2Response, name, fn)
         _INSTALLED = True

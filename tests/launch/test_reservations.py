@@ -167,3 +167,73 @@ def test_reserved_is_a_capacity_type_of_the_rules_and_a_bad_one_is_named():
     with pytest.raises(ConfigError) as e:
         parse_provider({"region": "us-west-2", "rules": [{"name": "x", "match": {}, "capacity": ["reservd"]}]})
     assert "reserved" in str(e.value) and e.value.key.endswith("capacity")
+
+
+def test_a_capacity_blocks_machines_are_drained_before_it_ends(moto: MotoServer):
+    """interruptions/block_ends.py with the provider's own book of reservations (on moto): a machine in a block is
+    drained through Ray's preemption drain once the block ends within block_drain_s, with EC2's termination time
+    (30 min before the end) as the deadline; once; machines in no block are left alone."""
+    from ray_nodeless.interruptions.block_ends import AWS_TERMINATION_LEAD_S, BlockEnds
+    from ray_nodeless.interruptions.drain import RayNode
+
+    class Ray:
+        def __init__(self):
+            self.drains = []
+
+        def find(self, instance_id=None, ip=None):
+            return RayNode(node_id=instance_id, ip=ip or "", instance_id=instance_id, state="ALIVE", is_head=False)
+
+        def drain(self, node, notice):
+            self.drains.append((node.instance_id, notice.deadline, notice.source))
+
+    p = provider(moto, reservations={"refresh_s": 0, "block_drain_s": 2400})
+    o = cheapest_on_demand(p)
+    now = time.time()
+    end = now + 3 * 3600
+    block = moto_reservations.add_capacity_block("123456789012", REGION, o.instance_type.name, o.zone, 1,
+                                                 start=now - 60, end=end)
+    [t] = launch(p)
+    assert t[TAG_RESERVATION] == block
+    [other] = launch(p)
+    assert TAG_RESERVATION not in other
+    clock = {"t": now}
+    ray = Ray()
+    ends = BlockEnds(p.launcher.reservations.block_ends, ray, 2400, clock=lambda: clock["t"])
+    machines = p.view.refresh(force=True)
+    assert ends.tick(machines) == [] and ray.drains == []           # 3 h left
+    clock["t"] = end - 2399
+    [mid] = ends.tick(machines)
+    [(drained, deadline, source)] = ray.drains
+    assert (drained, source) == (mid, "capacity-block")
+    assert deadline == pytest.approx(end - AWS_TERMINATION_LEAD_S, abs=1.0)     # EC2's dates: whole seconds
+    assert p.node_tags(mid)[TAG_RESERVATION] == block
+    assert ends.tick(machines) == [] and len(ray.drains) == 1        # once
+
+
+def test_plan_shows_the_reservation_a_launch_would_use(moto: MotoServer, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from ray_nodeless.cli import main
+    from tests.helpers import cluster_config, write_cluster_yaml
+
+    p = provider(moto)
+    o = cheapest_on_demand(p)
+    rid = reserve(moto, o, 3)
+    cfg = cluster_config({"cloud": "aws", "region": REGION, "endpoint_url": moto.url, "image_id": moto.ami(),
+                          "aws_credentials": {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"},
+                          "rules": RESERVED_FIRST}, ray_keys=True)
+    path = write_cluster_yaml(tmp_path / "cluster.yaml", cfg)
+    offline = CliRunner().invoke(main, ["plan", str(path)])
+    assert offline.exit_code == 0, offline.output
+    assert "capacity reserved first: the region's capacity reservations are listed at launch" in offline.output
+    live = CliRunner().invoke(main, ["plan", str(path), "--reservations"])
+    assert live.exit_code == 0, live.output
+    assert (f"capacity reserved: would use {rid} ({o.instance_type.name} in {o.zone}, 3 of 3 free, targeted, "
+            f"default) at ${o.hourly_price:.4f}/h") in live.output
+    doc = json.loads(CliRunner().invoke(main, ["plan", str(path), "--reservations", "--json"]).output)
+    use = doc["node_types"]["gpu_worker"]["reservation"]["would_use"]
+    assert (use["id"], use["available"], use["total"]) == (rid, 3, 3)
+    bad = CliRunner().invoke(main, ["plan", "--cloud", "aws", "--region", REGION, "--reservations"])
+    assert bad.exit_code != 0 and "--reservations" in bad.output
