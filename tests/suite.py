@@ -53,6 +53,7 @@ E2E_TAIL = frozenset(
         "test_trace_record.py",
         "test_reversion_drain.py",
         "test_interruptions_e2e.py",
+        "test_learned_idle.py",
     )
 )
 

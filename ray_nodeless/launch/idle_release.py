@@ -118,6 +118,8 @@ class LearnedRelease(Generic[N]):
                 continue                           # not sooner than Ray would: Ray's own idle termination
             if idle_s < timeout or counts[t] <= cfg.min_workers:
                 continue
+            if cfg.timeout_s is not None and idle_s >= cfg.timeout_s:
+                continue                           # Ray's own timeout is up: Ray's idle termination ends it now
             if self._release(Release(mid, t, idle_s, timeout, cfg.timeout_s), now):
                 counts[t] -= 1
         return self.released
