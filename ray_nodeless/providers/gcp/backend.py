@@ -22,9 +22,11 @@ from typing import Any, Mapping
 from ray_nodeless.core.schema import parse_section
 from ray_nodeless.errors import BackendError, ForeignMachineError, TransientBackendError
 from ray_nodeless.providers.base import (
-    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, TAG_RAY_NODE_KIND, LaunchSpec, Machine, MachineBackend, tag_update,
+    MACHINE_PENDING, MACHINE_RUNNING, TAG_CLUSTER, TAG_RAY_NODE_KIND, LaunchSpec, Machine, MachineBackend, Reservation,
+    tag_update,
 )
 from ray_nodeless.providers.gcp.clients import ComputeClients
+from ray_nodeless.providers.gcp.reservations import list_reservations
 from ray_nodeless.providers.gcp.errors import Classified, backend_error, classify_http_error
 from ray_nodeless.providers.gcp.instance_body import instance_body, instance_name, request_id_for, resource_name
 from ray_nodeless.providers.gcp.listing import GcpListing
@@ -239,6 +241,18 @@ class GcpBackend(GcpConfig, GcpListing, MachineBackend):
             raise TransientBackendError(f"{what} of cluster {self.cluster_name}: {e}",
                                         category=classify_http_error(e).category) from e
         return out
+
+    def reservations(self) -> list[Reservation]:
+        from google.cloud import compute_v1
+
+        request = compute_v1.AggregatedListReservationsRequest(project=self.project)
+        try:
+            return list_reservations(lambda: self._policy.call(
+                "list reservations", self._clients.reservations.aggregated_list, request=request), self.region)
+        except BackendError:
+            raise
+        except Exception as e:  # noqa: BLE001 - API, requests and google.auth errors, on any page
+            raise TransientBackendError(f"list reservations: {e}", category=classify_http_error(e).category) from e
 
     def _cluster_instances(self) -> list[tuple[str, Any]]:
         """(zone, instance) of every instance labelled with this cluster in this region, whatever its status."""

@@ -40,6 +40,7 @@ class ComputeClients:
 
     instances: Any              # compute_v1.InstancesClient
     zone_operations: Any        # compute_v1.ZoneOperationsClient
+    reservations: Any = None    # compute_v1.ReservationsClient (capacity `reserved`)
 
     @classmethod
     def connect(cls, settings: GcpSettings) -> "ComputeClients":
@@ -48,7 +49,8 @@ class ComputeClients:
 
         kwargs = compute_client_kwargs(settings.api_endpoint, settings.client_credentials())
         try:
-            return cls(compute_v1.InstancesClient(**kwargs), compute_v1.ZoneOperationsClient(**kwargs))
+            return cls(compute_v1.InstancesClient(**kwargs), compute_v1.ZoneOperationsClient(**kwargs),
+                       compute_v1.ReservationsClient(**kwargs))
         except DefaultCredentialsError as e:
             # Without a credentials key the clients take google.auth.default(): say which identity was expected
             # (before any call is made, so nothing is launched) rather than google-auth's generic text alone.
@@ -57,7 +59,9 @@ class ComputeClients:
                               f"GOOGLE_APPLICATION_CREDENTIALS or the metadata server): {e}") from e
 
     def close(self) -> None:
-        for c in (self.instances, self.zone_operations):
+        for c in (self.instances, self.zone_operations, self.reservations):
+            if c is None:
+                continue
             try:
                 c.transport.close()
             except Exception:  # noqa: BLE001 - closing is best effort

@@ -20,6 +20,11 @@ CAPACITY_CODES = ("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "ZONE_RESOURCE_PO
                   "QUOTA_EXCEEDED")
 QUOTA_CODE = "QUOTA_EXCEEDED"
 _STOCKOUT_PHRASES = ("does not have enough resources available", "resource pool exhausted")
+# A specific reservation that is full, or holds another machine type (CONDITION_NOT_MET in the insert operation):
+# capacity of that (type, zone, reserved) offering only; the launcher walks on to the rule's next capacity type.
+RESERVATION_CODE = "RESERVATION_CAPACITY_EXCEEDED"
+_RESERVATION_PHRASES = ("does not have available resources for the request",
+                        "No available resources in specified reservations")
 _QUOTA_RE = re.compile(r"Quota '[^']*' exceeded", re.IGNORECASE)
 _RATE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})
 # 5xx GCE documents as worth retrying with backoff; 501 (not implemented) never gets better.
@@ -96,6 +101,8 @@ def classify_operation_error(op: Any) -> Classified | None:
             return Classified("capacity", c, msg)
     if any(p in msg for p in _STOCKOUT_PHRASES):
         return Classified("capacity", "STOCKOUT", msg)
+    if any(p in msg for p in _RESERVATION_PHRASES):
+        return Classified("capacity", RESERVATION_CODE, msg)
     if _QUOTA_RE.search(msg):
         return Classified("capacity", QUOTA_CODE, msg)
     if code == "RESOURCE_NOT_FOUND":

@@ -13,6 +13,7 @@ from typing import Any
 
 from ray_nodeless.providers.base import LaunchSpec
 from ray_nodeless.providers.gcp.node_config import scheduling_map
+from ray_nodeless.providers.gcp.reservations import affinity
 from ray_nodeless.providers.gcp.labels import MAX_LABEL_LEN, METADATA_TAGS_KEY, tags_to_storage
 from ray_nodeless.providers.gcp.settings import GcpSettings
 
@@ -71,6 +72,9 @@ def instance_body(spec: LaunchSpec, name: str, request_id: str, settings: GcpSet
             "acceleratorCount": int(it.gpu_count)}]
     body["scheduling"] = _scheduling(scheduling_map(body.get("scheduling")), spec.offering.capacity,
                                      bool(it.gpu_count or it.accelerator_count))
+    if spec.reservation_id:
+        # Capacity `reserved`: into that specific reservation (standard provisioning; GCE counts its VMs).
+        body["reservationAffinity"] = affinity(spec.reservation_id)
     if not body.get("disks"):
         body["disks"] = [_default_boot_disk(it.family, zone, settings)]
     else:

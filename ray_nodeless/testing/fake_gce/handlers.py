@@ -48,6 +48,8 @@ class ComputeHandlers:
     _ips: itertools.count
 
     _take_fault: Callable[..., Fault | None]     # from FaultInjection
+    _consume: Callable[[dict, str, str], dict | None]     # from ReservationHandlers
+    _release: Callable[[dict, str], None]
 
     # ---- resources
     def _zone_url(self, zone: str) -> str:
@@ -173,7 +175,12 @@ class ComputeHandlers:
             sched = body.get("scheduling") or {}
             spot = sched.get("provisioningModel") == "SPOT" or sched.get("preemptible") is True
             fault = self._take_fault("instances.insert", zone, mt, kind="insert-op", spot=spot)
-            if fault is not None:
+            refused = None if fault is not None else self._consume(body, zone, mt)     # reservations.py
+            if refused is not None:
+                op = self._new_op(zone, "insert", name, error=refused, http_status=412,
+                                  http_message="PRECONDITION FAILED")
+                op.update(status="DONE", progress=100, endTime=now_timestamp())
+            elif fault is not None:
                 op = self._new_op(zone, "insert", name, error={"errors": [
                     {"code": fault.code, "message": fault.message}]},
                     http_status=fault.status, http_message="SERVICE UNAVAILABLE" if fault.status == 503 else "ERROR")
@@ -203,7 +210,7 @@ class ComputeHandlers:
             rid = q.get("requestId")
             if rid is not None and rid in self.request_ids:
                 return self._poll_nocount(self.request_ids[rid])
-            self._get_inst(name, zone)
+            self._release(self._get_inst(name, zone), zone)
             del self.instances[name]
             op = self._new_op(zone, "delete", name)
             if rid is not None:

@@ -16,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ray_nodeless.testing.fake_gce.faults import Fault, FaultInjection
 from ray_nodeless.testing.fake_gce.handlers import ComputeHandlers, last_segment, now_timestamp
+from ray_nodeless.testing.fake_gce.reservations import ReservationHandlers
 from ray_nodeless.testing.fake_gce.schema import ApiError, discovery
 from ray_nodeless.testing.fake_gce.semantics import MachineTypeSpec
 
@@ -61,7 +62,7 @@ class Request:
     seq: int = 0
 
 
-class FakeGce(FaultInjection, ComputeHandlers):
+class FakeGce(FaultInjection, ReservationHandlers, ComputeHandlers):
     """State + HTTP server. Use as a context manager or call start()/stop()."""
 
     def __init__(self, project: str = "test-project", zones: dict[str, str] | None = None,
@@ -76,6 +77,7 @@ class FakeGce(FaultInjection, ComputeHandlers):
             z: dict(accelerator_types or DEFAULT_ACCELERATOR_TYPES) for z in self.zones}
         self.page_size = page_size
         self.instances: dict[str, dict] = {}          # name -> stored resource (names are unique per project)
+        self.reservations: dict[str, dict] = {}       # "<zone>/<name>" -> stored reservation (reservations.py)
         self.operations: dict[str, dict] = {}
         self.request_ids: dict[str, str] = {}         # requestId -> operation name
         self.requests: list[Request] = []
@@ -167,6 +169,7 @@ class FakeGce(FaultInjection, ComputeHandlers):
         with self.lock:
             inst = self.instances.pop(name, None)
             if inst is not None:
+                self._release(inst, last_segment(inst["zone"]))
                 op = self._new_op(last_segment(inst["zone"]), "compute.instances.preempted", name)
                 op.update(status="DONE", progress=100, endTime=now_timestamp(), user="system",
                           statusMessage="Instance was preempted.")
@@ -201,6 +204,11 @@ class FakeGce(FaultInjection, ComputeHandlers):
         ("POST", re.compile(r"zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/setMetadata"),
          "instances.setMetadata"),
         ("GET", re.compile(r"aggregated/instances"), "instances.aggregatedList"),
+        ("GET", re.compile(r"zones/(?P<zone>[^/]+)/reservations"), "reservations.list"),
+        ("POST", re.compile(r"zones/(?P<zone>[^/]+)/reservations"), "reservations.insert"),
+        ("GET", re.compile(r"zones/(?P<zone>[^/]+)/reservations/(?P<name>[^/]+)"), "reservations.get"),
+        ("DELETE", re.compile(r"zones/(?P<zone>[^/]+)/reservations/(?P<name>[^/]+)"), "reservations.delete"),
+        ("GET", re.compile(r"aggregated/reservations"), "reservations.aggregatedList"),
         ("GET", re.compile(r"zones/(?P<zone>[^/]+)/operations"), "zoneOperations.list"),
         ("GET", re.compile(r"zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)"), "zoneOperations.get"),
         ("POST", re.compile(r"zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)/wait"), "zoneOperations.wait"),
