@@ -197,6 +197,7 @@ class Packer:
         used: set[int] = set()
         placed: list[tuple[NodeCapacity, dict[str, float]]] = []
         opened: list[OpenType] = []
+        homeless: list[Demand] = []
         for u in units:
             want = u.res
             spot: NodeCapacity | None = None
@@ -217,11 +218,50 @@ class Packer:
                 used.add(id(spot))
                 placed.append((spot, view))
                 continue
-            t = self._open(u, out, zone)
-            if t is None:
+            homeless.append(u)
+        # What no machine holds gets new ones: one per bundle for a STRICT_SPREAD gang; otherwise, per run of equal
+        # bundles, the cheapest mix of machine sizes (`_cheapest_cover`: a bigger machine for some and a smaller one
+        # for the rest may cost less than either all on one or one each).
+        groups: dict[tuple[object, ...], list[Demand]] = {}
+        for u in homeless:
+            groups.setdefault((u.resources, u.selectors), []).append(u)
+        for group in groups.values():
+            cover = [(t, 1) for u in group if (t := self._open(u, out, zone)) is not None] if spread \
+                else self._cheapest_cover(group[0], len(group), zone, out)
+            if cover is None or sum(n for _, n in cover) < len(group):
                 return None
-            opened.append(t)
+            opened += [t for t, _ in cover]
         return placed, opened
+
+    def _cheapest_cover(self, unit: Demand, k: int, zone: str | None,
+                        out: Packing) -> list[tuple[OpenType, int]] | None:
+        """The machines that hold `k` equal bundles `unit` cheapest: a machine for m of them (the cheapest fit of
+        m x `unit`, m = 1..16 and the halvings of k), combined by a small dynamic programme over how many are left
+        (the last machine may hold fewer than it could). None when not even one bundle fits anywhere."""
+        one = self._open(unit, out, zone)
+        if one is None:
+            return None
+        sizes = {1: one}
+        for m in sorted(set(range(2, min(k, 16) + 1)) | set(group_sizes(k))):
+            group = Demand(tuple((key, v * m if not key.startswith(ACCELERATOR_RESOURCE) else v)
+                                 for key, v in unit.resources), unit.selectors, 1, unit.gang)
+            for sel in group.selectors or (None,):
+                try:
+                    sizes[m] = self.fitter.fit(group, sel, zone, quiet=True)
+                    break
+                except NoFeasibleOffering:
+                    continue
+        best: list[tuple[float, int]] = [(0.0, 0)] * (k + 1)       # n left -> (cost, size of the first machine)
+        for n in range(1, k + 1):
+            best[n] = min(((best[max(0, n - m)][0] + (t.price or 0.0), m) for m, t in sizes.items()),
+                          key=lambda c: (round(c[0], 9), -c[1]))   # ties: fewer, bigger machines
+        cover: list[tuple[OpenType, int]] = []
+        n = k
+        while n > 0:
+            m = best[n][1]
+            cover.append((sizes[m], min(m, n)))
+            n -= m
+        return cover
 
 
 def _bin_view(want: Mapping[str, float], b: NodeCapacity) -> dict[str, float]:

@@ -300,3 +300,53 @@ def test_a_demand_the_exclusion_forbids_names_the_exclusion_and_the_nearest_offe
         f.fit(parse_demand('{"GPU": 1, "accelerator_type:V100": 0.001}'))
     text = str(e.value)
     assert "provider.exclude.gpus" in text and "nearest offering is p3" in text, text
+
+
+def _cover_prices(fitter, shape: dict, k: int) -> dict[int, float]:
+    """Brute force: the cheapest fit of m x `shape` (m = 1..k) in the zone of the shape's own cheapest fit."""
+    zone = fitter.fit(Demand(canonical_resources(shape))).offering.zone
+    out = {}
+    for m in range(1, k + 1):
+        try:
+            out[m] = fitter.fit(Demand(canonical_resources({key: v * m for key, v in shape.items()})), None, zone,
+                                quiet=True).price
+        except NoFeasibleOffering:
+            continue
+    return out
+
+
+def _best_composition(prices: dict[int, float], k: int) -> float:
+    """Every way of covering k equal bundles with machines of the sizes priced (the last may hold fewer)."""
+    best = [0.0] + [float("inf")] * k
+    for n in range(1, k + 1):
+        best[n] = min(best[max(0, n - m)] + p for m, p in prices.items())
+    return best[k]
+
+
+@pytest.mark.parametrize("shape, k", [({"CPU": 3}, 6), ({"CPU": 6}, 3), ({"CPU": 3}, 8), ({"CPU": 10}, 4),
+                                      ({"CPU": 1, "GPU": 1}, 4), ({"CPU": 2, "memory": 20 * 2**30}, 5)])
+def test_a_gangs_equal_bundles_get_the_cheapest_mix_of_machine_sizes(fitter, shape, k):
+    """A placement group that is not STRICT_SPREAD or STRICT_PACK: its bundles may share machines, so the packer
+    takes the cheapest mix of a bigger and smaller machines (issue 29: before, all on one or one each)."""
+    gang = [Demand(canonical_resources(shape), gang="pg") for _ in range(k)]
+    packing = Packer(fitter).pack(gang, [])
+    prices = _cover_prices(fitter, shape, k)
+    assert packing.hourly == pytest.approx(_best_composition(prices, k))
+    assert packing.hourly <= min(k * prices[1], prices.get(k, float("inf"))) + 1e-9
+    held = sum(dict(packing.types[n].resources).get("CPU", 0) * c for n, c in packing.new.items())
+    assert held >= shape["CPU"] * k
+
+
+def test_the_mix_is_cheaper_than_either_pure_split(fitter):
+    """6 x {CPU: 3} in us-west-2: an r7i.4xlarge for four and an r7i.xlarge for two cost less than six machines
+    or one that holds all six (the catalog's spot prices; the brute force above says it is the cheapest mix)."""
+    prices = _cover_prices(fitter, {"CPU": 3}, 6)
+    packing = Packer(fitter).pack([Demand(canonical_resources({"CPU": 3}), gang="pg") for _ in range(6)], [])
+    assert packing.hourly < min(6 * prices[1], prices[6]) - 0.01
+    assert len(packing.new) == 2
+
+
+def test_a_strict_spread_gang_still_gets_a_machine_per_bundle(fitter):
+    gang = [Demand(canonical_resources({"CPU": 3}), gang="pg", spread=True) for _ in range(6)]
+    packing = Packer(fitter).pack(gang, [])
+    assert sum(packing.new.values()) == 6
