@@ -39,8 +39,8 @@ K8S_MODULES = frozenset({
 CORPUS_MODULES = frozenset({"tests/config/test_bad_configs.py", "tests/config/test_ray_up_path.py"})
 MARKERS = ("e2e", "k8s", "corpus", "slow")
 
-# The Ray-cluster modules the second worker takes once it has run every other module: a moto or fake-GCE cluster
-# each, no Kubernetes control plane, about 6 of the e2e's 22 minutes. Without them the e2e worker alone set the
+# The Ray-cluster modules the second worker takes once it has run every other module: a moto, fake-GCE or local
+# cluster each, no Kubernetes control plane, about 6 of the e2e's 25 minutes. Without them the e2e worker alone set the
 # suite's wall time (about 22 minutes) while the other worker sat idle for the last 8 or so; with them the two
 # finish within a minute or two of each other, and two Ray clusters overlap only for those last minutes.
 E2E_TAIL = frozenset(
