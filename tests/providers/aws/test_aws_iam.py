@@ -140,9 +140,10 @@ def test_head_policy_suffices_and_nothing_else_is_allowed(moto: MotoServer, enfo
     with pytest.raises(ForeignMachineError):         # ours ended; the untagged instance refused
         b.terminate(ids + [spot, other])
     assert b.list_machines() == []
+    b.reservations()                                 # capacity `reserved`: its listing
     assert used <= actions(policy), used - actions(policy)
     assert {"ec2:RunInstances", "ec2:DescribeInstances", "ec2:DescribeSubnets", "ec2:CreateTags",
-            "ec2:TerminateInstances"} <= used
+            "ec2:TerminateInstances", "ec2:DescribeCapacityReservations"} <= used
 
     # The catalog refresh reads specs, offerings and spot history with the same permissions.
     r = resolve_live(live_catalog(REGION, session_kwargs=head.creds, endpoint_url=moto.url), cache_dir=tmp_path,
