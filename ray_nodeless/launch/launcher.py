@@ -391,6 +391,14 @@ class Launcher:
         for o in (*reserved, *plan.candidates()):
             if o.key == key:
                 return o, shown
+        od = plan.region.find(key[0], key[1], "on-demand") if key[2] == RESERVED else None
+        if od is not None:
+            # Its reservation is no candidate now (this slot's own machines may have filled it): the slot's
+            # offering still, with the reservation its machines are in.
+            o = reserved_offering(od)
+            rid = next((m.tags[TAG_RESERVATION] for _, m in mine if m.tags.get(TAG_RESERVATION)), "")
+            self.reservations.remember(o, rid)
+            return o, shown
         return None, shown
 
     @staticmethod

@@ -137,6 +137,13 @@ class ReservationBook:
             out.append(res)
         return out
 
+    def remember(self, offering: Offering, reservation_id: str) -> None:
+        """A retried launch's reserved offering (launcher._replay) and its reservation, when the machines say it
+        (a restarted object's book has not chosen it); an empty id keeps what the book chose."""
+        if reservation_id:
+            with self._lock:
+                self._chosen[offering.key] = reservation_id
+
     def reservation_of(self, offering: Offering) -> str:
         with self._lock:
             return self._chosen.get(offering.key, "")

@@ -237,3 +237,19 @@ def test_plan_shows_the_reservation_a_launch_would_use(moto: MotoServer, tmp_pat
     assert (use["id"], use["available"], use["total"]) == (rid, 3, 3)
     bad = CliRunner().invoke(main, ["plan", "--cloud", "aws", "--region", REGION, "--reservations"])
     assert bad.exit_code != 0 and "--reservations" in bad.output
+
+
+def test_a_restarted_objects_retry_of_a_launch_that_filled_its_reservation_gets_the_same_machines(moto: MotoServer):
+    """Ray retries a launch request (the same request id) at a provider object restarted since: the machines the
+    first round put into the reservation are listed, but the reservation, full now, is no candidate any more. The
+    retry must answer with them (the slot's offering from their tags), not launch again on spot."""
+    p = provider(moto)
+    rid = reserve(moto, cheapest_on_demand(p), 1)
+    tags = dict(GPU_TAGS, **{"ray-launch-request": "req-1"})
+    [first] = p.create_node_with_resources_and_labels({}, dict(tags), 1, GPU, {})
+    assert p.node_tags(first)[TAG_RESERVATION] == rid and available(moto, rid) == 0
+    restarted = provider(moto)
+    restarted.non_terminated_nodes({})
+    [after] = restarted.create_node_with_resources_and_labels({}, dict(tags), 1, GPU, {})
+    assert after == first
+    assert [i["InstanceId"] for i in live(moto)] == [first]
