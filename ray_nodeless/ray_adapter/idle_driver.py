@@ -57,7 +57,10 @@ class ConfigIdlePlan:
         st = self.path.stat()
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
-            cfg = yaml.safe_load(self.path.read_text()) or {}
+            try:
+                cfg = yaml.safe_load(self.path.read_text()) or {}
+            except yaml.YAMLError as e:      # being rewritten by hand: the idle release waits for the next pass
+                raise ValueError(f"{self.path}: not YAML now ({e})") from None
             self._types = self._read(cfg if isinstance(cfg, dict) else {})
             self._stamp = stamp
         return self._types

@@ -231,5 +231,7 @@ def test_ray_unreachable_or_the_config_gone_ends_nothing(cloud, tmp_path):
     m = launch(p, ray)
     assert tick(p) == [] and m in workers(cloud)
     rel.source = ray
+    (tmp_path / "ray_bootstrapped_config.yaml").write_text("idle_timeout_minutes: [5\n")      # half written
+    assert tick(p) == [] and m in workers(cloud)
     (tmp_path / "ray_bootstrapped_config.yaml").unlink()
     assert tick(p) == [] and m in workers(cloud)
