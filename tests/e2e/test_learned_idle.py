@@ -53,7 +53,9 @@ def test_after_a_long_gap_the_next_idle_worker_is_ended_at_once_not_after_the_br
         _wait(lambda: second["machine"] not in _machines(cfg), 60, "the second worker's end")
         second_life = time.time() - second["ended_at"]
         assert second_life < BREAK_EVEN_S - 10, (first_life, second_life)
-        [ev] = [e for e in read_log(log) if e.kind == "idle_release"]
+        # The event is written once the terminate call returned, a moment after the machine left the listing.
+        evs = _wait(lambda: [e for e in read_log(log) if e.kind == "idle_release"], 20, "the idle_release event")
+        [ev] = evs
         assert ev.fields["machine"] == second["machine"] and ev.fields["node_type"] == "gpu_worker"
         assert ev.fields["timeout_s"] == 2.0 and "recent idle gaps were longer than a launch" in ev.message
         print(json.dumps({"first_idle_s": round(first_life, 1), "second_idle_s": round(second_life, 1)}))
