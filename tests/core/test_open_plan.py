@@ -331,7 +331,7 @@ def test_a_gangs_equal_bundles_get_the_cheapest_mix_of_machine_sizes(fitter, sha
     gang = [Demand(canonical_resources(shape), gang="pg") for _ in range(k)]
     packing = Packer(fitter).pack(gang, [])
     prices = _cover_prices(fitter, shape, k)
-    assert packing.hourly == pytest.approx(_best_composition(prices, k))
+    assert packing.hourly <= _best_composition(prices, k) + 1e-9     # a machine may hold more than it was fit for
     assert packing.hourly <= min(k * prices[1], prices.get(k, float("inf"))) + 1e-9
     held = sum(dict(packing.types[n].resources).get("CPU", 0) * c for n, c in packing.new.items())
     assert held >= shape["CPU"] * k
