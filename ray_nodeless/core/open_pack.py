@@ -55,8 +55,10 @@ class Packer:
         the demands after it may fill); the cheaper packing of the two (BENCHMARKS "distance to its LP lower
         bound": the mix wins at 100 demands, one at a time at 1,000)."""
         demands, nodes = list(demands), list(nodes)
-        mixed = self._pack(demands, nodes, mix=True)
         greedy = self._pack(demands, nodes, mix=False)
+        if not any(d.count > 1 and not d.gang for d in demands):
+            return greedy           # one unit per demand: both ways open the same machines (gangs: the mix always)
+        mixed = self._pack(demands, nodes, mix=True)
         return mixed if mixed.hourly < greedy.hourly - 1e-9 else greedy
 
     def _pack(self, demands: list[Demand], nodes: list[NodeCapacity], mix: bool) -> Packing:
@@ -90,8 +92,9 @@ class Packer:
     # ----- one demand --------------------------------------------------------------------------------------------
 
     def _single(self, d: Demand, bins: list[NodeCapacity], out: Packing, remaining: int, mix: bool) -> int:
-        """Place one unit of `d` on free capacity, else open the machine that serves `remaining` units of it
-        cheapest per unit (one bigger machine may cost less than several small ones). Returns units placed."""
+        """Place one unit of `d` on free capacity, else open machines for the `remaining` units: with `mix`, the
+        cheapest mix of machine sizes for all of them (`_cheapest_cover`), else the one machine cheapest per unit
+        (`_open_per_unit`). Returns units placed."""
         want = d.res
         needs_gpu = want.get("GPU", 0) > 0 or bool(d.accelerator)
         # As Ray's v2 scheduler does: a demand goes on a node that exists or is being launched before any new one
@@ -129,9 +132,7 @@ class Packer:
             return 0
         best, units = t, 1
         for m in group_sizes(remaining):
-            group = Demand(tuple((k, v * m if not k.startswith(ACCELERATOR_RESOURCE) else v) for k, v in d.resources),
-                           d.selectors, 1)
-            g = self._fit_quiet(group)
+            g = self._fit_quiet(_scaled(d, m))
             if g is not None and g.price / m < best.price / units - 1e-12:
                 best, units = g, m
         b = self._new_bin(best, out, bins)
@@ -271,9 +272,7 @@ class Packer:
             return None
         options: dict[str, tuple[OpenType, int]] = {one.name: (one, max(1, _holds(one, unit.res)))}
         for m in sorted({m for m in COVER_SIZES if m <= k} | set(group_sizes(k))):
-            group = Demand(tuple((key, v * m if not key.startswith(ACCELERATOR_RESOURCE) else v)
-                                 for key, v in unit.resources), unit.selectors, 1, unit.gang)
-            t = self._fit_quiet(group, zone)
+            t = self._fit_quiet(_scaled(unit, m), zone)
             if t is not None:
                 options.setdefault(t.name, (t, max(m, _holds(t, unit.res))))
         opts = sorted(options.values(), key=lambda o: (-o[1], o[0].name))
@@ -304,6 +303,11 @@ def _holds(t: OpenType, unit: Mapping[str, float]) -> int:
 def _times(unit: Mapping[str, float], n: int) -> dict[str, float]:
     """`n` units' worth of resources (an accelerator_type marker once: it is a label-like amount)."""
     return {k: (v * n if not k.startswith(ACCELERATOR_RESOURCE) else v) for k, v in unit.items()}
+
+
+def _scaled(d: Demand, n: int) -> Demand:
+    """One demand for `n` units of `d` (what a machine for n of them must hold), its selectors and gang kept."""
+    return Demand(tuple(sorted(_times(dict(d.resources), n).items())), d.selectors, 1, d.gang)
 
 
 def _bin_view(want: Mapping[str, float], b: NodeCapacity) -> dict[str, float]:

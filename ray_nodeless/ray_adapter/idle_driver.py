@@ -8,16 +8,16 @@ their `ray start` was given: our machine ids.
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
 from ray_nodeless.errors import DrainError
+from ray_nodeless.core.idle import cluster_idle_s
 from ray_nodeless.launch.idle_release import TypeIdle
 from ray_nodeless.launch.open_types import is_open_type
 from ray_nodeless.ray_compat import demand as ray_demand
+from ray_nodeless.ray_adapter.open_driver import YamlFileStore
 from ray_nodeless.ray_compat import gcs
 
 GCS_TIMEOUT_S = 10
@@ -47,7 +47,8 @@ class ConfigIdlePlan:
     types `learnable` names (bootstrap_config's record; None: not recorded) and the shape-open generated types."""
 
     def __init__(self, path: str, head_node_type: str | None, learnable: list[str] | None):
-        self.path = Path(os.path.expanduser(path))
+        self.store = YamlFileStore(path)             # the file the shape-open driver rewrites, read the same way
+        self.path = self.store.path
         self.learnable = frozenset(learnable or ())
         self.head_node_type = head_node_type
         self._stamp: tuple[int, int] | None = None
@@ -58,7 +59,7 @@ class ConfigIdlePlan:
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp != self._stamp:
             try:
-                cfg = yaml.safe_load(self.path.read_text()) or {}
+                cfg = self.store.read()
             except yaml.YAMLError as e:      # being rewritten by hand: the idle release waits for the next pass
                 raise ValueError(f"{self.path}: not YAML now ({e})") from None
             self._types = self._read(cfg if isinstance(cfg, dict) else {})
@@ -66,9 +67,7 @@ class ConfigIdlePlan:
         return self._types
 
     def _read(self, cfg: Mapping[str, Any]) -> dict[str, TypeIdle]:
-        minutes = cfg.get("idle_timeout_minutes")
-        cluster_s = float(minutes) * 60 if isinstance(minutes, (int, float)) and not isinstance(minutes, bool) \
-            else None
+        cluster_s = cluster_idle_s(cfg)
         head = cfg.get("head_node_type", self.head_node_type)
         out: dict[str, TypeIdle] = {}
         for name, nt in (cfg.get("available_node_types") or {}).items():

@@ -141,14 +141,17 @@ class Autoscaler(NodeBook):
             if not n.is_head:
                 workers[n.node_type] = workers.get(n.node_type, 0) + 1
         for n in self.live.values():
-            if n.is_head or n.running or n.idle_since_ms is None or self.idle_timeout_ms(n.node_type) < 0:
+            if n.is_head or n.running or n.idle_since_ms is None:
+                continue
+            timeout = self.idle_timeout_ms(n.node_type)
+            if timeout < 0:
                 continue
             # A type at its min_workers floor terminates nothing, so its idle workers need no tick: asking for
             # one would ask again at every tick, forever once the workload has ended. When the type grows
             # above its floor, that launch happens on a tick, and this runs again after it.
             if workers[n.node_type] <= self.cfg.node_types[n.node_type]["min_workers"]:
                 continue
-            due = max(n.idle_since_ms + self.idle_timeout_ms(n.node_type), self.now + (1 if ran_tick else 0))
+            due = max(n.idle_since_ms + timeout, self.now + (1 if ran_tick else 0))
             want.append(-(-due // self.tick_ms) * self.tick_ms)
             if self.gaps is not None and n.node_type in self.cfg.learn_types:
                 # The learned timeout may shorten when an open gap turns long, with nothing else happening.
