@@ -18,6 +18,7 @@ from ray_nodeless.ray_adapter.idle_driver import ConfigIdlePlan
 from ray_nodeless.ray_adapter.provider import NodelessProvider
 from ray_nodeless.testing import fake_backend
 from tests.helpers import FakeClock
+from tests.launch.test_reversion import RayNodes
 from tests.ray_adapter.test_provider import PROVIDER, WORKER_TAGS
 
 GPU = {"CPU": 4, "GPU": 1}
@@ -25,40 +26,30 @@ LAUNCH_S = 180.0
 
 
 @dataclass
-class RayIdle:
-    """Ray's node states and idle drain: `since[id]` = when the node last ran work (absent: busy, or not a Ray
-    node yet); a drained node is DRAINING and no longer reported."""
+class RayIdle(RayNodes):
+    """Ray's node states and idle drain (the reversion tests' RayNodes, whose idle drain refuses a `busy` node):
+    `members` = the machines that are Ray nodes, `since[id]` = when one last ran work; a drained node is DRAINING
+    and no longer reported."""
 
-    provider: NodelessProvider
-    clock: FakeClock
+    clock: FakeClock = field(default_factory=FakeClock)
     since: dict[str, float] = field(default_factory=dict)
-    busy: set[str] = field(default_factory=set)
-    joined: set[str] = field(default_factory=set)
-    drained: list[str] = field(default_factory=list)
-    refused: list[str] = field(default_factory=list)
+    members: set[str] = field(default_factory=set)
 
     def idle_seconds(self):
         out = {}
-        for mid in self.joined - set(self.drained):
+        for mid in self.members - set(self.drained):
             out[mid] = None if mid in self.busy else self.clock() - self.since[mid]
         return out
 
     def find(self, instance_id=None, ip=None):
-        if instance_id not in self.joined:
+        if instance_id not in self.members:
             return None
         state = "DRAINING" if instance_id in self.drained else "ALIVE"
         return RayNode(node_id=instance_id, ip="10.0.0.1", instance_id=instance_id, state=state, is_head=False)
 
-    def drain_idle(self, node, why):
-        if node.instance_id in self.busy:
-            self.refused.append(node.instance_id)
-            return False, "the node is running tasks"
-        self.drained.append(node.instance_id)
-        return True, ""
-
     # -- what the workload does ------------------------------------------------------------------------------
     def works(self, mid: str) -> None:
-        self.joined.add(mid)
+        self.members.add(mid)
         self.busy.add(mid)
 
     def idles(self, mid: str) -> None:
@@ -90,6 +81,14 @@ def attach(p: NodelessProvider, ray: RayIdle, clock: FakeClock, path: str,
     return p.idle_release
 
 
+def started(tmp_path, learnable: list[str] | None = ("gpu_worker",), **gpu_type):
+    """A provider with its idle release attached, Ray's stand-in and the test's clock, on `cluster_file`."""
+    clock = FakeClock()
+    p = NodelessProvider(dict(PROVIDER), "c1")
+    ray = RayIdle(p, clock=clock)
+    return clock, p, ray, attach(p, ray, clock, cluster_file(tmp_path, **gpu_type), learnable)
+
+
 def workers(cloud: fake_backend.Cloud) -> set[str]:
     with cloud.lock:
         return {mid for mid, m in cloud.machines.items() if m.tags.get(TAG_CLUSTER) == "c1"}
@@ -114,16 +113,13 @@ def one_long_gap(p: NodelessProvider, ray: RayIdle, clock: FakeClock) -> str:
         clock.advance(LAUNCH_S / 4)
         tick(p)
     p.terminate_nodes([m])                   # Ray's idle termination at its 180 s
-    ray.joined.discard(m)
+    ray.members.discard(m)
     tick(p)
     return m
 
 
 def test_after_long_gaps_an_idle_worker_is_drained_and_ended_at_once(cloud, tmp_path):
-    clock = FakeClock()
-    p = NodelessProvider(dict(PROVIDER), "c1")
-    ray = RayIdle(p, clock)
-    rel = attach(p, ray, clock, cluster_file(tmp_path))
+    clock, p, ray, rel = started(tmp_path)
     first = one_long_gap(p, ray, clock)
     assert ray.drained == [] and first not in workers(cloud)        # the first gap was Ray's to end
     clock.advance(600)
@@ -141,10 +137,7 @@ def test_after_long_gaps_an_idle_worker_is_drained_and_ended_at_once(cloud, tmp_
 
 
 def test_a_busy_node_is_never_ended(cloud, tmp_path):
-    clock = FakeClock()
-    p = NodelessProvider(dict(PROVIDER), "c1")
-    ray = RayIdle(p, clock)
-    rel = attach(p, ray, clock, cluster_file(tmp_path))
+    clock, p, ray, rel = started(tmp_path)
     one_long_gap(p, ray, clock)
     clock.advance(600)
     m = launch(p, ray)
@@ -159,10 +152,7 @@ def test_a_busy_node_is_never_ended(cloud, tmp_path):
 
 
 def test_short_gaps_keep_the_machines(cloud, tmp_path):
-    clock = FakeClock()
-    p = NodelessProvider(dict(PROVIDER), "c1")
-    ray = RayIdle(p, clock)
-    rel = attach(p, ray, clock, cluster_file(tmp_path))
+    clock, p, ray, rel = started(tmp_path)
     m = launch(p, ray)
     tick(p)
     for _ in range(4):                       # gaps of 40 s, four times
@@ -182,11 +172,7 @@ def test_short_gaps_keep_the_machines(cloud, tmp_path):
 
 
 def test_the_users_own_timeout_and_min_workers_are_kept(cloud, tmp_path):
-    clock = FakeClock()
-    p = NodelessProvider(dict(PROVIDER), "c1")
-    ray = RayIdle(p, clock)
-    path = cluster_file(tmp_path)
-    attach(p, ray, clock, path, learnable=[])             # the user set gpu_worker's idle_timeout_s
+    clock, p, ray, _ = started(tmp_path, learnable=[])    # the user set gpu_worker's idle_timeout_s
     one_long_gap(p, ray, clock)
     clock.advance(600)
     m = launch(p, ray)
@@ -203,24 +189,17 @@ def test_the_users_own_timeout_and_min_workers_are_kept(cloud, tmp_path):
 
 
 def test_a_machine_that_never_ran_work_is_rays_to_end(cloud, tmp_path):
-    clock = FakeClock()
-    p = NodelessProvider(dict(PROVIDER), "c1")
-    ray = RayIdle(p, clock)
-    rel = attach(p, ray, clock, cluster_file(tmp_path))
+    clock, p, ray, rel = started(tmp_path)
     rel.learner.idle("gpu_worker", "x", clock() - 1000)              # the type's gaps are long
     [m] = p.create_node_with_resources_and_labels({}, dict(WORKER_TAGS), 1, GPU, {})
-    ray.joined.add(m)
+    ray.members.add(m)
     ray.since[m] = clock()                   # joined and idle, never busy: launched for work on its way
     clock.advance(60)
     assert tick(p) == [] and m in workers(cloud)
 
 
 def test_ray_unreachable_or_the_config_gone_ends_nothing(cloud, tmp_path):
-    clock = FakeClock()
-    p = NodelessProvider(dict(PROVIDER), "c1")
-    ray = RayIdle(p, clock)
-    path = cluster_file(tmp_path)
-    rel = attach(p, ray, clock, path)
+    clock, p, ray, rel = started(tmp_path)
 
     class Down:
         def idle_seconds(self):

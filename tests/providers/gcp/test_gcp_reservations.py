@@ -36,6 +36,14 @@ def reserve(fake: FakeGce, zone: str, name: str, machine_type: str, count: int, 
                                                                       reservation_resource=body)
 
 
+def reserve_for(fake: FakeGce, o, name: str, count: int) -> None:
+    """A specific reservation for offering `o`'s VM: its machine type, and its attached GPU where it has one."""
+    t = o.instance_type
+    accs = [{"accelerator_type": f"nvidia-tesla-{t.gpu_model.lower()}", "accelerator_count": 1}] \
+        if t.attached_gpu else None
+    reserve(fake, o.zone, name, t.machine_type or t.name, count, accelerators=accs)
+
+
 def launch(p, n: int = 1) -> list[dict]:
     return [p.node_tags(i) for i in sorted(p.create_node_with_resources_and_labels({}, dict(_GPU_TAGS), n, GPU, {}))]
 
@@ -50,9 +58,7 @@ def test_a_specific_reservation_first_never_over_its_count_then_spot(fake: FakeG
     p = _provider(fake, rules=RULES, reservations={"refresh_s": 0})
     o, od = plan_first(p)
     t = o.instance_type
-    accs = [{"accelerator_type": f"nvidia-tesla-{t.gpu_model.lower()}", "accelerator_count": 1}] \
-        if t.attached_gpu else None
-    reserve(fake, o.zone, "gpus-a", t.machine_type or t.name, 2, accelerators=accs)
+    reserve_for(fake, o, "gpus-a", 2)
     got = launch(p, 2)
     assert {g[TAG_CAPACITY] for g in got} == {"reserved"} and {g[TAG_RESERVATION] for g in got} == {"gpus-a"}
     assert {g[TAG_INSTANCE_TYPE] for g in got} == {t.name}
@@ -75,10 +81,7 @@ def test_the_count_is_enforced_by_the_fake_gce_as_gce_does(fake: FakeGce):
     a = _provider(fake, rules=RULES, reservations={"refresh_s": 3600})
     b = _provider(fake, rules=RULES, reservations={"refresh_s": 3600})
     o, _ = plan_first(a)
-    t = o.instance_type
-    accs = [{"accelerator_type": f"nvidia-tesla-{t.gpu_model.lower()}", "accelerator_count": 1}] \
-        if t.attached_gpu else None
-    reserve(fake, o.zone, "one", t.machine_type or t.name, 1, accelerators=accs)
+    reserve_for(fake, o, "one", 1)
     plan = a.planner.plan(a.resolver.request("gpu_worker", GPU, {}, False))
     assert a.launcher.reservations.candidates(plan, 1) and b.launcher.reservations.candidates(plan, 1)
     caps = sorted([launch(a)[0][TAG_CAPACITY], launch(b)[0][TAG_CAPACITY]])
